@@ -1,0 +1,29 @@
+"""Yieldstar's parent side: the ledger, the dispatcher, the child pool and the CLI.
+
+The ledger API (SPEC section 3) is importable from here.
+"""
+
+from .errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
+from .sqlite.backend import SqliteBackend, open_backend
+from .values import (
+    Completed,
+    DeliveryEnd,
+    ExecutionLease,
+    ExecutionRecord,
+    ExecutionStatus,
+    Failed,
+    HeapRecord,
+    LeaseLost,
+    LeaseRecord,
+    Released,
+    Renewed,
+    Suspended,
+)
+
+__all__ = [
+    "open_backend", "SqliteBackend",
+    "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord",
+    "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost",
+    "ExecutionStatus", "DeliveryEnd",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy",
+]

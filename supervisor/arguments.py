@@ -1,0 +1,74 @@
+"""Argument checks shared by every ledger entry point.
+
+Each check raises `InvalidArgument` (a `ValueError`) naming the argument, before anything is
+written, so bad input never changes the database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Optional
+
+from .errors import InvalidArgument
+
+MAX_ID_LENGTH = 255
+
+
+def identifier(name: str, value: Any) -> str:
+    """A non-empty str of at most 255 characters with no control characters."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgument(f"{name} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidArgument(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise InvalidArgument(f"{name} {value!r} contains a control character")
+    return value
+
+
+def integer(name: str, value: Any, *, minimum: Optional[int] = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be an int, not {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise InvalidArgument(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def json_text(name: str, value: Any) -> str:
+    """Valid JSON text (NaN and Infinity, which Python would accept, are refused)."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a JSON str, not {type(value).__name__}")
+    try:
+        json.loads(value, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise InvalidArgument(f"{name} is not valid JSON: {exc}") from None
+    return value
+
+
+def canonical_json(text: str) -> str:
+    """The one spelling of a JSON value, for comparing two texts by meaning."""
+    return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def to_json(name: str, value: Any) -> str:
+    """Encode a Python value as JSON text, refusing what JSON cannot hold."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{name} is not JSON-serialisable: {exc}") from None
+
+
+def finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,117 @@
+"""The ledger's contract: the narrow interfaces every storage backend implements.
+
+The SQLite implementation lives in `supervisor.sqlite`; the contract tests in
+`tests/test_ledger_contract.py` are written against these interfaces.
+
+Two rules run through every method:
+
+- **Clocks decide when, tokens decide whose.** A time (`now`, integer ms; `None` = the backend's
+  clock) only decides when an execution may be claimed. Whether a write counts is decided by the
+  fencing token alone, checked atomically with the write.
+- **A lost lease is a reply, not an error.** A fenced call from a stale holder returns
+  `LeaseLost` and changes nothing. Bad arguments raise `ValueError` and change nothing.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Optional
+
+from .values import (
+    ExecutionLease,
+    ExecutionRecord,
+    HeapRecord,
+    LeaseLost,
+    LeaseRecord,
+    Outcome,
+    Released,
+    Renewed,
+)
+
+
+class ExecutionClient(abc.ABC):
+    @abc.abstractmethod
+    def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, now: Optional[int] = None
+              ) -> ExecutionRecord:
+        """Create the execution: status `admitted`, due at `now`, token 0.
+
+        Admitting an existing id with the same workflow and input (compared as JSON values)
+        returns the stored record unchanged; with a different one raises `ExecutionConflict`.
+        """
+
+    @abc.abstractmethod
+    def get(self, execution_id: str, *, now: Optional[int] = None) -> Optional[ExecutionRecord]:
+        """The record as of `now`, or None when unknown.
+
+        A lease with `expires_at <= now` is not live: the status reads `suspended` if an earlier
+        delivery was acknowledged suspended, else `admitted`, and `unacknowledged_deliveries`
+        already counts the expiry.
+        """
+
+    @abc.abstractmethod
+    def request_wake(self, execution_id: str, at: int, *, now: Optional[int] = None) -> None:
+        """Ask for a delivery at `at`. Unfenced: a stale wake costs at most one extra delivery.
+
+        Terminal executions ignore it. With no live lease, `due_at = min(due_at, at)`. During a
+        live lease the wake is kept for after that delivery and makes nothing claimable now.
+        Raises `UnknownExecution` for an id never admitted.
+        """
+
+    @abc.abstractmethod
+    def claim_due(self, *, limit: int, duration: int, now: Optional[int] = None) -> list[ExecutionLease]:
+        """Atomically, across every process sharing the backend, lease up to `limit` executions.
+
+        Claimable: non-terminal, `due_at <= now`, no live lease, and past the redelivery delay
+        of its unacknowledged deliveries. Each gets `token + 1`, status `running` and
+        `lease_expires_at = now + duration`; earliest `due_at` first.
+        """
+
+    @abc.abstractmethod
+    def renew(self, lease: ExecutionLease, *, duration: int, now: Optional[int] = None) -> Renewed | LeaseLost:
+        """Fenced: extend the lease to `now + duration` if its token is current and its delivery
+        has not ended by a release, an acknowledgement or a later claim. (An expired lease that
+        nobody claimed since is still current.)"""
+
+    @abc.abstractmethod
+    def release(self, lease: ExecutionLease, *, now: Optional[int] = None) -> Released | LeaseLost:
+        """Fenced: end the delivery without an outcome. It counts as unacknowledged, and the
+        execution is not claimable before `now + redelivery_delay(n)`."""
+
+    @abc.abstractmethod
+    def acknowledge(self, lease: ExecutionLease, outcome: Outcome, *, now: Optional[int] = None
+                    ) -> Outcome | LeaseLost:
+        """Fenced: end the delivery with `outcome` and reset `unacknowledged_deliveries` to 0.
+
+        `Suspended()`: due at the earliest wake requested during the delivery, or not due.
+        `Completed`/`Failed`: terminal; later wakes are ignored.
+        """
+
+    @abc.abstractmethod
+    def history(self, execution_id: str, *, now: Optional[int] = None) -> list[LeaseRecord]:
+        """Every delivery of the execution, oldest first, as of `now`."""
+
+    @abc.abstractmethod
+    def list(self, *, status: Optional[str] = None, limit: Optional[int] = None, now: Optional[int] = None
+             ) -> list[ExecutionRecord]:
+        """Executions newest first, optionally filtered by their status as of `now`."""
+
+
+class HeapClient(abc.ABC):
+    @abc.abstractmethod
+    def read_step(self, execution_id: str, step_key: str) -> Optional[HeapRecord]:
+        """The highest attempt recorded for the step, or None."""
+
+    @abc.abstractmethod
+    def write_step(self, lease: ExecutionLease, *, step_key: str, step_attempt: int, done: bool,
+                   step_response_json: str) -> HeapRecord | LeaseLost:
+        """Fenced: record one attempt of a step, in one transaction with the token check.
+
+        Accepted only if the lease's token is current and its delivery has not ended; a
+        rejected write changes nothing and returns `LeaseLost`. Idempotent for the current
+        holder: an attempt already recorded is returned unchanged, and the caller must continue
+        with the recorded value.
+        """
+
+    @abc.abstractmethod
+    def steps(self, execution_id: str) -> list[HeapRecord]:
+        """Every recorded attempt of every step of one execution, in the order written."""

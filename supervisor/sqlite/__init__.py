@@ -1,0 +1,5 @@
+"""The SQLite ledger backend."""
+
+from .backend import SqliteBackend
+
+__all__ = ["SqliteBackend"]

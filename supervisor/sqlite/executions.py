@@ -1,0 +1,344 @@
+"""Executions and their leases on SQLite: every statement for `executions` and `lease_history`.
+
+How a row is stored versus how it reads:
+
+- `status = 'running'` means a delivery with the current `token` has not ended by a release,
+  an acknowledgement or a later claim. Its lease is *live* only while `lease_expires_at > now`.
+  Expiry is never written when it happens (nothing runs then); every reader works out the row
+  "as of now" instead (`_as_of`), and the next claim records it in the lease history.
+- `ready_at` is the earliest time the row may be claimed, kept up to date by every write:
+  due time, redelivery delay and, for a running row, lease expiry folded into one column so
+  that `claim_due` is a single index range scan. NULL means never (terminal or not due).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+from typing import Callable, Optional
+
+from .. import arguments
+from ..errors import ExecutionConflict, UnknownExecution
+from ..ledger import ExecutionClient
+from ..values import (
+    Completed,
+    DeliveryEnd,
+    ExecutionLease,
+    ExecutionRecord,
+    ExecutionStatus,
+    Failed,
+    LeaseLost,
+    LeaseRecord,
+    Outcome,
+    Released,
+    Renewed,
+    Suspended,
+)
+from .connection import Connection
+
+RUNNING = ExecutionStatus.RUNNING.value
+ADMITTED = ExecutionStatus.ADMITTED.value
+SUSPENDED = ExecutionStatus.SUSPENDED.value
+TERMINAL = (ExecutionStatus.COMPLETED.value, ExecutionStatus.FAILED.value)
+
+COLUMNS = (
+    "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
+    " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
+    " result_json, error_json, created_at, updated_at"
+)
+SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = ?"
+
+INSERT = """
+INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
+    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
+VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)"""
+
+CLAIMABLE = f"""
+SELECT {COLUMNS} FROM executions
+WHERE ready_at IS NOT NULL AND due_at <= ? AND ready_at <= ?
+ORDER BY due_at, created_at LIMIT ?"""
+
+CLAIM = """
+UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = ?,
+    unacknowledged_deliveries = ?, delivery_ended_at = ?, wake_during_lease = NULL,
+    ready_at = ?, updated_at = ?
+WHERE execution_id = ?"""
+
+# A single statement is atomic, so renew needs no explicit transaction. The fence is the
+# WHERE clause: current token, delivery not ended.
+RENEW = """
+UPDATE executions SET lease_expires_at = ?, ready_at = ? + yieldstar_delay(unacknowledged_deliveries + 1),
+    updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+RELEASE = """
+UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
+    lease_expires_at = NULL, unacknowledged_deliveries = unacknowledged_deliveries + 1,
+    delivery_ended_at = ?, wake_during_lease = NULL,
+    ready_at = MAX(due_at, ? + yieldstar_delay(unacknowledged_deliveries + 1)),
+    updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+ACKNOWLEDGE_SUSPENDED = """
+UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = wake_during_lease,
+    ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+ACKNOWLEDGE_TERMINAL = """
+UPDATE executions SET status = ?, result_json = ?, error_json = ?, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL, ready_at = NULL,
+    wake_during_lease = NULL, updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+WAKE = """
+UPDATE executions SET due_at = ?, wake_during_lease = ?, ready_at = ?, updated_at = ?
+WHERE execution_id = ?"""
+
+HISTORY_OPEN = """
+INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
+VALUES (?, ?, ?, ?, ?)"""
+
+HISTORY_CLOSE = """
+UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ?, expires_at = ?
+WHERE execution_id = ? AND token = ?"""
+
+HISTORY_RENEWED = "UPDATE lease_history SET renewals = renewals + 1 WHERE execution_id = ? AND token = ?"
+
+HISTORY = """
+SELECT h.execution_id, h.token, h.holder, h.claimed_at,
+    CASE WHEN h.ended_by IS NULL AND e.token = h.token THEN e.lease_expires_at ELSE h.expires_at END,
+    h.renewals, h.ended_at, h.ended_by, h.outcome
+FROM lease_history h JOIN executions e USING (execution_id)
+WHERE h.execution_id = ? ORDER BY h.token"""
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Row:
+    """A stored executions row, by column name."""
+
+    __slots__ = COLUMNS.replace(",", " ").split()
+
+    def __init__(self, row: tuple):
+        for name, value in zip(self.__slots__, row):
+            setattr(self, name, value)
+
+
+class SqliteExecutionClient(ExecutionClient):
+    def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int]):
+        self._conn = conn
+        self._clock = clock
+        self._delay = delay
+        self._holder = _holder()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _now(self, now: Optional[int]) -> int:
+        if now is None:
+            return self._clock()
+        return arguments.integer("now", now)
+
+    def _lease(self, lease: object) -> ExecutionLease:
+        if not isinstance(lease, ExecutionLease):
+            raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
+        return lease
+
+    def _as_of(self, row: _Row, now: int) -> ExecutionRecord:
+        status, unacked, expires = row.status, row.unacknowledged_deliveries, row.lease_expires_at
+        if status == RUNNING and expires <= now:
+            # The lease ran out: the delivery counts as unacknowledged. The wakes it covered are
+            # still owed: request_wake already folded them into due_at.
+            status = SUSPENDED if row.ever_suspended else ADMITTED
+            unacked += 1
+        return ExecutionRecord(
+            execution_id=row.execution_id,
+            workflow=row.workflow,
+            input_json=row.input_json,
+            status=status,
+            token=row.token,
+            due_at=row.due_at,
+            lease_expires_at=expires if status == RUNNING else None,
+            unacknowledged_deliveries=unacked,
+            result_json=row.result_json,
+            error_json=row.error_json,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+    def _ready_at(self, due: Optional[int], unacked: int, ended_at: Optional[int]) -> Optional[int]:
+        """When a row with no open delivery becomes claimable."""
+        if due is None:
+            return None
+        if unacked == 0:
+            return due
+        return max(due, ended_at + self._delay(unacked))
+
+    # -- ExecutionClient ---------------------------------------------------------------------
+
+    def admit(self, execution_id, workflow, input_json="null", *, now=None) -> ExecutionRecord:
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("workflow", workflow)
+        arguments.json_text("input_json", input_json)
+        now = self._now(now)
+        with self._conn.write() as db:
+            found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+            if found is None:
+                db.execute(INSERT, (execution_id, workflow, input_json, now, now, now, now))
+                found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+        row = _Row(found)
+        if row.workflow != workflow or arguments.canonical_json(row.input_json) != arguments.canonical_json(
+            input_json
+        ):
+            raise ExecutionConflict(
+                f"execution_id {execution_id!r} was already admitted with workflow {row.workflow!r} and"
+                f" input {row.input_json}; refusing workflow {workflow!r} with input {input_json}"
+            )
+        return self._as_of(row, now)
+
+    def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:
+        arguments.identifier("execution_id", execution_id)
+        now = self._now(now)
+        found = self._conn.execute(SELECT_ONE, (execution_id,)).fetchone()
+        return None if found is None else self._as_of(_Row(found), now)
+
+    def request_wake(self, execution_id, at, *, now=None) -> None:
+        arguments.identifier("execution_id", execution_id)
+        arguments.integer("at", at)
+        now = self._now(now)
+        with self._conn.write() as db:
+            found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+            if found is None:
+                raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
+            row = _Row(found)
+            if row.status in TERMINAL:
+                return
+            due = at if row.due_at is None else min(row.due_at, at)
+            if row.status == RUNNING:
+                # Remembered for after this delivery: an acknowledged suspension makes it the
+                # due time; a release or expiry leaves it owed in due_at. The lease (live, or
+                # expired and waiting out its redelivery delay) still decides ready_at.
+                wake = at if row.wake_during_lease is None else min(row.wake_during_lease, at)
+                ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
+                db.execute(WAKE, (due, wake, max(due, ready), now, execution_id))
+            else:
+                ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
+                db.execute(WAKE, (due, None, ready, now, execution_id))
+
+    def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
+        arguments.integer("limit", limit, minimum=0)
+        arguments.integer("duration", duration, minimum=1)
+        now = self._now(now)
+        if limit == 0:
+            return []
+        leases = []
+        with self._conn.write() as db:
+            for found in db.execute(CLAIMABLE, (now, now, limit)).fetchall():
+                row = _Row(found)
+                unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
+                if row.status == RUNNING:
+                    # The previous delivery's lease expired; this claim supersedes it.
+                    unacked += 1
+                    ended_at = row.lease_expires_at
+                    db.execute(
+                        HISTORY_CLOSE,
+                        (ended_at, DeliveryEnd.SUPERSEDED.value, None, ended_at, row.execution_id, row.token),
+                    )
+                token = row.token + 1
+                expires = now + duration
+                # A running row is always due (claimed when due; wakes only move due_at earlier),
+                # so while the lease lasts its expiry plus the redelivery delay decides.
+                ready = max(row.due_at, expires + self._delay(unacked + 1))
+                db.execute(CLAIM, (expires, unacked, ended_at, ready, now, row.execution_id))
+                db.execute(HISTORY_OPEN, (row.execution_id, token, self._holder, now, expires))
+                leases.append(ExecutionLease(row.execution_id, token, expires))
+        return leases
+
+    def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
+        lease = self._lease(lease)
+        arguments.integer("duration", duration, minimum=1)
+        now = self._now(now)
+        expires = now + duration
+        with self._conn.write() as db:
+            cursor = db.execute(RENEW, (expires, expires, now, lease.execution_id, lease.token))
+            if cursor.rowcount != 1:
+                return LeaseLost()
+            db.execute(HISTORY_RENEWED, (lease.execution_id, lease.token))
+        return Renewed(ExecutionLease(lease.execution_id, lease.token, expires))
+
+    def release(self, lease, *, now=None) -> Released | LeaseLost:
+        lease = self._lease(lease)
+        now = self._now(now)
+        with self._conn.write() as db:
+            if not self._end(db, lease, now, DeliveryEnd.RELEASED, None, RELEASE, (now, now, now)):
+                return LeaseLost()
+        return Released()
+
+    def acknowledge(self, lease, outcome: Outcome, *, now=None) -> Outcome | LeaseLost:
+        lease = self._lease(lease)
+        if isinstance(outcome, Suspended):
+            sql, params = ACKNOWLEDGE_SUSPENDED, ()
+        elif isinstance(outcome, Completed):
+            arguments.json_text("outcome.result_json", outcome.result_json)
+            sql, params = ACKNOWLEDGE_TERMINAL, (outcome.status, outcome.result_json, None)
+        elif isinstance(outcome, Failed):
+            arguments.json_text("outcome.error_json", outcome.error_json)
+            sql, params = ACKNOWLEDGE_TERMINAL, (outcome.status, None, outcome.error_json)
+        else:
+            raise arguments.InvalidArgument(
+                f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
+            )
+        now = self._now(now)
+        with self._conn.write() as db:
+            if not self._end(db, lease, now, DeliveryEnd.ACKNOWLEDGED, outcome.status, sql, params + (now,)):
+                return LeaseLost()
+        return outcome
+
+    def _end(self, db: sqlite3.Connection, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
+        """End the lease's delivery with `sql` if it is current; record how in the history."""
+        expires = db.execute(
+            "SELECT lease_expires_at FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'",
+            (lease.execution_id, lease.token),
+        ).fetchone()
+        if expires is None:
+            return False
+        db.execute(sql, params + (lease.execution_id, lease.token))
+        db.execute(HISTORY_CLOSE, (now, how.value, outcome, expires[0], lease.execution_id, lease.token))
+        return True
+
+    # -- operators ---------------------------------------------------------------------------
+
+    def history(self, execution_id, *, now=None) -> list[LeaseRecord]:
+        """Every delivery of one execution, oldest first."""
+        arguments.identifier("execution_id", execution_id)
+        now = self._now(now)
+        records = []
+        for row in self._conn.execute(HISTORY, (execution_id,)).fetchall():
+            execution_id_, token, holder, claimed_at, expires_at, renewals, ended_at, ended_by, outcome = row
+            if ended_by is None and expires_at <= now:
+                ended_at, ended_by = expires_at, DeliveryEnd.EXPIRED.value
+            records.append(
+                LeaseRecord(execution_id_, token, holder, claimed_at, expires_at, renewals, ended_at, ended_by, outcome)
+            )
+        return records
+
+    def list(self, *, status=None, limit=None, now=None) -> list[ExecutionRecord]:
+        """Executions newest first, optionally only those whose status (as of now) is `status`."""
+        if status is not None and status not in {s.value for s in ExecutionStatus}:
+            raise arguments.InvalidArgument(
+                f"status must be one of {', '.join(s.value for s in ExecutionStatus)}; got {status!r}"
+            )
+        if limit is not None:
+            arguments.integer("limit", limit, minimum=0)
+        now = self._now(now)
+        records = []
+        for found in self._conn.execute(f"SELECT {COLUMNS} FROM executions ORDER BY created_at DESC, rowid DESC"):
+            record = self._as_of(_Row(found), now)
+            if status is None or record.status == status:
+                records.append(record)
+                if limit is not None and len(records) >= limit:
+                    break
+        return records

@@ -1,0 +1,72 @@
+"""Recorded step responses on SQLite: every statement for the `steps` table."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .. import arguments
+from ..ledger import HeapClient
+from ..values import ExecutionLease, HeapRecord, LeaseLost
+from .connection import Connection
+
+# The fence and the write in one statement: the row goes in only while the lease's token is
+# current and its delivery has not ended. ON CONFLICT keeps an existing record untouched.
+WRITE = """
+INSERT INTO steps (execution_id, step_key, attempt, done, step_response_json, token, written_at)
+SELECT ?, ?, ?, ?, ?, ?, ?
+WHERE EXISTS (SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running')
+ON CONFLICT DO NOTHING"""
+
+CURRENT = "SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"
+READ_ATTEMPT = """
+SELECT done, step_response_json FROM steps WHERE execution_id = ? AND step_key = ? AND attempt = ?"""
+READ_LATEST = """
+SELECT attempt, done, step_response_json FROM steps WHERE execution_id = ? AND step_key = ?
+ORDER BY attempt DESC LIMIT 1"""
+READ_ALL = """
+SELECT step_key, attempt, done, step_response_json FROM steps WHERE execution_id = ?
+ORDER BY rowid"""
+
+
+class SqliteHeapClient(HeapClient):
+    def __init__(self, conn: Connection, clock: Callable[[], int]):
+        self._conn = conn
+        self._clock = clock
+
+    def read_step(self, execution_id, step_key) -> Optional[HeapRecord]:
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("step_key", step_key)
+        found = self._conn.execute(READ_LATEST, (execution_id, step_key)).fetchone()
+        if found is None:
+            return None
+        attempt, done, response = found
+        return HeapRecord(execution_id, step_key, attempt, bool(done), response)
+
+    def write_step(self, lease, *, step_key, step_attempt, done, step_response_json) -> HeapRecord | LeaseLost:
+        if not isinstance(lease, ExecutionLease):
+            raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
+        arguments.identifier("step_key", step_key)
+        arguments.integer("step_attempt", step_attempt, minimum=0)
+        arguments.boolean("done", done)
+        arguments.json_text("step_response_json", step_response_json)
+        eid, token = lease.execution_id, lease.token
+        cursor = self._conn.execute(
+            WRITE, (eid, step_key, step_attempt, done, step_response_json, token, self._clock(), eid, token)
+        )
+        if cursor.rowcount == 1:
+            return HeapRecord(eid, step_key, step_attempt, done, step_response_json)
+        # Nothing written: either the lease is lost, or the attempt is already recorded.
+        with self._conn.read() as db:
+            if db.execute(CURRENT, (eid, token)).fetchone() is None:
+                return LeaseLost()
+            found = db.execute(READ_ATTEMPT, (eid, step_key, step_attempt)).fetchone()
+        if found is None:  # pragma: no cover - the insert can only be ignored for these two reasons
+            return LeaseLost()
+        return HeapRecord(eid, step_key, step_attempt, bool(found[0]), found[1])
+
+    def steps(self, execution_id) -> list[HeapRecord]:
+        arguments.identifier("execution_id", execution_id)
+        return [
+            HeapRecord(execution_id, key, attempt, bool(done), response)
+            for key, attempt, done, response in self._conn.execute(READ_ALL, (execution_id,)).fetchall()
+        ]

@@ -1,0 +1,89 @@
+"""The database schema, its version, and the migrations that bring an older file up to date.
+
+The version lives in SQLite's `user_version` pragma. `migrate()` runs inside one
+`BEGIN IMMEDIATE` transaction, so several processes opening a new file at once create the
+schema exactly once. Each table's statements live in the module that owns the table
+(`executions.py`, `heap.py`, ...); this module only creates them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..errors import YieldstarError
+
+EXECUTIONS = """
+CREATE TABLE executions (
+    execution_id              TEXT PRIMARY KEY,
+    workflow                  TEXT NOT NULL,
+    input_json                TEXT NOT NULL,
+    status                    TEXT NOT NULL,      -- as stored; 'running' = a delivery not yet ended
+    token                     INTEGER NOT NULL,   -- the fencing token of the latest claim
+    due_at                    INTEGER,            -- NULL: not due until woken
+    lease_expires_at          INTEGER,            -- set while status = 'running'
+    unacknowledged_deliveries INTEGER NOT NULL,
+    delivery_ended_at         INTEGER,            -- end of the last unacknowledged delivery
+    ever_suspended            INTEGER NOT NULL,   -- 1 once a delivery was acknowledged suspended
+    wake_during_lease         INTEGER,            -- earliest wake requested during the delivery
+    ready_at                  INTEGER,            -- earliest claim time; NULL: never claimable
+    result_json               TEXT,
+    error_json                TEXT,
+    created_at                INTEGER NOT NULL,
+    updated_at                INTEGER NOT NULL
+)"""
+
+# claim_due walks this index in due order and stops after `limit` hits. Terminal and not-due
+# executions are not in it, so its size follows the live backlog, not the history.
+EXECUTIONS_CLAIMABLE = "CREATE INDEX executions_claimable ON executions (due_at) WHERE ready_at IS NOT NULL"
+EXECUTIONS_BY_STATUS = "CREATE INDEX executions_by_status ON executions (status, created_at)"
+EXECUTIONS_BY_AGE = "CREATE INDEX executions_by_age ON executions (created_at)"
+
+LEASE_HISTORY = """
+CREATE TABLE lease_history (
+    execution_id TEXT NOT NULL,
+    token        INTEGER NOT NULL,
+    holder       TEXT NOT NULL,     -- host:pid of the process that claimed
+    claimed_at   INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,  -- as of the end; for a live lease see executions
+    renewals     INTEGER NOT NULL DEFAULT 0,
+    ended_at     INTEGER,
+    ended_by     TEXT,              -- acknowledged | released | superseded; NULL until then
+    outcome      TEXT,              -- suspended | completed | failed, when acknowledged
+    PRIMARY KEY (execution_id, token)
+) WITHOUT ROWID"""
+
+STEPS = """
+CREATE TABLE steps (
+    execution_id       TEXT NOT NULL,
+    step_key           TEXT NOT NULL,
+    attempt            INTEGER NOT NULL,
+    done               INTEGER NOT NULL,
+    step_response_json TEXT NOT NULL,
+    token              INTEGER NOT NULL,  -- the fencing token the write was accepted under
+    written_at         INTEGER NOT NULL,
+    PRIMARY KEY (execution_id, step_key, attempt)
+)"""  # a rowid table, so that rowid gives the order steps were written in
+
+# Each entry brings a file from version i to i + 1.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(YieldstarError):
+    """Raised when the database was written by a newer Yieldstar than this one."""
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the schema to SCHEMA_VERSION; call inside a write transaction."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the database has schema version {version}; this Yieldstar understands up to {SCHEMA_VERSION}"
+        )
+    for statements in MIGRATIONS[version:]:
+        for statement in statements:
+            conn.execute(statement)
+    if version != SCHEMA_VERSION:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

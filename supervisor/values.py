@@ -1,0 +1,125 @@
+"""The ledger's value types: leases, records and the replies of fenced calls.
+
+Every reply object has a `status` string, so callers can branch on `reply.status` or on the type.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar, Optional, Union
+
+
+class ExecutionStatus(str, enum.Enum):
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DeliveryEnd(str, enum.Enum):
+    """How one delivery (one claim, one token) ended, as the lease history records it."""
+
+    ACKNOWLEDGED = "acknowledged"
+    RELEASED = "released"
+    EXPIRED = "expired"  # the lease ran out and nobody has claimed the execution since
+    SUPERSEDED = "superseded"  # the lease ran out and a later claim took the execution over
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ExecutionLease:
+    execution_id: str
+    token: int
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    execution_id: str
+    workflow: str
+    input_json: str
+    status: str
+    token: int
+    due_at: Optional[int]
+    lease_expires_at: Optional[int]
+    unacknowledged_deliveries: int
+    result_json: Optional[str]
+    error_json: Optional[str]
+    created_at: int
+    updated_at: int
+
+
+@dataclass(frozen=True)
+class HeapRecord:
+    execution_id: str
+    step_key: str
+    attempt: int
+    done: bool
+    step_response_json: str
+    status: ClassVar[str] = "written"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One delivery of an execution, from the lease history.
+
+    `ended_by` is None while the lease is live. An expired lease reads `expired` until a later
+    claim supersedes it; either way `ended_at` is the lease's last expiry.
+    """
+
+    execution_id: str
+    token: int
+    holder: str
+    claimed_at: int
+    expires_at: int
+    renewals: int
+    ended_at: Optional[int]
+    ended_by: Optional[str]
+    outcome: Optional[str]
+
+
+@dataclass(frozen=True)
+class Suspended:
+    status: ClassVar[str] = "suspended"
+
+
+@dataclass(frozen=True)
+class Completed:
+    result_json: str
+    status: ClassVar[str] = "completed"
+
+
+@dataclass(frozen=True)
+class Failed:
+    error_json: str
+    status: ClassVar[str] = "failed"
+
+
+@dataclass(frozen=True)
+class Renewed:
+    lease: ExecutionLease
+    status: ClassVar[str] = "renewed"
+
+
+@dataclass(frozen=True)
+class Released:
+    status: ClassVar[str] = "released"
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    status: ClassVar[str] = "lost"
+
+
+Outcome = Union[Suspended, Completed, Failed]
