@@ -17,13 +17,14 @@ from .values import (
     LeaseRecord,
     Released,
     Renewed,
+    Retry,
     Suspended,
 )
 
 __all__ = [
     "open_backend", "SqliteBackend",
     "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord",
-    "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost",
+    "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost", "Retry",
     "ExecutionStatus", "DeliveryEnd",
     "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy",
 ]

@@ -123,3 +123,15 @@ class LeaseLost:
 
 
 Outcome = Union[Suspended, Completed, Failed]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A delivery's reply asking to be tried again later (a transient fault such as a busy
+    database): the holder releases the lease instead of acknowledging."""
+
+    reason: str
+    status: ClassVar[str] = "retry"
+
+
+DeliveryOutcome = Union[Suspended, Completed, Failed, Retry, LeaseLost]

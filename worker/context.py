@@ -1,0 +1,214 @@
+"""The `ctx` a workflow function receives: recorded steps, durable timers, retries.
+
+Replay rule (RFC 002): a step with a recorded result is skipped and its recorded value returned;
+a step without one runs, and its result is recorded through the fenced heap before the workflow
+sees it. The workflow always continues with the *recorded* value, so a fresh run and a replay
+see exactly the same data (a tuple comes back as a list in both).
+
+Step records are JSON objects: `{"value": v}` for a result, `{"error": {type, message,
+traceback}, "retry_at": ms | null}` for a failed attempt (`done` is false while another attempt
+is scheduled), `{"until": ms}` for a timer.
+
+Unnamed steps, `ctx.run(fn, *args)`, are keyed `@<n>:<qualified name of fn>`, where n counts the
+unnamed steps of the workflow in call order from 1. A replay that reaches unnamed step n with a
+different function than the one recorded there raises `ReplayDiverged`: the workflow code
+changed, or it took a different path, and its records can no longer be trusted to line up.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import traceback
+from typing import Any, Callable, Optional
+
+from supervisor.arguments import finite, identifier
+from supervisor.errors import InvalidArgument
+from supervisor.values import ExecutionRecord, HeapRecord
+
+from .fenced import FencedWriter
+from .retry import RetryableError, RetryPolicy, StepFailed
+from .unwinding import ReplayDiverged, StopDelivery, Suspend
+
+AUTO_PREFIX = "@"
+
+
+def error_info(exc: BaseException) -> dict:
+    """The JSON form of an error: its type, message and traceback."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+
+
+class WorkflowContext:
+    """What a workflow function sees of its execution. One instance per delivery."""
+
+    def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
+                 clock: Callable[[], int]):
+        self.execution_id = execution.execution_id
+        self.workflow = execution.workflow
+        self.token = writer.lease.token
+        self._writer = writer
+        self._clock = clock
+        self._recorded: dict[str, HeapRecord] = {}
+        self._auto_recorded: dict[int, str] = {}
+        for record in recorded:  # in write order, so the highest attempt of each step wins
+            self._recorded[record.step_key] = record
+            if record.step_key.startswith(AUTO_PREFIX):
+                self._auto_recorded[int(record.step_key[1:].split(":", 1)[0])] = record.step_key
+        self._keys_used: set[str] = set()
+        self._auto_count = 0
+        self._unwound: Optional[BaseException] = None
+        self.steps_run = 0  # steps whose function ran in this delivery (replays excluded)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        """The backend's clock, in ms since the epoch."""
+        return self._clock()
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` as the step `key` once, record its JSON result, and return
+        the recorded value. `ctx.run(fn, *args)` names the step automatically (see the module doc).
+
+        A step that raises `RetryableError`, or any exception when `retry` is given, is tried
+        again after a delay (the workflow suspends meanwhile); once it fails for good,
+        `StepFailed` is raised into the workflow.
+        """
+        if isinstance(key_or_fn, str):
+            if not args or not callable(args[0]):
+                raise InvalidArgument(f"ctx.run({key_or_fn!r}, fn, ...) needs a callable after the step key")
+            key, fn, args = self._named_key(key_or_fn), args[0], args[1:]
+        elif callable(key_or_fn):
+            fn = key_or_fn
+            key = self._auto_key(fn)
+        else:
+            raise InvalidArgument(f"ctx.run() takes a step key or a callable first, not {type(key_or_fn).__name__}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        return self._step(key, fn, args, kwargs, retry)
+
+    def sleep(self, key: str, seconds: float) -> None:
+        """A durable timer: the workflow continues `seconds` after this step first ran."""
+        if not finite(seconds) or seconds < 0:
+            raise InvalidArgument(f"seconds must be a finite number >= 0, got {seconds!r}")
+        self._timer(self._named_key(key), lambda now: now + int(seconds * 1000))
+
+    def sleep_until(self, key: str, when: Any) -> None:
+        """A durable timer until `when`: an aware `datetime`, or seconds since the epoch."""
+        if isinstance(when, _dt.datetime):
+            if when.tzinfo is None:
+                raise InvalidArgument("sleep_until needs an aware datetime (with tzinfo)")
+            target = int(when.timestamp() * 1000)
+        elif finite(when):
+            target = int(when * 1000)
+        else:
+            raise InvalidArgument(f"when must be an aware datetime or seconds since the epoch, got {when!r}")
+        self._timer(self._named_key(key), lambda now: target)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _guard(self) -> None:
+        """Once the workflow unwound, nothing may carry on, however the unwinding was caught."""
+        if self._unwound is not None:
+            raise type(self._unwound)(*self._unwound.args)
+        if self._writer.stopped:
+            raise StopDelivery(self._writer.stopped_because)
+
+    def _unwind(self, exc: BaseException) -> BaseException:
+        self._unwound = exc
+        return exc
+
+    def _named_key(self, key: str) -> str:
+        identifier("step key", key)
+        if key.startswith(AUTO_PREFIX):
+            raise InvalidArgument(f"step key {key!r} may not start with {AUTO_PREFIX!r}: that is kept for unnamed steps")
+        return self._claim_key(key)
+
+    def _auto_key(self, fn: Callable) -> str:
+        self._auto_count += 1
+        n = self._auto_count
+        key = f"{AUTO_PREFIX}{n}:{getattr(fn, '__qualname__', type(fn).__name__)}"[:255]
+        recorded = self._auto_recorded.get(n)
+        if recorded is not None and recorded != key:
+            raise self._unwind(ReplayDiverged(
+                f"unnamed step {n} was recorded as {recorded!r} but the replay reached {key!r}:"
+                " the workflow no longer takes the path it took when these steps were recorded"
+            ))
+        return self._claim_key(key)
+
+    def _claim_key(self, key: str) -> str:
+        self._guard()
+        if key in self._keys_used:
+            raise InvalidArgument(f"step key {key!r} is used twice in one run of the workflow")
+        self._keys_used.add(key)
+        return key
+
+    def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
+        record = self._writer.write_step(key, attempt, done, json.dumps(response, allow_nan=False))
+        self._recorded[key] = record
+        return record
+
+    def _suspend_until(self, at: int) -> None:
+        self._writer.request_wake(at)
+        raise self._unwind(Suspend(f"waiting until {at}"))
+
+    def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
+        record = self._recorded.get(key)
+        attempt = 1
+        if record is not None:
+            if record.done:
+                return self._replay(key, record)
+            retry_at = json.loads(record.step_response_json).get("retry_at")
+            attempt = record.attempt + 1
+            if retry_at is not None and self._clock() < retry_at:
+                self._suspend_until(retry_at)
+        self.steps_run += 1
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            return self._failed_attempt(key, attempt, exc, policy)
+        try:
+            response = json.dumps({"value": value}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            info = {"type": "NonSerialisableResult",
+                    "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",
+                    "traceback": None}
+            return self._replay(key, self._write(key, attempt, True, {"error": info, "retry_at": None}))
+        record = self._writer.write_step(key, attempt, True, response)
+        self._recorded[key] = record
+        return self._replay(key, record)
+
+    def _failed_attempt(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
+        if isinstance(exc, RetryableError):
+            policy = exc.policy
+        info = error_info(exc)
+        if policy is not None and attempt < policy.maximum_attempts:
+            retry_at = self._clock() + policy.delay_ms(attempt)
+            record = self._write(key, attempt, False, {"error": info, "retry_at": retry_at})
+        else:
+            record = self._write(key, attempt, True, {"error": info, "retry_at": None})
+        return self._replay(key, record)
+
+    def _replay(self, key: str, record: HeapRecord) -> Any:
+        response = json.loads(record.step_response_json)
+        if "value" in response:
+            return response["value"]
+        if "until" in response:
+            return None
+        error = response["error"]
+        if not record.done:
+            self._suspend_until(response["retry_at"])
+        raise StepFailed(key, error["type"], error["message"], record.attempt, error.get("traceback"))
+
+    def _timer(self, key: str, target: Callable[[int], int]) -> None:
+        record = self._recorded.get(key)
+        if record is None:
+            record = self._write(key, 1, True, {"until": target(self._clock())})
+        until = json.loads(record.step_response_json)["until"]
+        if self._clock() < until:
+            self._suspend_until(until)

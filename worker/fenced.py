@@ -1,0 +1,57 @@
+"""Every write a delivery makes, through one door that knows whether it may still write.
+
+A delivery writes with its lease's fencing token; the ledger refuses a stale token. Before
+asking the ledger at all, the door checks `may_write()`: in a child process that is the parent
+watch, which turns false the moment the supervisor stops being heard, so an orphaned or frozen
+child stops writing at once instead of waiting to be refused. After the first refusal the door
+stays shut: a holder whose lease is lost makes no further writes (RFC 002).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from supervisor.values import ExecutionLease, HeapRecord, LeaseLost
+
+from .unwinding import StopDelivery
+
+
+def always() -> bool:
+    return True
+
+
+class FencedWriter:
+    def __init__(self, backend, lease: ExecutionLease, may_write: Callable[[], bool] = always):
+        self.backend = backend
+        self.lease = lease
+        self._may_write = may_write
+        self.stopped_because: Optional[str] = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_because is not None
+
+    def _check(self) -> None:
+        if self.stopped_because is None and not self._may_write():
+            self.stopped_because = "the supervisor is no longer heard from"
+        if self.stopped_because is not None:
+            raise StopDelivery(self.stopped_because)
+
+    def _lost(self, what: str) -> StopDelivery:
+        self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
+        return StopDelivery(self.stopped_because)
+
+    def write_step(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:
+        """Record a step attempt; returns the recorded record (which may predate this call)."""
+        self._check()
+        reply = self.backend.heap.write_step(
+            self.lease, step_key=step_key, step_attempt=attempt, done=done, step_response_json=response_json
+        )
+        if isinstance(reply, LeaseLost):
+            raise self._lost(f"step {step_key!r}")
+        return reply
+
+    def request_wake(self, at: int) -> None:
+        """Unfenced in the ledger, but a stopped delivery asks for nothing more."""
+        self._check()
+        self.backend.executions.request_wake(self.lease.execution_id, at)

@@ -1,0 +1,110 @@
+"""Workflow registration (`@workflow("name")`) and loading a user's app by module or path."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any, Callable, Optional
+
+from supervisor.arguments import identifier
+from supervisor.errors import InvalidArgument, YieldstarError
+
+WorkflowFunction = Callable[[Any, Any], Any]
+
+
+class AppNotFound(YieldstarError):
+    """Raised when an APP module name or .py path cannot be imported."""
+
+
+class Registry:
+    """Workflow names mapped to the functions `f(ctx, input)` that run them."""
+
+    def __init__(self) -> None:
+        self._workflows: dict[str, WorkflowFunction] = {}
+
+    def workflow(self, name: str) -> Callable[[WorkflowFunction], WorkflowFunction]:
+        identifier("workflow name", name)
+
+        def register(fn: WorkflowFunction) -> WorkflowFunction:
+            if not callable(fn):
+                raise InvalidArgument(f"@workflow({name!r}) must decorate a function")
+            known = self._workflows.get(name)
+            if known is not None and _origin(known) != _origin(fn):
+                raise InvalidArgument(
+                    f"workflow {name!r} is already registered by {_origin(known)}; refusing {_origin(fn)}"
+                )
+            self._workflows[name] = fn
+            fn.workflow_name = name  # type: ignore[attr-defined]
+            return fn
+
+        return register
+
+    def get(self, name: str) -> Optional[WorkflowFunction]:
+        return self._workflows.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._workflows)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._workflows
+
+
+def _origin(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+# The registry that `@workflow` fills; an app module registers its workflows by being imported.
+default_registry = Registry()
+
+
+def workflow(name: str) -> Callable[[WorkflowFunction], WorkflowFunction]:
+    """Register `f(ctx, input)` as the workflow called `name`."""
+    return default_registry.workflow(name)
+
+
+def load_app(app: str) -> Registry:
+    """Import the user's app (a module name, or a path to a .py file) and return its registry.
+
+    The app's workflows are those registered with `@workflow` while it was imported. A module
+    may instead expose its own `Registry` as a module attribute named `registry`.
+    """
+    if not isinstance(app, str) or not app:
+        raise InvalidArgument(f"app must be a module name or a .py path, got {app!r}")
+    try:
+        if app.endswith(".py") or os.sep in app:
+            module = _import_path(app)
+        else:
+            module = importlib.import_module(app)
+    except AppNotFound:
+        raise
+    except ImportError as exc:
+        raise AppNotFound(f"cannot import app {app!r}: {exc}") from exc
+    own = getattr(module, "registry", None)
+    return own if isinstance(own, Registry) else default_registry
+
+
+def _import_path(path: str):
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise AppNotFound(f"app file {path} does not exist")
+    name = os.path.splitext(os.path.basename(path))[0]
+    existing = sys.modules.get(name)
+    if existing is not None and os.path.abspath(getattr(existing, "__file__", "") or "") == path:
+        return existing
+    # Its own folder goes on sys.path, so the app can import its neighbours, as `python app.py` would.
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise AppNotFound(f"cannot load app file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module

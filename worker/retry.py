@@ -1,0 +1,63 @@
+"""Step retries: the policy, the error that asks for a retry, and the error of an exhausted step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from supervisor.arguments import finite
+from supervisor.errors import InvalidArgument, YieldstarError
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failing step is tried again: attempt n waits
+    `min(initial_interval * backoff_coefficient ** (n - 1), maximum_interval)` seconds."""
+
+    maximum_attempts: int = 3
+    initial_interval: float = 1.0
+    backoff_coefficient: float = 2.0
+    maximum_interval: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.maximum_attempts, int) or isinstance(self.maximum_attempts, bool) \
+                or self.maximum_attempts < 1:
+            raise InvalidArgument(f"maximum_attempts must be an int >= 1, got {self.maximum_attempts!r}")
+        for name in ("initial_interval", "maximum_interval"):
+            value = getattr(self, name)
+            if not finite(value) or value < 0:
+                raise InvalidArgument(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if not finite(self.backoff_coefficient) or self.backoff_coefficient < 1:
+            raise InvalidArgument(f"backoff_coefficient must be a finite number >= 1, got {self.backoff_coefficient!r}")
+
+    def delay_ms(self, attempt: int) -> int:
+        """The wait after failed attempt `attempt` (1-based), in ms."""
+        seconds = min(self.initial_interval * self.backoff_coefficient ** (attempt - 1), self.maximum_interval)
+        return int(seconds * 1000)
+
+
+class RetryableError(Exception):
+    """Raise from a step to have it tried again later, up to `max_attempts` attempts in all,
+    `interval` seconds apart (growing by `backoff`)."""
+
+    def __init__(self, message: str = "", *, max_attempts: int = 3, interval: float = 1.0, backoff: float = 1.0):
+        super().__init__(message)
+        self.policy = RetryPolicy(maximum_attempts=max_attempts, initial_interval=interval,
+                                  backoff_coefficient=backoff, maximum_interval=max(interval, 300.0))
+
+
+class StepFailed(YieldstarError):
+    """Raised into a workflow when a step failed for good (not retryable, or retries exhausted).
+
+    `error_type` and `error_message` are those of the step's last error; `attempts` how many
+    attempts were made.
+    """
+
+    def __init__(self, step_key: str, error_type: str, error_message: str, attempts: int,
+                 traceback: Optional[str] = None):
+        super().__init__(f"step {step_key!r} failed after {attempts} attempt(s): {error_type}: {error_message}")
+        self.step_key = step_key
+        self.error_type = error_type
+        self.error_message = error_message
+        self.attempts = attempts
+        self.traceback = traceback
