@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
+from ..nudge import nudge
 from .connection import Connection
 from .executions import SqliteExecutionClient
 from .heap import SqliteHeapClient
@@ -69,7 +70,8 @@ class SqliteBackend:
         except BaseException:
             self._conn.close()
             raise
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay)
+        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay,
+                                                on_due=lambda: nudge(self.path))
         self.heap = SqliteHeapClient(self._conn, self._clock)
 
     def _clock(self) -> int:

@@ -129,8 +129,10 @@ class _Row:
 
 
 class SqliteExecutionClient(ExecutionClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int]):
+    def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int],
+                 on_due: Callable[[], None] = lambda: None):
         self._conn = conn
+        self._on_due = on_due  # told after a commit that may have made an execution due
         self._clock = clock
         self._delay = delay
         self._holder = _holder()
@@ -186,9 +188,12 @@ class SqliteExecutionClient(ExecutionClient):
         now = self._now(now)
         with self._conn.write() as db:
             found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
-            if found is None:
+            created = found is None
+            if created:
                 db.execute(INSERT, (execution_id, workflow, input_json, now, now, now, now))
                 found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+        if created:
+            self._on_due()
         row = _Row(found)
         if row.workflow != workflow or arguments.canonical_json(row.input_json) != arguments.canonical_json(
             input_json
@@ -227,6 +232,7 @@ class SqliteExecutionClient(ExecutionClient):
             else:
                 ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
                 db.execute(WAKE, (due, None, ready, now, execution_id))
+        self._on_due()
 
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
         arguments.integer("limit", limit, minimum=0)

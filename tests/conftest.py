@@ -1,0 +1,70 @@
+"""Shared fixtures: a ledger on a real SQLite file under tmp_path, driven by a fake clock."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import pytest
+
+from supervisor import open_backend
+
+
+class FakeClock:
+    """An injectable ledger clock (integer ms) that moves only when a test says so."""
+
+    def __init__(self, now: int = 1_000_000):
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> int:
+        assert ms >= 0, "the fake clock never goes backwards"
+        self.now += ms
+        return self.now
+
+
+def snapshot(path) -> dict:
+    """A deterministic dump of a ledger file: schema version, schema SQL and every table's rows.
+
+    Read through a separate connection, so it sees exactly what other processes would see.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return {}
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        dump: dict = {"user_version": conn.execute("PRAGMA user_version").fetchone()[0]}
+        schema = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
+        ).fetchall()
+        dump["schema"] = schema
+        for _, name, _, _ in (row for row in schema if row[0] == "table"):
+            rows = conn.execute(f'SELECT * FROM "{name}"').fetchall()
+            dump[name] = sorted(rows, key=repr)
+        return dump
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def backend(db_path, clock):
+    with open_backend(db_path, clock=clock) as opened:
+        yield opened
+
+
+@pytest.fixture
+def db_snapshot():
+    """`db_snapshot(path)` -> a deterministic dump of every table, for "nothing changed" checks."""
+    return snapshot

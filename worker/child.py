@@ -1,0 +1,68 @@
+"""The child process: load the app once, then run deliveries the supervisor hands over.
+
+The child opens its own connection to the ledger and makes every fenced write itself, with the
+token it was sent; the supervisor only acknowledges. Anything a delivery raises that the driver
+did not turn into an outcome is reported as `Retry`, with the traceback, so the supervisor
+releases the lease and logs why.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+
+from supervisor.sqlite.backend import open_backend
+from supervisor.values import ExecutionLease, Retry
+
+from .driver import run_delivery
+from .parent_watch import ParentWatch, die_with_parent
+from .protocol import DONE, EXIT_APP_FAILED, EXIT_OK, READY
+from .registry import load_app
+
+
+def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, parent_started: float,
+               heartbeat_s: float, misses: int) -> None:
+    """Entry point of a child process (spawned, so it starts clean beside the parent's threads)."""
+    die_with_parent(parent_pid)
+    # Ctrl-C in a terminal signals the whole process group; shutting down is the supervisor's call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tasks: "queue.Queue" = queue.Queue()
+    stop_current = {"token": None}
+    current = {"token": None}
+
+    def on_stop() -> None:
+        stop_current["token"] = current["token"]
+
+    watch = ParentWatch(conn, parent_pid, parent_started, heartbeat_s, misses, tasks, on_stop)
+    try:
+        registry = load_app(app)
+        backend = open_backend(db_path, durability=durability)
+    except BaseException:
+        conn.send((READY, os.getpid(), traceback.format_exc()))
+        os._exit(EXIT_APP_FAILED)
+    watch.start()
+    watch.send((READY, os.getpid(), None))
+
+    while True:
+        message = tasks.get()
+        if message is None:
+            break
+        _, execution_id, token, expires_at = message
+        lease = ExecutionLease(execution_id, token, expires_at)
+        current["token"] = token
+        started = time.monotonic()
+
+        def may_write(token=token) -> bool:
+            return stop_current["token"] != token and watch.may_write()
+
+        try:
+            outcome = run_delivery(backend, lease, registry, may_write=may_write)
+        except Exception:
+            outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
+        current["token"] = None
+        watch.send((DONE, execution_id, token, outcome, int((time.monotonic() - started) * 1000)))
+    backend.close()
+    os._exit(EXIT_OK)

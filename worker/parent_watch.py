@@ -1,0 +1,117 @@
+"""The child's watch on its supervisor: heartbeats in, answers out, and a quick exit when orphaned.
+
+A thread reads the pipe, so the watch keeps running while the main thread is busy in a workflow.
+The child treats its supervisor as gone when any of these happens, and then shuts its write door
+(`may_write()` turns false) and exits at once:
+
+- the pipe closes (the supervisor exited or was killed);
+- its parent process changes, or the pid now belongs to a younger process (pid reuse), checked
+  with psutil against the supervisor's start time;
+- no heartbeat for `misses` heartbeat intervals (the supervisor is frozen, e.g. SIGSTOP).
+
+On Linux the kernel also delivers SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), so an
+orphan cannot even finish the statement it is in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import psutil
+
+from .protocol import ALIVE, BEAT, EXIT, EXIT_PARENT_GONE, RUN, STOP
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(EXIT_PARENT_GONE)
+
+
+class ParentWatch:
+    def __init__(self, conn, parent_pid: int, parent_started: float, heartbeat_s: float, misses: int,
+                 tasks: "queue.Queue[Any]", on_stop: Callable[[], None]):
+        self._conn = conn
+        self._parent_pid = parent_pid
+        self._parent_started = parent_started
+        self._limit = heartbeat_s * misses
+        self._check_every = heartbeat_s / 2
+        self._tasks = tasks
+        self._on_stop = on_stop
+        self._send_lock = threading.Lock()
+        self._last_beat = time.monotonic()
+        self._gone = False
+        self._thread = threading.Thread(target=self._run, name="parent-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def may_write(self) -> bool:
+        """False once the supervisor is gone or silent for too long."""
+        if self._gone:
+            return False
+        if time.monotonic() - self._last_beat > self._limit:
+            self._leave("no heartbeat")
+            return False
+        return True
+
+    def send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _parent_alive(self) -> bool:
+        if os.getppid() != self._parent_pid:
+            return False
+        try:
+            return psutil.Process(self._parent_pid).create_time() == self._parent_started
+        except psutil.Error:
+            return False
+
+    def _leave(self, why: str) -> None:
+        self._gone = True
+        # Exit from here, whatever the main thread is doing: it may be blocked in a step that
+        # would otherwise go on to write. SQLite rolls back a transaction cut short.
+        os._exit(EXIT_PARENT_GONE)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                ready = self._conn.poll(self._check_every)
+                message = self._conn.recv() if ready else None
+            except (EOFError, OSError):
+                self._leave("pipe closed")
+                return
+            if message is None:
+                if time.monotonic() - self._last_beat > self._limit:
+                    self._leave("no heartbeat")
+                elif not self._parent_alive():
+                    self._leave("parent gone")
+                continue
+            self._last_beat = time.monotonic()
+            tag = message[0]
+            if tag == BEAT:
+                try:
+                    self.send((ALIVE,))
+                except OSError:
+                    self._leave("pipe closed")
+            elif tag == RUN:
+                self._tasks.put(message)
+            elif tag == STOP:
+                self._on_stop()
+            elif tag == EXIT:
+                self._tasks.put(None)

@@ -1,0 +1,26 @@
+"""The messages a supervisor and its child exchange over the child's pipe.
+
+Plain tuples, tag first: they are pickled on every delivery, so they stay small.
+
+parent -> child                          child -> parent
+("run", execution_id, token, expires)    ("ready", pid, error or None)   once, after loading the app
+("beat", expires or None)                ("alive",)                      answers every beat
+("stop",)   the lease is lost: write     ("done", execution_id, token, outcome, ms)
+            nothing more
+("exit",)   finish and exit
+"""
+
+RUN = "run"
+BEAT = "beat"
+STOP = "stop"
+EXIT = "exit"
+
+READY = "ready"
+ALIVE = "alive"
+DONE = "done"
+
+# Exit codes of a child process, so the supervisor's log can tell why a child went away.
+EXIT_OK = 0
+EXIT_APP_FAILED = 3  # the user's app could not be imported
+EXIT_PARENT_GONE = 4  # the supervisor died, froze or closed the pipe: stopped writing and left
+EXIT_CODES = {EXIT_OK: "exited", EXIT_APP_FAILED: "could not load the app", EXIT_PARENT_GONE: "lost its supervisor"}
