@@ -35,7 +35,8 @@ class Delivery:
 
     lease: ExecutionLease
     started: float  # time.monotonic() when handed to the child
-    lost: bool = False  # renewal found the lease lost; the child was told to stop
+    lost: bool = False  # renewal found the lease lost
+    told_to_stop: bool = False  # the child was sent STOP for it
 
 
 @dataclass

@@ -39,7 +39,8 @@ class Renewer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         self._backend.close()
 
     def _run(self) -> None:

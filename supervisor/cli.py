@@ -1,0 +1,237 @@
+"""The `yieldstar` command line: thin commands over the library (SPEC section 6).
+
+Exit codes: 0 success; 1 the execution asked for is unknown (`get`, `steps`, `history`, `wake`);
+2 bad input or a database error (the message says which), printed on stderr without a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import uuid
+from dataclasses import asdict
+from typing import Any, Callable
+
+import click
+
+from .errors import UnknownExecution, YieldstarError
+from .sqlite.backend import open_backend
+from .values import ExecutionStatus
+
+EXIT_UNKNOWN = 1
+EXIT_BAD_INPUT = 2
+
+
+def as_json(record: Any) -> dict:
+    """A value object as the JSON the CLI prints: payload fields lose `_json` and are decoded."""
+    out = {}
+    for key, value in asdict(record).items():
+        if key.endswith("_json"):
+            out[key[: -len("_json")]] = None if value is None else json.loads(value)
+        else:
+            out[key] = value
+    status = getattr(record, "status", None)
+    if status is not None and "status" not in out:
+        out["status"] = status
+    return out
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+    click.echo(f"yieldstar: {message}", err=True)
+    sys.exit(code)
+
+
+def handles_errors(fn: Callable) -> Callable:
+    """Report library errors as one line on stderr with the documented exit code, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UnknownExecution as exc:
+            fail(str(exc), EXIT_UNKNOWN)
+        except (YieldstarError, ValueError) as exc:
+            fail(str(exc))
+        except OSError as exc:
+            fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        except Exception as exc:  # sqlite3.DatabaseError and the like: a message, not a traceback
+            fail(f"{type(exc).__name__}: {exc}")
+
+    return wrapper
+
+
+def backend_of(ctx: click.Context):
+    path = ctx.obj["db"]
+    if os.path.isdir(path):
+        raise ValueError(f"--db {path} is a folder, not a database file")
+    return open_backend(path)
+
+
+def parse_json_option(name: str, text: str) -> str:
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from None
+    return text
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", envvar="YIELDSTAR_DB", default="yieldstar.db", show_default=True,
+              help="The ledger file (default: $YIELDSTAR_DB, else ./yieldstar.db).")
+@click.pass_context
+def main(ctx: click.Context, db: str) -> None:
+    """Yieldstar: durable workflows on one host, with execution leases and fencing tokens."""
+    ctx.ensure_object(dict)
+    ctx.obj["db"] = db
+
+
+@main.command()
+@click.argument("workflow")
+@click.option("--id", "execution_id", help="The execution id; repeating a start with the same id starts nothing.")
+@click.option("--input", "input_json", default="null", help="The workflow's input, as JSON.")
+@click.pass_context
+@handles_errors
+def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None:
+    """Admit an execution of WORKFLOW and print its id."""
+    parse_json_option("--input", input_json)
+    execution_id = execution_id if execution_id is not None else uuid.uuid4().hex
+    with backend_of(ctx) as backend:
+        record = backend.executions.admit(execution_id, workflow, input_json)
+    click.echo(record.execution_id)
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID")
+@click.option("--json", "as_json_", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+@handles_errors
+def get(ctx, execution_id: str, as_json_: bool) -> None:
+    """Show one execution."""
+    with backend_of(ctx) as backend:
+        record = backend.executions.get(execution_id)
+    if record is None:
+        fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+    if as_json_:
+        click.echo(json.dumps(as_json(record)))
+        return
+    for key, value in as_json(record).items():
+        click.echo(f"{key:<26} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+
+
+@main.command(name="ls")
+@click.option("--status", type=click.Choice([s.value for s in ExecutionStatus]), help="Only executions in this status.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many.")
+@click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
+@click.pass_context
+@handles_errors
+def list_executions(ctx, status: str | None, limit: int | None, as_json_: bool) -> None:
+    """List executions, newest first."""
+    with backend_of(ctx) as backend:
+        records = backend.executions.list(status=status, limit=limit)
+    if as_json_:
+        click.echo(json.dumps([as_json(r) for r in records]))
+        return
+    for r in records:
+        click.echo(f"{r.execution_id}\t{r.workflow}\t{r.status}\ttoken={r.token}"
+                   f"\tunacknowledged={r.unacknowledged_deliveries}")
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID")
+@click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
+@click.pass_context
+@handles_errors
+def steps(ctx, execution_id: str, as_json_: bool) -> None:
+    """Show the recorded steps of one execution, in the order written."""
+    with backend_of(ctx) as backend:
+        if backend.executions.get(execution_id) is None:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        records = backend.heap.steps(execution_id)
+    if as_json_:
+        click.echo(json.dumps([as_json(r) for r in records]))
+        return
+    for r in records:
+        click.echo(f"{r.step_key}\tattempt={r.attempt}\tdone={str(r.done).lower()}\t{r.step_response_json}")
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID")
+@click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
+@click.pass_context
+@handles_errors
+def history(ctx, execution_id: str, as_json_: bool) -> None:
+    """Show the lease history of one execution: one row per delivery."""
+    with backend_of(ctx) as backend:
+        if backend.executions.get(execution_id) is None:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        records = backend.executions.history(execution_id)
+    if as_json_:
+        click.echo(json.dumps([asdict(r) for r in records]))
+        return
+    for r in records:
+        click.echo(f"token={r.token}\tholder={r.holder}\tclaimed_at={r.claimed_at}\texpires_at={r.expires_at}"
+                   f"\trenewals={r.renewals}\tended={r.ended_by or 'live'}"
+                   + (f"\toutcome={r.outcome}" if r.outcome else ""))
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID")
+@click.option("--at", type=int, default=None, help="When, in ms since the epoch (default: now).")
+@click.pass_context
+@handles_errors
+def wake(ctx, execution_id: str, at: int | None) -> None:
+    """Request a wake of one execution."""
+    with backend_of(ctx) as backend:
+        backend.executions.request_wake(execution_id, backend.clock() if at is None else at)
+
+
+@main.command()
+@click.argument("app")
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--lease-ms", type=click.IntRange(min=1), default=30_000, show_default=True)
+@click.option("--renew-ms", type=click.IntRange(min=1), default=None, help="Default: a third of --lease-ms.")
+@click.option("--heartbeat-ms", type=click.IntRange(min=1), default=None,
+              help="Default: 1000, or a tenth of --lease-ms when that is shorter.")
+@click.option("--poll-ms", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--grace-ms", type=click.IntRange(min=0), default=10_000, show_default=True)
+@click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
+@click.option("--until-idle", is_flag=True, help="Exit once nothing is running and nothing is due.")
+@click.option("--summary", "summary_s", type=click.FloatRange(min=0.1), default=None,
+              help="Print a summary line every this many seconds.")
+@click.option("--quiet", is_flag=True, help="No line per delivery.")
+@click.pass_context
+@handles_errors
+def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, poll_ms, grace_ms, durability, until_idle,
+              summary_s, quiet) -> None:
+    """Run a supervisor for the workflows defined in APP (a module name or a .py path)."""
+    from .dispatcher import Supervisor, SupervisorConfig
+
+    config = SupervisorConfig(
+        concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms or max(1, lease_ms // 3),
+        heartbeat_ms=heartbeat_ms or max(1, min(1000, lease_ms // 10)), poll_ms=poll_ms, grace_ms=grace_ms,
+        durability=durability)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s yieldstar[%(process)d] %(message)s")
+    supervisor = Supervisor(ctx.obj["db"], app, config)
+    if summary_s:
+        _print_summaries(supervisor, summary_s)
+    sys.exit(supervisor.run(until_idle=until_idle))
+
+
+def _print_summaries(supervisor, every_s: float) -> None:
+    def loop() -> None:
+        stop = threading.Event()
+        while not stop.wait(every_s):
+            s = supervisor.stats
+            click.echo(f"claimed {s.claimed}  completed {s.completed}  failed {s.failed}  suspended {s.suspended}"
+                       f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}", err=True)
+
+    threading.Thread(target=loop, name="summary", daemon=True).start()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
