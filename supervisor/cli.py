@@ -20,7 +20,7 @@ import click
 
 from .errors import UnknownExecution, YieldstarError
 from .sqlite.backend import open_backend
-from .values import ExecutionStatus
+from .values import ExecutionStatus, SettleConflict
 
 EXIT_UNKNOWN = 1
 EXIT_BAD_INPUT = 2
@@ -187,6 +187,76 @@ def wake(ctx, execution_id: str, at: int | None) -> None:
     """Request a wake of one execution."""
     with backend_of(ctx) as backend:
         backend.executions.request_wake(execution_id, backend.clock() if at is None else at)
+
+
+@main.command()
+@click.argument("effect_id")
+@click.option("--result", "result_json", required=True, help="The effect's result, as JSON.")
+@click.pass_context
+@handles_errors
+def settle(ctx, effect_id: str, result_json: str) -> None:
+    """Settle an effect from outside (an external system finishing its work).
+
+    The first result is kept: settling again with a different one is reported as a conflict
+    (exit 2) and changes nothing."""
+    parse_json_option("--result", result_json)
+    with backend_of(ctx) as backend:
+        reply = backend.effects.settle(effect_id, result_json)
+    if isinstance(reply, SettleConflict):
+        fail(f"effect {effect_id!r} is already settled with {reply.kept_result_json}; {result_json} was not applied")
+    click.echo(json.dumps(as_json(reply)))
+
+
+@main.group()
+def store() -> None:
+    """Read named stores, and put items into them from outside."""
+
+
+@store.command(name="ls")
+@click.pass_context
+@handles_errors
+def store_list(ctx) -> None:
+    """List every store with its version."""
+    with backend_of(ctx) as backend:
+        for state in backend.stores.list():
+            click.echo(f"{state.name}\tversion={state.version}\t{state.state_json}")
+
+
+@store.command(name="get")
+@click.argument("name")
+@click.pass_context
+@handles_errors
+def store_get(ctx, name: str) -> None:
+    """Print one store's state as JSON; exit 1 if there is no such store."""
+    with backend_of(ctx) as backend:
+        state = backend.stores.get(name)
+    if state is None:
+        fail(f"no store {name!r}", EXIT_UNKNOWN)
+    click.echo(state.state_json)
+
+
+@store.command(name="put")
+@click.argument("name")
+@click.argument("item_json", metavar="JSON")
+@click.pass_context
+@handles_errors
+def store_put(ctx, name: str, item_json: str) -> None:
+    """Append an item to a list store (a mailbox), waking its waiters."""
+    parse_json_option("JSON", item_json)
+    with backend_of(ctx) as backend:
+        click.echo(backend.stores.put(name, item_json).state_json)
+
+
+@store.command(name="set")
+@click.argument("name")
+@click.argument("state_json", metavar="JSON")
+@click.pass_context
+@handles_errors
+def store_set(ctx, name: str, state_json: str) -> None:
+    """Replace a store's whole state, waking its waiters."""
+    parse_json_option("JSON", state_json)
+    with backend_of(ctx) as backend:
+        click.echo(backend.stores.set(name, state_json).state_json)
 
 
 @main.command()

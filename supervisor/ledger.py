@@ -15,9 +15,10 @@ Two rules run through every method:
 from __future__ import annotations
 
 import abc
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .values import (
+    EffectState,
     ExecutionLease,
     ExecutionRecord,
     HeapRecord,
@@ -26,6 +27,9 @@ from .values import (
     Outcome,
     Released,
     Renewed,
+    SettleConflict,
+    StoreReceipt,
+    StoreState,
 )
 
 
@@ -115,3 +119,66 @@ class HeapClient(abc.ABC):
     @abc.abstractmethod
     def steps(self, execution_id: str) -> list[HeapRecord]:
         """Every recorded attempt of every step of one execution, in the order written."""
+
+
+class WorkflowStartClient(abc.ABC):
+    @abc.abstractmethod
+    def start(self, start_request_id: str, workflow: str, input_json: str = "null") -> str:
+        """Idempotent by receipt: admit an execution for this start request and return its id.
+
+        Repeating the same start-request id starts nothing and returns the first target."""
+
+
+class EffectClient(abc.ABC):
+    @abc.abstractmethod
+    def get(self, effect_id: str) -> Optional[EffectState]:
+        """The effect's state, or None if nobody began or settled it."""
+
+    @abc.abstractmethod
+    def begin(self, effect_id: str) -> EffectState:
+        """Idempotent by identity: create the effect as pending, or return its current state."""
+
+    @abc.abstractmethod
+    def settle(self, effect_id: str, result_json: str) -> EffectState | SettleConflict:
+        """Keep the first result; wake the executions waiting on the effect. A different later
+        result returns `SettleConflict` and is not applied; the same one returns the state."""
+
+    @abc.abstractmethod
+    def wait(self, effect_id: str, execution_id: str) -> EffectState:
+        """Unfenced: register `execution_id` to be woken when the effect settles (unless it
+        already has), and return the effect's state."""
+
+
+class StoreClient(abc.ABC):
+    @abc.abstractmethod
+    def get(self, name: str) -> Optional[StoreState]:
+        """The store's state and version, or None."""
+
+    @abc.abstractmethod
+    def list(self) -> list[StoreState]:
+        """Every store, by name."""
+
+    @abc.abstractmethod
+    def get_or_create(self, name: str, initial_json: str) -> StoreState:
+        """Idempotent by identity: one initial state per store name; later calls find the store."""
+
+    @abc.abstractmethod
+    def change(self, name: str, *, execution_id: str, step_key: str,
+               change: Callable[[Any], tuple[Any, Any]]) -> Optional[StoreReceipt]:
+        """Idempotent by receipt: apply `change(state) -> (new_state, result)` and record the
+        result under (store, execution, step key), in one transaction. If the receipt exists,
+        nothing is applied and the recorded result is returned (`applied=False`). A change that
+        raises `NoMatch` commits nothing and returns None. Wakes the store's waiters."""
+
+    @abc.abstractmethod
+    def put(self, name: str, item_json: str) -> StoreState:
+        """From outside: append an item to a list store, creating it empty when missing."""
+
+    @abc.abstractmethod
+    def set(self, name: str, state_json: str) -> StoreState:
+        """From outside: replace the store's state, creating it when missing."""
+
+    @abc.abstractmethod
+    def wait(self, name: str, execution_id: str, seen_version: int) -> bool:
+        """Unfenced: register to be woken by the store's next change; True (and nothing
+        registered) if the store already changed after `seen_version`."""

@@ -135,3 +135,44 @@ class Retry:
 
 
 DeliveryOutcome = Union[Suspended, Completed, Failed, Retry, LeaseLost]
+
+
+@dataclass(frozen=True)
+class EffectState:
+    """An external operation that must not repeat, identified by its effect id (RFC 004)."""
+
+    effect_id: str
+    status: str  # pending | settled
+    result_json: Optional[str]
+    begun: int  # how many times it was begun: more than one means a replay or a stale holder
+
+
+@dataclass(frozen=True)
+class SettleConflict:
+    """A settle whose result differs from the one already kept: reported, not applied."""
+
+    effect_id: str
+    kept_result_json: str
+    offered_result_json: str
+    status: ClassVar[str] = "conflict"
+
+
+@dataclass(frozen=True)
+class StoreState:
+    name: str
+    state_json: str
+    version: int
+
+
+@dataclass(frozen=True)
+class StoreReceipt:
+    """The recorded result of one store change, keyed by (store, execution, step key).
+
+    `applied` is True for the call that committed the change, False for every later caller
+    (a replay, or a stale holder) who gets the recorded result instead."""
+
+    store: str
+    execution_id: str
+    step_key: str
+    result_json: str
+    applied: bool

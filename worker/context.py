@@ -18,17 +18,21 @@ changed, or it took a different path, and its records can no longer be trusted t
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import traceback
 from typing import Any, Callable, Optional
 
 from supervisor.arguments import finite, identifier
-from supervisor.errors import InvalidArgument
+from supervisor.errors import InvalidArgument, StorageBusy
 from supervisor.values import ExecutionRecord, HeapRecord
 
+from .effects import EffectsMixin
 from .fenced import FencedWriter
 from .retry import RetryableError, RetryPolicy, StepFailed
-from .unwinding import ReplayDiverged, StopDelivery, Suspend
+from .starts import StartsMixin
+from .stores import StoresMixin
+from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
 
@@ -42,7 +46,7 @@ def error_info(exc: BaseException) -> dict:
     }
 
 
-class WorkflowContext:
+class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
     """What a workflow function sees of its execution. One instance per delivery."""
 
     def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
@@ -51,6 +55,7 @@ class WorkflowContext:
         self.workflow = execution.workflow
         self.token = writer.lease.token
         self._writer = writer
+        self._backend = writer.backend
         self._clock = clock
         self._recorded: dict[str, HeapRecord] = {}
         self._auto_recorded: dict[int, str] = {}
@@ -118,6 +123,8 @@ class WorkflowContext:
             raise type(self._unwound)(*self._unwound.args)
         if self._writer.stopped:
             raise StopDelivery(self._writer.stopped_because)
+        if self._writer.busy_because is not None:
+            raise RetryLater(self._writer.busy_because)
 
     def _unwind(self, exc: BaseException) -> BaseException:
         self._unwound = exc
@@ -157,6 +164,25 @@ class WorkflowContext:
         self._writer.request_wake(at)
         raise self._unwind(Suspend(f"waiting until {at}"))
 
+    def _suspend_waiting(self, what: str) -> None:
+        """Suspend with no wake of our own: a registered waiter will be woken by `what`."""
+        raise self._unwind(Suspend(f"waiting for {what}"))
+
+    def _derived_id(self, key: str) -> str:
+        """An id owned by this execution's step `key`: the same on every replay and every holder."""
+        derived = f"{self.execution_id}/{key}"
+        if len(derived) <= 255:
+            return derived
+        return f"{self.execution_id[:180]}/{hashlib.sha256(derived.encode()).hexdigest()}"
+
+    def _recorded_step(self, key: str, produce: Callable[[], Any]) -> Any:
+        """The recorded value of step `key`, or record `produce()` (a JSON value) as it."""
+        record = self._recorded.get(key)
+        if record is None:
+            self.steps_run += 1
+            record = self._write(key, 1, True, {"value": produce()})
+        return self._replay(key, record)
+
     def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
         record = self._recorded.get(key)
         attempt = 1
@@ -170,6 +196,8 @@ class WorkflowContext:
         self.steps_run += 1
         try:
             value = fn(*args, **kwargs)
+        except StorageBusy:
+            raise  # a transient fault of the ledger, not of the step: the delivery is retried
         except Exception as exc:
             return self._failed_attempt(key, attempt, exc, policy)
         try:

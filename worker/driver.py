@@ -23,11 +23,23 @@ from supervisor.values import Completed, DeliveryOutcome, ExecutionLease, Failed
 from .context import WorkflowContext, error_info
 from .fenced import FencedWriter, always
 from .registry import Registry
-from .unwinding import ReplayDiverged, StopDelivery, Suspend
+from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
 
 
 def failure(error_type: str, message: str, tb: str | None = None) -> Failed:
     return Failed(json.dumps({"type": error_type, "message": message, "traceback": tb}))
+
+
+def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | None:
+    """How a delivery that began to unwind ends, however the workflow treated the unwinding
+    (a bare `except:` that returned, or raised another error in its place); None if it did not."""
+    if writer.stopped:
+        return LeaseLost()
+    if writer.busy_because is not None:
+        return Retry(writer.busy_because)
+    if ctx._unwound is not None:
+        return Suspended() if isinstance(ctx._unwound, Suspend) else failure("ReplayDiverged", str(ctx._unwound))
+    return None
 
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
@@ -50,19 +62,17 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
             return Suspended()
         except StopDelivery:
             return LeaseLost()
+        except RetryLater as exc:
+            return Retry(str(exc))
         except ReplayDiverged as exc:
             return failure("ReplayDiverged", str(exc))
         except StorageBusy as exc:
             return Retry(str(exc))
         except Exception as exc:
-            if writer.stopped:
-                return LeaseLost()
-            return Failed(json.dumps(error_info(exc)))
-        # However the workflow treated an unwinding, a delivery that unwound ends as it began to.
-        if writer.stopped:
-            return LeaseLost()
-        if ctx._unwound is not None:
-            return Suspended() if isinstance(ctx._unwound, Suspend) else failure("ReplayDiverged", str(ctx._unwound))
+            return unwound(writer, ctx) or Failed(json.dumps(error_info(exc)))
+        ended = unwound(writer, ctx)
+        if ended is not None:
+            return ended
         try:
             return Completed(json.dumps(result, allow_nan=False))
         except (TypeError, ValueError) as exc:

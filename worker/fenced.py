@@ -4,16 +4,18 @@ A delivery writes with its lease's fencing token; the ledger refuses a stale tok
 asking the ledger at all, the door checks `may_write()`: in a child process that is the parent
 watch, which turns false the moment the supervisor stops being heard, so an orphaned or frozen
 child stops writing at once instead of waiting to be refused. After the first refusal the door
-stays shut: a holder whose lease is lost makes no further writes (RFC 002).
+stays shut: a holder whose lease is lost makes no further writes (RFC 002). A write that finds
+the database busy shuts it too, and the delivery ends as `Retry`.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
+from supervisor.errors import StorageBusy
 from supervisor.values import ExecutionLease, HeapRecord, LeaseLost
 
-from .unwinding import StopDelivery
+from .unwinding import RetryLater, StopDelivery
 
 
 def always() -> bool:
@@ -26,6 +28,7 @@ class FencedWriter:
         self.lease = lease
         self._may_write = may_write
         self.stopped_because: Optional[str] = None
+        self.busy_because: Optional[str] = None  # set once a write found the database busy
 
     @property
     def stopped(self) -> bool:
@@ -36,6 +39,12 @@ class FencedWriter:
             self.stopped_because = "the supervisor is no longer heard from"
         if self.stopped_because is not None:
             raise StopDelivery(self.stopped_because)
+        if self.busy_because is not None:
+            raise RetryLater(self.busy_because)
+
+    def _busy(self, exc: StorageBusy) -> RetryLater:
+        self.busy_because = str(exc)
+        return RetryLater(self.busy_because)
 
     def _lost(self, what: str) -> StopDelivery:
         self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
@@ -44,14 +53,26 @@ class FencedWriter:
     def write_step(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:
         """Record a step attempt; returns the recorded record (which may predate this call)."""
         self._check()
-        reply = self.backend.heap.write_step(
-            self.lease, step_key=step_key, step_attempt=attempt, done=done, step_response_json=response_json
-        )
+        try:
+            reply = self.backend.heap.write_step(
+                self.lease, step_key=step_key, step_attempt=attempt, done=done, step_response_json=response_json
+            )
+        except StorageBusy as exc:
+            raise self._busy(exc) from exc
         if isinstance(reply, LeaseLost):
             raise self._lost(f"step {step_key!r}")
         return reply
 
+    def call(self, method: Callable, *args, **kwargs):
+        """An idempotent or unfenced ledger call (a start, an effect, a store change, a waiter):
+        harmless from a stale holder, but a stopped delivery makes none."""
+        self._check()
+        return method(*args, **kwargs)
+
     def request_wake(self, at: int) -> None:
         """Unfenced in the ledger, but a stopped delivery asks for nothing more."""
         self._check()
-        self.backend.executions.request_wake(self.lease.execution_id, at)
+        try:
+            self.backend.executions.request_wake(self.lease.execution_id, at)
+        except StorageBusy as exc:
+            raise self._busy(exc) from exc

@@ -16,5 +16,13 @@ class StopDelivery(BaseException):
     """Raised inside a workflow when its lease is lost or the parent is gone: no further writes."""
 
 
+class RetryLater(BaseException):
+    """Raised inside a workflow when the database stayed busy: the delivery ends as `Retry`.
+
+    A busy database says nothing about the workflow, so its code must not be able to catch it
+    as a step's error and take another path.
+    """
+
+
 class ReplayDiverged(BaseException):
     """Raised when a replay reaches an unnamed step that differs from the one recorded there."""

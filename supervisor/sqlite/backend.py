@@ -11,7 +11,10 @@ from ..errors import InvalidArgument
 from ..nudge import nudge
 from .connection import Connection
 from .executions import SqliteExecutionClient
+from .effects import SqliteEffectClient
 from .heap import SqliteHeapClient
+from .starts import SqliteStartClient
+from .stores import SqliteStoreClient
 from .schema import migrate
 
 
@@ -70,9 +73,15 @@ class SqliteBackend:
         except BaseException:
             self._conn.close()
             raise
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay,
-                                                on_due=lambda: nudge(self.path))
+        announce = self._announce_due
+        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce)
         self.heap = SqliteHeapClient(self._conn, self._clock)
+        self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
+        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
+        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
+
+    def _announce_due(self) -> None:
+        nudge(self.path)
 
     def _clock(self) -> int:
         return arguments.integer("clock()", self.clock())

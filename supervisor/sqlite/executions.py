@@ -35,6 +35,7 @@ from ..values import (
     Renewed,
     Suspended,
 )
+from . import waiters
 from .connection import Connection
 
 RUNNING = ExecutionStatus.RUNNING.value
@@ -215,24 +216,45 @@ class SqliteExecutionClient(ExecutionClient):
         arguments.integer("at", at)
         now = self._now(now)
         with self._conn.write() as db:
+            woken = self.wake_in(db, execution_id, at, now)
+        if woken:
+            self._on_due()
+
+    def wake_in(self, db: sqlite3.Connection, execution_id: str, at: int, now: int) -> bool:
+        """`request_wake` inside a write transaction the caller holds; False for a terminal one."""
+        found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+        if found is None:
+            raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
+        row = _Row(found)
+        if row.status in TERMINAL:
+            return False
+        due = at if row.due_at is None else min(row.due_at, at)
+        if row.status == RUNNING:
+            # Remembered for after this delivery: an acknowledged suspension makes it the due
+            # time; a release or expiry leaves it owed in due_at. The lease (live, or expired
+            # and waiting out its redelivery delay) still decides ready_at.
+            wake = at if row.wake_during_lease is None else min(row.wake_during_lease, at)
+            ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
+            db.execute(WAKE, (due, wake, max(due, ready), now, execution_id))
+        else:
+            ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
+            db.execute(WAKE, (due, None, ready, now, execution_id))
+        return True
+
+    def await_outcome(self, execution_id, waiter) -> ExecutionRecord:
+        """Unfenced: the record of `execution_id`; unless it is terminal, `waiter` is registered
+        to be woken when it becomes so (in the same transaction, so no outcome slips between)."""
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("waiter", waiter)
+        now = self._clock()
+        with self._conn.write() as db:
             found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
             if found is None:
                 raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
             row = _Row(found)
-            if row.status in TERMINAL:
-                return
-            due = at if row.due_at is None else min(row.due_at, at)
-            if row.status == RUNNING:
-                # Remembered for after this delivery: an acknowledged suspension makes it the
-                # due time; a release or expiry leaves it owed in due_at. The lease (live, or
-                # expired and waiting out its redelivery delay) still decides ready_at.
-                wake = at if row.wake_during_lease is None else min(row.wake_during_lease, at)
-                ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
-                db.execute(WAKE, (due, wake, max(due, ready), now, execution_id))
-            else:
-                ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
-                db.execute(WAKE, (due, None, ready, now, execution_id))
-        self._on_due()
+            if row.status not in TERMINAL:
+                waiters.register(db, waiters.EXECUTION, execution_id, waiter, now)
+        return self._as_of(row, now)
 
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
         arguments.integer("limit", limit, minimum=0)
@@ -301,6 +323,12 @@ class SqliteExecutionClient(ExecutionClient):
         with self._conn.write() as db:
             if not self._end(db, lease, now, DeliveryEnd.ACKNOWLEDGED, outcome.status, sql, params + (now,)):
                 return LeaseLost()
+            woke = False
+            if not isinstance(outcome, Suspended):
+                # Executions waiting for this one to finish (ctx.wait_for) are woken with it.
+                woke = waiters.wake(db, waiters.EXECUTION, lease.execution_id, now, self.wake_in)
+        if woke:
+            self._on_due()
         return outcome
 
     def _end(self, db: sqlite3.Connection, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:

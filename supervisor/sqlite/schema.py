@@ -64,9 +64,56 @@ CREATE TABLE steps (
     PRIMARY KEY (execution_id, step_key, attempt)
 )"""  # a rowid table, so that rowid gives the order steps were written in
 
+WAITERS = """
+CREATE TABLE waiters (
+    kind          TEXT NOT NULL,  -- execution | effect | store
+    target        TEXT NOT NULL,
+    waiter        TEXT NOT NULL,  -- the execution to wake
+    registered_at INTEGER NOT NULL,
+    PRIMARY KEY (kind, target, waiter)
+) WITHOUT ROWID"""
+
+STARTS = """
+CREATE TABLE starts (
+    start_request_id TEXT PRIMARY KEY,
+    execution_id     TEXT NOT NULL,  -- the first target; a repeat starts nothing and gets it
+    created_at       INTEGER NOT NULL
+) WITHOUT ROWID"""
+
+EFFECTS = """
+CREATE TABLE effects (
+    effect_id   TEXT PRIMARY KEY,
+    status      TEXT NOT NULL,    -- pending | settled
+    result_json TEXT,             -- the first settled result, kept
+    begun       INTEGER NOT NULL, -- how many times begin() was called (operators: repeats)
+    conflicts   INTEGER NOT NULL, -- settles with a different result, reported and not applied
+    created_at  INTEGER NOT NULL,
+    settled_at  INTEGER
+) WITHOUT ROWID"""
+
+STORES = """
+CREATE TABLE stores (
+    name       TEXT PRIMARY KEY,
+    state_json TEXT NOT NULL,
+    version    INTEGER NOT NULL,  -- bumped by every committed change
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID"""
+
+STORE_RECEIPTS = """
+CREATE TABLE store_receipts (
+    store        TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    step_key     TEXT NOT NULL,
+    result_json  TEXT NOT NULL,   -- what the change returned, for every holder that asks again
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (store, execution_id, step_key)
+) WITHOUT ROWID"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
-    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS),
+    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS,
+     WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,81 @@
+"""Effects on SQLite (RFC 004): every statement for the `effects` table.
+
+An effect is an external operation that must not repeat. Its id is handed to the external
+system as the idempotency key; `settle` keeps the first result, and a different later result is
+reported as a `SettleConflict`, never applied. Settling wakes the executions waiting on it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .. import arguments
+from ..ledger import EffectClient
+from ..values import EffectState, SettleConflict
+from . import waiters
+from .connection import Connection
+
+GET = "SELECT effect_id, status, result_json, begun FROM effects WHERE effect_id = ?"
+BEGIN = """
+INSERT INTO effects (effect_id, status, begun, conflicts, created_at) VALUES (?, 'pending', 1, 0, ?)
+ON CONFLICT (effect_id) DO UPDATE SET begun = begun + 1"""
+SETTLE = "UPDATE effects SET status = 'settled', result_json = ?, settled_at = ? WHERE effect_id = ?"
+CREATE_SETTLED = """
+INSERT INTO effects (effect_id, status, result_json, begun, conflicts, created_at, settled_at)
+VALUES (?, 'settled', ?, 0, 0, ?, ?)"""
+CONFLICT = "UPDATE effects SET conflicts = conflicts + 1 WHERE effect_id = ?"
+
+
+def _state(row) -> EffectState:
+    return EffectState(row[0], row[1], row[2], row[3])
+
+
+class SqliteEffectClient(EffectClient):
+    def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
+        self._conn = conn
+        self._clock = clock
+        self._executions = executions
+        self._on_due = on_due
+
+    def get(self, effect_id) -> Optional[EffectState]:
+        arguments.identifier("effect_id", effect_id)
+        row = self._conn.execute(GET, (effect_id,)).fetchone()
+        return None if row is None else _state(row)
+
+    def begin(self, effect_id) -> EffectState:
+        arguments.identifier("effect_id", effect_id)
+        with self._conn.write() as db:
+            db.execute(BEGIN, (effect_id, self._clock()))
+            return _state(db.execute(GET, (effect_id,)).fetchone())
+
+    def settle(self, effect_id, result_json) -> EffectState | SettleConflict:
+        arguments.identifier("effect_id", effect_id)
+        arguments.json_text("result_json", result_json)
+        now = self._clock()
+        woke = False
+        with self._conn.write() as db:
+            row = db.execute(GET, (effect_id,)).fetchone()
+            if row is not None and row[1] == "settled":
+                if arguments.canonical_json(row[2]) != arguments.canonical_json(result_json):
+                    db.execute(CONFLICT, (effect_id,))
+                    return SettleConflict(effect_id, row[2], result_json)
+                return _state(row)
+            if row is None:  # settled from outside before any workflow began it
+                db.execute(CREATE_SETTLED, (effect_id, result_json, now, now))
+            else:
+                db.execute(SETTLE, (result_json, now, effect_id))
+            woke = waiters.wake(db, waiters.EFFECT, effect_id, now, self._executions.wake_in)
+            state = _state(db.execute(GET, (effect_id,)).fetchone())
+        if woke:
+            self._on_due()
+        return state
+
+    def wait(self, effect_id, execution_id) -> EffectState:
+        arguments.identifier("effect_id", effect_id)
+        arguments.identifier("execution_id", execution_id)
+        with self._conn.write() as db:
+            row = db.execute(GET, (effect_id,)).fetchone()
+            if row is not None and row[1] == "settled":
+                return _state(row)
+            waiters.register(db, waiters.EFFECT, effect_id, execution_id, self._clock())
+        return EffectState(effect_id, "pending", None, 0) if row is None else _state(row)

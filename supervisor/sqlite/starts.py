@@ -1,0 +1,43 @@
+"""Workflow starts on SQLite (RFC 003): every statement for the `starts` table.
+
+A start is idempotent by receipt: the start-request id maps to the first target for good, so a
+replay, or a stale holder, that starts again gets the same execution and starts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import arguments
+from ..errors import ExecutionConflict
+from ..ledger import WorkflowStartClient
+from .connection import Connection
+from .executions import INSERT, SELECT_ONE
+
+FIND = "SELECT execution_id FROM starts WHERE start_request_id = ?"
+RECORD = "INSERT INTO starts (start_request_id, execution_id, created_at) VALUES (?, ?, ?)"
+
+
+class SqliteStartClient(WorkflowStartClient):
+    def __init__(self, conn: Connection, clock: Callable[[], int], on_due: Callable[[], None]):
+        self._conn = conn
+        self._clock = clock
+        self._on_due = on_due
+
+    def start(self, start_request_id, workflow, input_json="null") -> str:
+        arguments.identifier("start_request_id", start_request_id)
+        arguments.identifier("workflow", workflow)
+        arguments.json_text("input_json", input_json)
+        now = self._clock()
+        with self._conn.write() as db:
+            found = db.execute(FIND, (start_request_id,)).fetchone()
+            if found is not None:
+                return found[0]
+            # The target's id is the start-request id: readable, and unique by construction.
+            if db.execute(SELECT_ONE, (start_request_id,)).fetchone() is not None:
+                raise ExecutionConflict(
+                    f"start_request_id {start_request_id!r} names an execution that was admitted without it")
+            db.execute(INSERT, (start_request_id, workflow, input_json, now, now, now, now))
+            db.execute(RECORD, (start_request_id, start_request_id, now))
+        self._on_due()
+        return start_request_id

@@ -1,0 +1,124 @@
+"""Named durable JSON stores on SQLite (RFC 005): every statement for `stores` and `store_receipts`.
+
+A change made by a workflow commits atomically with a receipt keyed by (store, execution, step
+key): whichever holder commits first applies the change once, and every holder, stale or
+current, gets the recorded result. Changes from outside (`put`, `set`) carry no receipt. Every
+committed change bumps the store's version and wakes the executions waiting on it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Optional
+
+from .. import arguments
+from ..errors import InvalidArgument
+from ..ledger import StoreClient
+from ..values import StoreReceipt, StoreState
+from . import waiters
+from .connection import Connection
+
+GET = "SELECT name, state_json, version FROM stores WHERE name = ?"
+CREATE = "INSERT OR IGNORE INTO stores (name, state_json, version, created_at, updated_at) VALUES (?, ?, 1, ?, ?)"
+UPDATE = "UPDATE stores SET state_json = ?, version = version + 1, updated_at = ? WHERE name = ?"
+LIST = "SELECT name, state_json, version FROM stores ORDER BY name"
+RECEIPT = "SELECT result_json FROM store_receipts WHERE store = ? AND execution_id = ? AND step_key = ?"
+RECORD = """
+INSERT INTO store_receipts (store, execution_id, step_key, result_json, created_at) VALUES (?, ?, ?, ?, ?)"""
+
+
+class NoMatch(Exception):
+    """Raised by a change function to commit nothing (a `take` that found no matching item)."""
+
+
+class SqliteStoreClient(StoreClient):
+    def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
+        self._conn = conn
+        self._clock = clock
+        self._executions = executions
+        self._on_due = on_due
+
+    def get(self, name) -> Optional[StoreState]:
+        arguments.identifier("store name", name)
+        row = self._conn.execute(GET, (name,)).fetchone()
+        return None if row is None else StoreState(*row)
+
+    def list(self) -> list[StoreState]:
+        return [StoreState(*row) for row in self._conn.execute(LIST).fetchall()]
+
+    def get_or_create(self, name, initial_json) -> StoreState:
+        arguments.identifier("store name", name)
+        arguments.json_text("initial_json", initial_json)
+        now = self._clock()
+        with self._conn.write() as db:
+            db.execute(CREATE, (name, initial_json, now, now))
+            return StoreState(*db.execute(GET, (name,)).fetchone())
+
+    def change(self, name, *, execution_id, step_key, change: Callable[[Any], tuple[Any, Any]]
+               ) -> Optional[StoreReceipt]:
+        arguments.identifier("store name", name)
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("step_key", step_key)
+        now = self._clock()
+        with self._conn.write() as db:
+            recorded = db.execute(RECEIPT, (name, execution_id, step_key)).fetchone()
+            if recorded is not None:
+                return StoreReceipt(name, execution_id, step_key, recorded[0], applied=False)
+            row = db.execute(GET, (name,)).fetchone()
+            if row is None:
+                raise InvalidArgument(f"store {name!r} does not exist; create it with get_or_create first")
+            try:
+                new_state, result = change(json.loads(row[1]))
+            except NoMatch:
+                return None
+            state_json = arguments.to_json(f"the new state of store {name!r}", new_state)
+            result_json = arguments.to_json(f"the result of the change to store {name!r}", result)
+            db.execute(UPDATE, (state_json, now, name))
+            db.execute(RECORD, (name, execution_id, step_key, result_json, now))
+            woke = waiters.wake(db, waiters.STORE, name, now, self._executions.wake_in)
+        if woke:
+            self._on_due()
+        return StoreReceipt(name, execution_id, step_key, result_json, applied=True)
+
+    def put(self, name, item_json) -> StoreState:
+        """From outside: append an item to a list store (created empty when missing)."""
+        arguments.identifier("store name", name)
+        arguments.json_text("item_json", item_json)
+        return self._outside(name, "[]", lambda state: _append(name, state, json.loads(item_json)))
+
+    def set(self, name, state_json) -> StoreState:
+        """From outside: replace the store's whole state (created when missing)."""
+        arguments.identifier("store name", name)
+        arguments.json_text("state_json", state_json)
+        return self._outside(name, state_json, lambda state: json.loads(state_json))
+
+    def _outside(self, name: str, initial_json: str, change: Callable[[Any], Any]) -> StoreState:
+        now = self._clock()
+        with self._conn.write() as db:
+            db.execute(CREATE, (name, initial_json, now, now))
+            row = db.execute(GET, (name,)).fetchone()
+            db.execute(UPDATE, (arguments.to_json("state", change(json.loads(row[1]))), now, name))
+            woke = waiters.wake(db, waiters.STORE, name, now, self._executions.wake_in)
+            state = StoreState(*db.execute(GET, (name,)).fetchone())
+        if woke:
+            self._on_due()
+        return state
+
+    def wait(self, name, execution_id, seen_version) -> bool:
+        """Register `execution_id` to be woken by the next change; True if one already came
+        after `seen_version` (then there is nothing to wait for)."""
+        arguments.identifier("store name", name)
+        arguments.identifier("execution_id", execution_id)
+        arguments.integer("seen_version", seen_version)
+        with self._conn.write() as db:
+            row = db.execute(GET, (name,)).fetchone()
+            if row is not None and row[2] > seen_version:
+                return True
+            waiters.register(db, waiters.STORE, name, execution_id, self._clock())
+        return False
+
+
+def _append(name: str, state: Any, item: Any) -> list:
+    if not isinstance(state, list):
+        raise InvalidArgument(f"store {name!r} holds a {type(state).__name__}, not a list: cannot put an item in it")
+    return state + [item]

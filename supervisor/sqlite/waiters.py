@@ -1,0 +1,34 @@
+"""Waiter registrations: which executions want a wake when something changes.
+
+A registration names a target (an execution that will finish, an effect that will settle, a
+store that will change) and the waiting execution. It is one-shot: the change that wakes it
+deletes it; a waiter that still needs to wait registers again. Registrations are unfenced
+(RFC 002): a stale one costs at most one extra delivery, which replay absorbs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+EXECUTION = "execution"
+EFFECT = "effect"
+STORE = "store"
+
+REGISTER = "INSERT OR IGNORE INTO waiters (kind, target, waiter, registered_at) VALUES (?, ?, ?, ?)"
+WAITING = "SELECT waiter FROM waiters WHERE kind = ? AND target = ?"
+CLEAR = "DELETE FROM waiters WHERE kind = ? AND target = ?"
+
+
+def register(db: sqlite3.Connection, kind: str, target: str, waiter: str, now: int) -> None:
+    db.execute(REGISTER, (kind, target, waiter, now))
+
+
+def wake(db: sqlite3.Connection, kind: str, target: str, now: int,
+         wake_in: Callable[[sqlite3.Connection, str, int, int], bool]) -> bool:
+    """Wake every waiter on the target, in the caller's transaction; True if any was woken."""
+    woken = False
+    for (waiter,) in db.execute(WAITING, (kind, target)).fetchall():
+        woken = wake_in(db, waiter, now, now) or woken
+    db.execute(CLEAR, (kind, target))
+    return woken

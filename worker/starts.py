@@ -1,0 +1,42 @@
+"""Starting other workflows from a workflow, and waiting for their outcome (RFC 003)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from supervisor.arguments import to_json
+from supervisor.values import ExecutionStatus
+
+
+class StartsMixin:
+    def start(self, key: str, workflow: str, input: Any = None) -> str:
+        """Start `workflow` with `input` as a child execution, once, and return its id.
+
+        The start-request id is derived from this execution and `key`, so a replay, or a
+        stale holder, gets the same child and starts nothing."""
+        key = self._named_key(key)
+        input_json = to_json("input", input)
+        return self._recorded_step(
+            key, lambda: self._writer.call(self._backend.starts.start, self._derived_id(key), workflow, input_json))
+
+    def wait_for(self, execution_id: str, key: Optional[str] = None) -> Any:
+        """Suspend until execution `execution_id` is terminal; return its result, or raise
+        `StepFailed` carrying its error's type and message."""
+        key = self._named_key(key if key is not None else f"wait:{execution_id}")
+        record = self._recorded.get(key)
+        if record is None:
+            target = self._writer.call(self._backend.executions.await_outcome, execution_id, self.execution_id)
+            if target.status == ExecutionStatus.COMPLETED.value:
+                response = {"value": json.loads(target.result_json)}
+            elif target.status == ExecutionStatus.FAILED.value:
+                error = json.loads(target.error_json)
+                if not isinstance(error, dict):
+                    error = {"type": "Error", "message": str(error)}
+                response = {"error": {"type": error.get("type", "Error"), "message": error.get("message", ""),
+                                      "traceback": error.get("traceback")}, "retry_at": None}
+            else:
+                self._suspend_waiting(f"execution {execution_id!r} to finish")
+            self.steps_run += 1
+            record = self._write(key, 1, True, response)
+        return self._replay(key, record)
