@@ -183,8 +183,9 @@ class Supervisor:
             deadline = min(next_beat, next_poll if grace_deadline is None else grace_deadline)
             waitables = [nudges]
             for child in pool.children:
-                waitables.append(child.conn)
-                waitables.append(child.process.sentinel)
+                waitables.append(child.conn)  # a child's death also shows here, as end of file
+                if child.process.sentinel is not None:
+                    waitables.append(child.process.sentinel)
             for ready in wait(waitables, timeout=max(0.0, deadline - time.monotonic())):
                 if ready is nudges:
                     nudges.drain()
@@ -193,10 +194,9 @@ class Supervisor:
                 child = self._child_of(pool, ready)
                 if child is None:
                     continue  # replaced earlier in this round
-                if ready is child.conn:
-                    if self._receive(backend, child):
-                        claim_now = True
-                else:
+                if ready is child.conn and self._receive(backend, pool, child):
+                    claim_now = True
+                elif ready is not child.conn:
                     self._child_died(pool, child)
                     claim_now = True
 
@@ -250,12 +250,13 @@ class Supervisor:
                 self.stats.children_killed += 1
                 self._replace(pool, child)
 
-    def _receive(self, backend, child: Child) -> bool:
+    def _receive(self, backend, pool: Pool, child: Child) -> bool:
         """Handle one message from a child; True when it freed a slot."""
         try:
             message = child.conn.recv()
         except (EOFError, OSError):
-            return False  # the sentinel will report the death
+            self._child_died(pool, child)  # its end of the pipe closed: it exited or was killed
+            return True
         child.last_answer = time.monotonic()
         if message[0] == ALIVE:
             return False

@@ -77,3 +77,7 @@ class NudgeListener:
             self._sock.close()
             self._sock = None
             _remove(self.path)
+            try:
+                os.rmdir(os.path.dirname(self.path))  # only if no other supervisor is listening
+            except OSError:
+                pass

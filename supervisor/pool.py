@@ -1,28 +1,75 @@
 """The pool of child processes that run deliveries: started once, reused, replaced when they die.
 
-Children are started with the `spawn` method: a fresh interpreter, safe beside the supervisor's
-threads (forking a process that has threads can copy a held lock into the child). Each child
-loads the user's app once, at start, and then runs one delivery at a time.
+Each child is a fresh interpreter (`python -m worker.child`), started by fork-and-exec, which is
+safe beside the supervisor's threads (a bare fork could copy a lock another thread holds), and
+which, unlike multiprocessing's `spawn`, never re-imports the supervisor's `__main__`. The child
+gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
+and then runs one delivery at a time.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Optional
 
 import psutil
 
-from worker.child import child_main
 from worker.protocol import EXIT_CODES, READY
 
 from .errors import YieldstarError
 from .values import ExecutionLease
 
-_spawn = multiprocessing.get_context("spawn")
+
+class ChildProcess:
+    """A child's process handle, with a `sentinel` that `multiprocessing.connection.wait()`
+    reports ready when the process ends (a pidfd on Linux)."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self._popen = popen
+        self.pid = popen.pid
+        self._pidfd: Optional[int] = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(popen.pid)
+            except OSError:  # pragma: no cover - kernels before 5.3
+                self._pidfd = None
+
+    @property
+    def sentinel(self):
+        return self._pidfd
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def kill(self) -> None:
+        if self.is_alive():
+            try:
+                self._popen.kill()
+            except ProcessLookupError:  # pragma: no cover - exited in between
+                pass
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class AppLoadFailed(YieldstarError):
@@ -41,7 +88,7 @@ class Delivery:
 
 @dataclass
 class Child:
-    process: multiprocessing.process.BaseProcess
+    process: ChildProcess
     conn: object  # multiprocessing.connection.Connection
     pid: int
     delivery: Optional[Delivery] = None
@@ -99,20 +146,26 @@ class Pool:
         return self._await_ready(*self._launch())
 
     def _launch(self):
-        parent_conn, child_conn = _spawn.Pipe(duplex=True)
-        process = _spawn.Process(
-            target=child_main,
-            args=(child_conn, *self._args, os.getpid(), self._me.create_time(), self._heartbeat_s, self._misses),
-            name="yieldstar-worker",
-            daemon=True,
-        )
-        process.start()
-        child_conn.close()
-        return process, parent_conn
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        app, db_path, durability = self._args
+        settings = {
+            "fd": theirs.fileno(), "app": app, "db_path": os.path.abspath(db_path), "durability": durability,
+            "parent_pid": os.getpid(), "parent_started": self._me.create_time(),
+            "heartbeat_s": self._heartbeat_s, "misses": self._misses,
+            # The child imports what the supervisor could import, as multiprocessing would arrange.
+            "sys_path": [p for p in sys.path if p],
+        }
+        try:
+            popen = subprocess.Popen([sys.executable, "-m", "worker.child", json.dumps(settings)],
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        return ChildProcess(popen), Connection(ours.detach())
 
     def _await_ready(self, process, parent_conn) -> Child:
         if not parent_conn.poll(self._start_timeout_s):
             process.kill()
+            process.join()
             raise AppLoadFailed(f"a worker process did not start within {self._start_timeout_s:.0f} s")
         try:
             tag, pid, error = parent_conn.recv()
@@ -123,7 +176,7 @@ class Pool:
         if error is not None:
             process.join(5)
             raise AppLoadFailed(f"a worker process could not load the app {self._args[0]!r}:\n{error}")
-        return Child(process, parent_conn, pid)
+        return Child(process, parent_conn, process.pid)
 
     def replace(self, child: Child) -> Child:
         """Kill `child` if it still runs, make sure it is gone, and start another in its place."""
@@ -134,9 +187,9 @@ class Pool:
 
     @staticmethod
     def reap(child: Child) -> None:
-        if child.process.is_alive():
-            child.process.kill()
+        child.process.kill()
         child.process.join()
+        child.process.close()
         child.conn.close()
 
     def idle(self) -> list[Child]:

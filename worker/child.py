@@ -8,11 +8,14 @@ releases the lease and logs why.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
+import sys
 import time
 import traceback
+from multiprocessing.connection import Connection
 
 from supervisor.sqlite.backend import open_backend
 from supervisor.values import ExecutionLease, Retry
@@ -25,7 +28,7 @@ from .registry import load_app
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, parent_started: float,
                heartbeat_s: float, misses: int) -> None:
-    """Entry point of a child process (spawned, so it starts clean beside the parent's threads)."""
+    """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
     die_with_parent(parent_pid)
     # Ctrl-C in a terminal signals the whole process group; shutting down is the supervisor's call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -66,3 +69,17 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
         watch.send((DONE, execution_id, token, outcome, int((time.monotonic() - started) * 1000)))
     backend.close()
     os._exit(EXIT_OK)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m worker.child SETTINGS_JSON`, as the supervisor's pool starts it."""
+    settings = json.loads(argv[1])
+    for entry in reversed(settings["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    child_main(Connection(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
+               settings["parent_pid"], settings["parent_started"], settings["heartbeat_s"], settings["misses"])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
