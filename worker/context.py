@@ -36,6 +36,11 @@ from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
 
+# One encoder for every record: `json.dumps(..., allow_nan=False)` builds a new one per call.
+_to_json = json.JSONEncoder(allow_nan=False).encode
+# Values of exactly these types come back from a JSON round trip unchanged.
+_JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
+
 
 def error_info(exc: BaseException) -> dict:
     """The JSON form of an error: its type, message and traceback."""
@@ -156,7 +161,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         return key
 
     def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
-        record = self._writer.write_step(key, attempt, done, json.dumps(response, allow_nan=False))
+        record = self._writer.write_step(key, attempt, done, _to_json(response))
         self._recorded[key] = record
         return record
 
@@ -201,7 +206,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         except Exception as exc:
             return self._failed_attempt(key, attempt, exc, policy)
         try:
-            response = json.dumps({"value": value}, allow_nan=False)
+            response = _to_json({"value": value})
         except (TypeError, ValueError) as exc:
             info = {"type": "NonSerialisableResult",
                     "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",
@@ -209,6 +214,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
             return self._replay(key, self._write(key, attempt, True, {"error": info, "retry_at": None}))
         record = self._writer.write_step(key, attempt, True, response)
         self._recorded[key] = record
+        if type(value) in _JSON_SCALARS and record.step_response_json == response:
+            return value  # recorded as sent, so decoding the record would give this very value
         return self._replay(key, record)
 
     def _failed_attempt(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:

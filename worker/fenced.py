@@ -67,7 +67,10 @@ class FencedWriter:
         """An idempotent or unfenced ledger call (a start, an effect, a store change, a waiter):
         harmless from a stale holder, but a stopped delivery makes none."""
         self._check()
-        return method(*args, **kwargs)
+        try:
+            return method(*args, **kwargs)
+        except StorageBusy as exc:
+            raise self._busy(exc) from exc
 
     def request_wake(self, at: int) -> None:
         """Unfenced in the ledger, but a stopped delivery asks for nothing more."""
