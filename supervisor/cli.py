@@ -266,6 +266,8 @@ def store_set(ctx, name: str, state_json: str) -> None:
 @click.option("--renew-ms", type=click.IntRange(min=1), default=None, help="Default: a third of --lease-ms.")
 @click.option("--heartbeat-ms", type=click.IntRange(min=1), default=None,
               help="Default: 1000, or a tenth of --lease-ms when that is shorter.")
+@click.option("--heartbeat-misses", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Silent heartbeat intervals before a worker gives up on the supervisor, or it on them.")
 @click.option("--poll-ms", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--grace-ms", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
@@ -275,21 +277,33 @@ def store_set(ctx, name: str, state_json: str) -> None:
 @click.option("--quiet", is_flag=True, help="No line per delivery.")
 @click.pass_context
 @handles_errors
-def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, poll_ms, grace_ms, durability, until_idle,
-              summary_s, quiet) -> None:
+def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, grace_ms,
+              durability, until_idle, summary_s, quiet) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path)."""
     from .dispatcher import Supervisor, SupervisorConfig
 
     config = SupervisorConfig(
         concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms or max(1, lease_ms // 3),
-        heartbeat_ms=heartbeat_ms or max(1, min(1000, lease_ms // 10)), poll_ms=poll_ms, grace_ms=grace_ms,
-        durability=durability)
+        heartbeat_ms=heartbeat_ms or max(1, min(1000, lease_ms // 10)), heartbeat_misses=heartbeat_misses,
+        poll_ms=poll_ms, grace_ms=grace_ms, durability=durability)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s yieldstar[%(process)d] %(message)s")
     supervisor = Supervisor(ctx.obj["db"], app, config)
     if summary_s:
         _print_summaries(supervisor, summary_s)
     sys.exit(supervisor.run(until_idle=until_idle))
+
+
+@main.command()
+@click.option("--act", "acts", type=click.IntRange(1, 3), multiple=True,
+              help="Play only this act (1: slow charge, 2: frozen worker, 3: killed supervisor); repeatable.")
+@click.option("--keep", is_flag=True, help="Keep the temporary ledgers and logs, and say where.")
+@handles_errors
+def demo(acts: tuple[int, ...], keep: bool) -> None:
+    """The order shop from RFC 002, with real processes, on a temporary database."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(sorted(set(acts)) or None, keep=keep, out=lambda line: click.echo(line)))
 
 
 def _print_summaries(supervisor, every_s: float) -> None:

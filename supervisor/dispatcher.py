@@ -129,7 +129,11 @@ class Supervisor:
         previous_handlers = self._install_signal_handlers()
         pool = self._pool = Pool(cfg.concurrency, app=self.app, db_path=self.db_path, durability=cfg.durability,
                                  heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses)
-        nudges = NudgeListener(self.db_path)
+        try:
+            nudges: Optional[NudgeListener] = NudgeListener(self.db_path)
+        except OSError as exc:
+            log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
+            nudges = None
         renewer = Renewer(open_backend(self.db_path, durability=cfg.durability), lease_ms=cfg.lease_ms,
                           renew_s=cfg.renew_ms / 1000, live_deliveries=self._renewable, on_lost=self._lease_lost)
         try:
@@ -140,13 +144,14 @@ class Supervisor:
             return self._loop(backend, pool, nudges, until_idle)
         finally:
             renewer.stop()
-            nudges.close()
+            if nudges is not None:
+                nudges.close()
             pool.shutdown(kill=self._stop_requests > 1)
             backend.close()
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
 
-    def _loop(self, backend, pool: Pool, nudges: NudgeListener, until_idle: bool) -> int:
+    def _loop(self, backend, pool: Pool, nudges: Optional[NudgeListener], until_idle: bool) -> int:
         cfg = self.config
         beat_s, poll_s = cfg.heartbeat_ms / 1000, cfg.poll_ms / 1000
         next_beat = next_poll = time.monotonic()
@@ -181,7 +186,7 @@ class Supervisor:
                 next_beat = now + beat_s
 
             deadline = min(next_beat, next_poll if grace_deadline is None else grace_deadline)
-            waitables = [nudges]
+            waitables: list = [nudges] if nudges is not None else []
             for child in pool.children:
                 waitables.append(child.conn)  # a child's death also shows here, as end of file
                 if child.process.sentinel is not None:

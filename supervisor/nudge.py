@@ -1,7 +1,9 @@
 """Nudges: telling idle supervisors on this host that work just became due.
 
-Each supervisor binds a Unix datagram socket in `<db>.nudge/` (created owner-only; nothing
-listens on a network port). `nudge(db_path)` sends one byte to every socket there; a supervisor
+Each supervisor binds a Unix datagram socket (created owner-only; nothing listens on a network
+port) in a folder that belongs to its database file: `$XDG_RUNTIME_DIR/yieldstar/<hash of the
+database's path>/`, or `/tmp/yieldstar-<uid>/<hash>/`. The folder is not beside the database
+because a socket path may be at most about 100 bytes long. `nudge(db_path)` sends one byte to every socket there; a supervisor
 woken by it claims at once instead of waiting for its next poll. A nudge is only a hint:
 losing one costs at most one poll interval, so every error is ignored, and sockets whose owner
 is gone are removed.
@@ -10,18 +12,36 @@ is gone are removed.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import socket
+import stat
 from typing import Optional
 
 
+def _private_root() -> str:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime) and len(runtime) < 40:
+        root = os.path.join(runtime, "yieldstar")
+    else:
+        root = f"/tmp/yieldstar-{os.getuid()}"
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    info = os.lstat(root)
+    # A shared /tmp: refuse a folder someone else made (or a link planted) to catch our nudges.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{root} is not a private folder of this user")
+    return root
+
+
 def nudge_dir(db_path: str) -> str:
-    return os.path.abspath(db_path) + ".nudge"
+    """The folder of the sockets of every supervisor of `db_path` (the same for every process)."""
+    digest = hashlib.sha256(os.path.realpath(db_path).encode()).hexdigest()[:24]
+    return os.path.join(_private_root(), digest)
 
 
 def nudge(db_path: str) -> None:
-    folder = nudge_dir(db_path)
     try:
+        folder = nudge_dir(db_path)
         names = os.listdir(folder)
     except OSError:
         return

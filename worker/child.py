@@ -8,7 +8,9 @@ releases the lease and logs why.
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import logging
 import os
 import queue
 import signal
@@ -30,6 +32,10 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
                heartbeat_s: float, misses: int) -> None:
     """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
     die_with_parent(parent_pid)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s yieldstar-worker[%(process)d] %(message)s")
+    # `kill -USR1 <worker pid>` prints every thread's stack to the supervisor's log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Ctrl-C in a terminal signals the whole process group; shutting down is the supervisor's call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tasks: "queue.Queue" = queue.Queue()

@@ -10,12 +10,15 @@ the database busy shuts it too, and the delivery ends as `Retry`.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Optional
 
 from supervisor.errors import StorageBusy
 from supervisor.values import ExecutionLease, HeapRecord, LeaseLost
 
 from .unwinding import RetryLater, StopDelivery
+
+log = logging.getLogger("yieldstar.worker")
 
 
 def always() -> bool:
@@ -48,6 +51,8 @@ class FencedWriter:
 
     def _lost(self, what: str) -> StopDelivery:
         self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
+        log.warning("execution %s token %d: write of %s refused: the token is no longer current; stopping",
+                    self.lease.execution_id, self.lease.token, what)
         return StopDelivery(self.stopped_because)
 
     def write_step(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:

@@ -16,6 +16,7 @@ orphan cannot even finish the statement it is in.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import queue
 import signal
@@ -29,6 +30,7 @@ import psutil
 from .protocol import ALIVE, BEAT, EXIT, EXIT_PARENT_GONE, RUN, STOP
 
 PR_SET_PDEATHSIG = 1
+log = logging.getLogger("yieldstar.worker")
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -84,6 +86,7 @@ class ParentWatch:
 
     def _leave(self, why: str) -> None:
         self._gone = True
+        log.warning("supervisor pid %d is gone (%s): no more writes, exiting", self._parent_pid, why)
         # Exit from here, whatever the main thread is doing: it may be blocked in a step that
         # would otherwise go on to write. SQLite rolls back a transaction cut short.
         os._exit(EXIT_PARENT_GONE)
