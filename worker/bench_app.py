@@ -1,0 +1,25 @@
+"""Workflows for the benchmarks in scripts/: as cheap as a workflow can be, or simply slow."""
+
+import time
+
+from worker import workflow
+
+
+def noop() -> None:
+    return None
+
+
+@workflow("noop3")
+def noop3(ctx, input):
+    """Three recorded no-op steps: the per-delivery cost of the runtime itself."""
+    ctx.run("a", noop)
+    ctx.run("b", noop)
+    ctx.run("c", noop)
+    return input
+
+
+@workflow("sleepy")
+def sleepy(ctx, seconds):
+    """One step that sleeps: a delivery that is busy for a while."""
+    ctx.run("sleep", time.sleep, seconds)
+    return seconds
