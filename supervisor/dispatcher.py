@@ -174,7 +174,7 @@ class Supervisor:
                     return 0
             elif claim_now or now >= next_poll:
                 claimed = self._claim(backend, pool)
-                next_poll = now + poll_s
+                next_poll = now + min(poll_s, self._until_next_ready(backend)) if pool.idle() else now + poll_s
                 # A full batch means more may be waiting: claim again as soon as a child is free.
                 claim_now = claimed > 0 and not pool.idle()
                 if until_idle and claimed == 0 and not pool.busy() and not self._work_pending(backend):
@@ -225,10 +225,20 @@ class Supervisor:
         self.stats.claimed += len(leases)
         return len(leases)
 
+    def _until_next_ready(self, backend) -> float:
+        """Seconds until the next execution becomes claimable (a timer, a backoff, an expiry),
+        so that an idle supervisor wakes for it instead of waiting for its next poll."""
+        try:
+            ready = backend.executions.next_ready_at()
+        except YieldstarError:
+            return self.config.poll_ms / 1000
+        if ready is None:
+            return self.config.poll_ms / 1000
+        return max(0.005, (ready - backend.clock()) / 1000)
+
     def _work_pending(self, backend) -> bool:
         """Anything running anywhere, or due now or later: the until-idle test."""
-        row = backend.connection.execute("SELECT 1 FROM executions WHERE ready_at IS NOT NULL LIMIT 1").fetchone()
-        return row is not None
+        return backend.executions.next_ready_at() is not None
 
     def _beat(self, pool: Pool) -> None:
         cfg = self.config

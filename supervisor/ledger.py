@@ -91,6 +91,10 @@ class ExecutionClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    def next_ready_at(self) -> Optional[int]:
+        """The earliest time any execution may become claimable, or None."""
+
+    @abc.abstractmethod
     def history(self, execution_id: str, *, now: Optional[int] = None) -> list[LeaseRecord]:
         """Every delivery of the execution, oldest first, as of `now`."""
 

@@ -61,11 +61,12 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
             return record
         leases = backend.executions.claim_due(limit=1, duration=lease_ms)
         if not leases:
-            if record.due_at is None:
+            ready = backend.executions.next_ready_at()
+            if ready is None:
                 raise WorkflowStuck(f"execution {execution_id!r} is {record.status} and waits for nothing that is due")
             if clock is None:
-                raise WorkflowStuck(f"execution {execution_id!r} is due at {record.due_at}; pass a FakeClock to jump")
-            clock.now = max(clock.now + 1, record.due_at)
+                raise WorkflowStuck(f"execution {execution_id!r} is due at {ready}; pass a FakeClock to jump")
+            clock.now = max(clock.now + 1, ready)
             continue
         outcome = run_delivery(backend, leases[0], registry)
         if isinstance(outcome, (Suspended, Completed, Failed)):

@@ -55,10 +55,12 @@ INSERT INTO executions (execution_id, workflow, input_json, status, token, due_a
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
 VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)"""
 
+# Ties in due_at come out in rowid (admission) order, as the index stores them.
 CLAIMABLE = f"""
-SELECT {COLUMNS} FROM executions
+SELECT {COLUMNS} FROM executions INDEXED BY executions_claimable
 WHERE ready_at IS NOT NULL AND due_at <= ? AND ready_at <= ?
-ORDER BY due_at, created_at LIMIT ?"""
+ORDER BY due_at LIMIT ?"""
+NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
 
 CLAIM = """
 UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = ?,
@@ -342,6 +344,12 @@ class SqliteExecutionClient(ExecutionClient):
         db.execute(sql, params + (lease.execution_id, lease.token))
         db.execute(HISTORY_CLOSE, (now, how.value, outcome, expires[0], lease.execution_id, lease.token))
         return True
+
+    def next_ready_at(self) -> Optional[int]:
+        """The earliest time any execution may be claimed (it may be past), or None if none ever
+        will be without a new admission or wake. Running executions count at their lease's
+        expiry plus the redelivery delay."""
+        return self._conn.execute(NEXT_READY).fetchone()[0]
 
     # -- operators ---------------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ CREATE TABLE executions (
 # claim_due walks this index in due order and stops after `limit` hits. Terminal and not-due
 # executions are not in it, so its size follows the live backlog, not the history.
 EXECUTIONS_CLAIMABLE = "CREATE INDEX executions_claimable ON executions (due_at) WHERE ready_at IS NOT NULL"
+# When the next execution becomes claimable: what an idle supervisor sleeps until.
+EXECUTIONS_READY = "CREATE INDEX executions_ready ON executions (ready_at) WHERE ready_at IS NOT NULL"
 EXECUTIONS_BY_STATUS = "CREATE INDEX executions_by_status ON executions (status, created_at)"
 EXECUTIONS_BY_AGE = "CREATE INDEX executions_by_age ON executions (created_at)"
 
@@ -112,7 +114,7 @@ CREATE TABLE store_receipts (
 
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
-    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS,
+    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS,
      WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
