@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from typing import Callable, Optional
 
@@ -15,7 +16,7 @@ from .effects import SqliteEffectClient
 from .heap import SqliteHeapClient
 from .starts import SqliteStartClient
 from .stores import SqliteStoreClient
-from .schema import migrate
+from .schema import NotALedger, migrate
 
 
 def wall_clock() -> int:
@@ -65,11 +66,17 @@ class SqliteBackend:
         self.redelivery_delay = _checked_delay(redelivery_delay or default_redelivery_delay)
         self.path = os.fspath(path)
         self.durability = durability
-        self._conn = Connection(self.path, durability=durability,
-                                functions=[("yieldstar_delay", 1, self.redelivery_delay)])
+        try:
+            self._conn = Connection(self.path, durability=durability,
+                                    functions=[("yieldstar_delay", 1, self.redelivery_delay)])
+        except sqlite3.DatabaseError as exc:
+            raise NotALedger(f"{self.path} is not a Yieldstar ledger: {exc}") from exc
         try:
             with self._conn.write() as db:
                 migrate(db)
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise NotALedger(f"{self.path} is not a Yieldstar ledger: {exc}") from exc
         except BaseException:
             self._conn.close()
             raise

@@ -52,11 +52,19 @@ class Connection:
         )
         for name, nargs, fn in functions:
             self._conn.create_function(name, nargs, fn, deterministic=True)
-        with self._busy():
+        with self._busy(), self._closing_on_error():
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {DURABILITY[durability]}")
             self._conn.execute("PRAGMA foreign_keys = ON")
+
+    @contextmanager
+    def _closing_on_error(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self._conn.close()
+            raise
 
     @property
     def raw(self) -> sqlite3.Connection:

@@ -18,6 +18,8 @@ import socket
 import sqlite3
 from typing import Callable, Optional
 
+import sqlite_utils
+
 from .. import arguments
 from ..errors import ExecutionConflict, UnknownExecution
 from ..ledger import ExecutionClient
@@ -376,11 +378,19 @@ class SqliteExecutionClient(ExecutionClient):
         if limit is not None:
             arguments.integer("limit", limit, minimum=0)
         now = self._now(now)
+        # A stored 'running' row may read admitted or suspended as of now (its lease expired),
+        # so those statuses also look at running rows; the rest match as stored.
+        stored = {None: None, RUNNING: [RUNNING], ADMITTED: [ADMITTED, RUNNING],
+                  SUSPENDED: [SUSPENDED, RUNNING]}.get(status, [status])
+        where = None if stored is None else f"status IN ({', '.join('?' * len(stored))})"
+        table = sqlite_utils.Database(self._conn.raw)["executions"]
         records = []
-        for found in self._conn.execute(f"SELECT {COLUMNS} FROM executions ORDER BY created_at DESC, rowid DESC"):
-            record = self._as_of(_Row(found), now)
-            if status is None or record.status == status:
-                records.append(record)
-                if limit is not None and len(records) >= limit:
-                    break
+        with self._conn.read():
+            rows = table.rows_where(where, stored or [], select=COLUMNS, order_by="created_at DESC, rowid DESC")
+            for found in rows:
+                record = self._as_of(_Row(tuple(found.values())), now)
+                if status is None or record.status == status:
+                    records.append(record)
+                    if limit is not None and len(records) >= limit:
+                        break
         return records

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import sqlite3
 
+import sqlite_utils
+
 from ..errors import YieldstarError
 
 EXECUTIONS = """
@@ -120,8 +122,15 @@ MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+TABLES = ("executions", "lease_history", "steps", "waiters", "starts", "effects", "stores", "store_receipts")
+
+
 class SchemaTooNew(YieldstarError):
     """Raised when the database was written by a newer Yieldstar than this one."""
+
+
+class NotALedger(YieldstarError):
+    """Raised when the file is an SQLite database that is not (or no longer) a Yieldstar ledger."""
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -131,8 +140,13 @@ def migrate(conn: sqlite3.Connection) -> None:
         raise SchemaTooNew(
             f"the database has schema version {version}; this Yieldstar understands up to {SCHEMA_VERSION}"
         )
+    if version == 0 and sqlite_utils.Database(conn).table_names():
+        raise NotALedger("the file already holds tables that Yieldstar did not create; refusing to use it")
     for statements in MIGRATIONS[version:]:
         for statement in statements:
             conn.execute(statement)
     if version != SCHEMA_VERSION:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    missing = set(TABLES) - set(sqlite_utils.Database(conn).table_names())
+    if missing:
+        raise NotALedger(f"the file has schema version {version} but lacks the tables {', '.join(sorted(missing))}")
