@@ -1,0 +1,285 @@
+"""What the ledger's calls cost, beside a plain SQLite commit.
+
+    .venv/bin/python scripts/bench_ledger.py [--n N] [--repeats R] [--terminal T]
+
+On one fresh SQLite file in a temporary folder, in one process, with the ledger's pragmas
+(WAL, synchronous=NORMAL):
+
+  raw insert     a plain single-row INSERT in its own transaction through the stdlib sqlite3
+                 module, into a table shaped like `steps` (a text key of three columns and a
+                 JSON text), on its own connection to the same file
+  claim_due      one execution claimed per call (limit=1) from a backlog of due ones
+  renew          one renewal of a live lease
+  write_step     one fenced step write (token check and insert in one statement)
+  acknowledge    one Completed acknowledgement
+
+Each repetition times N calls of each kind, each call alternating with one timed raw insert, so
+that a noisy, shared machine slows both alike. "per call" is the median over repetitions of the
+per-call median; the ratios ("x raw rate" = calls/s over raw commits/s, "x raw cost" = its
+inverse) are medians over repetitions of the paired ratio. The target (the fencing issue's): a
+fenced write_step costs no more than 1.5x a plain single-row insert transaction.
+
+Then claim_due's cost against the history: the same claims with 1k and with 100k completed
+executions, in two more fresh files measured alternately. The completed rows are copies of a
+row the ledger itself produced (admitted, claimed, acknowledged), with its lease history,
+inserted in one transaction. An empty poll (claim_due with nothing due) is timed too, since
+that is what an idle dispatcher repeats. Last, for scale and without a target, claim_due's cost
+while 0, 1k and 10k other executions hold live leases.
+
+Exits 1 when the write_step target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from supervisor import Completed, open_backend  # noqa: E402
+
+TARGET_RATIO = 1.5
+LEASE_MS = 3_600_000
+RESPONSE = '{"value": null}'
+RAW_TABLE = """CREATE TABLE raw_steps (execution_id TEXT NOT NULL, step_key TEXT NOT NULL,
+    attempt INTEGER NOT NULL, step_response_json TEXT NOT NULL, PRIMARY KEY (execution_id, step_key, attempt))"""
+
+
+def per_call(fn, items) -> float:
+    """Median seconds of `fn(item)` over `items`."""
+    times = []
+    for item in items:
+        started = time.perf_counter()
+        fn(item)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def open_raw(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA busy_timeout = 15000")
+    conn.execute(RAW_TABLE)
+    return conn
+
+
+class Round:
+    """One repetition: N fresh executions taken through claim, renew, write_step, acknowledge,
+    each call paired with a raw insert timed just before it."""
+
+    KINDS = ("claim_due", "renew", "write_step", "acknowledge")
+
+    def __init__(self, backend, raw, tag: str, n: int):
+        self.backend, self.raw, self.tag, self.n = backend, raw, tag, n
+        self.counter = 0
+
+    def raw_insert(self):
+        self.counter += 1
+        self.raw.execute("INSERT INTO raw_steps VALUES (?, ?, ?, ?)",
+                         (f"{self.tag}-raw", f"step-{self.counter}", 0, RESPONSE))
+
+    def run(self, batch: int = 100) -> dict[str, tuple[float, float]]:
+        """{kind: (median seconds per call, median seconds per paired raw insert)}.
+
+        Executions go through in batches, so that at most `batch` leases are live at once
+        (claim_due's cost grows with the live leases of others; see `live_leases`).
+        """
+        ex, heap = self.backend.executions, self.backend.heap
+        times: dict[str, tuple[list, list]] = {kind: ([], []) for kind in self.KINDS}
+
+        def timed(kind, fn, items):
+            mine, base = times[kind]
+            for item in items:
+                started = time.perf_counter()
+                self.raw_insert()
+                base.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                fn(item)
+                mine.append(time.perf_counter() - started)
+
+        for first in range(0, self.n, batch):
+            for i in range(first, min(first + batch, self.n)):
+                ex.admit(f"{self.tag}-{i}", "bench")
+            leases, replies = [], []
+            gc.collect()
+            gc.disable()
+            try:
+                timed("claim_due", lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS)),
+                      range(first, min(first + batch, self.n)))
+                timed("renew", lambda lease: replies.append(ex.renew(lease, duration=LEASE_MS)), leases)
+                timed("write_step", lambda lease: replies.append(heap.write_step(
+                    lease, step_key="charge", step_attempt=0, done=True, step_response_json=RESPONSE)), leases)
+                timed("acknowledge", lambda lease: replies.append(ex.acknowledge(lease, Completed("null"))), leases)
+            finally:
+                gc.enable()
+            # Every call timed did its work (none was refused as a lost lease).
+            assert len(leases) == min(batch, self.n - first)
+            assert [r.status for r in replies] == (["renewed"] * len(leases) + ["written"] * len(leases)
+                                                    + ["completed"] * len(leases)), replies
+        return {kind: (statistics.median(mine), statistics.median(base)) for kind, (mine, base) in times.items()}
+
+
+def add_completed(path: str, template_id: str, first: int, count: int) -> None:
+    """Copy the ledger-made completed execution `template_id` (row and lease history) `count` times."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout = 15000")
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(executions)")]
+    history_columns = [row[1] for row in conn.execute("PRAGMA table_info(lease_history)")]
+
+    def copy(table, cols):
+        select = ", ".join("'done-' || n.i" if c == "execution_id" else f"t.{c}" for c in cols)
+        conn.execute(f"""
+            WITH RECURSIVE n(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+            INSERT INTO {table} ({", ".join(cols)})
+            SELECT {select} FROM n, {table} t WHERE t.execution_id = ?""", (first, first + count - 1, template_id))
+
+    conn.execute("BEGIN IMMEDIATE")
+    copy("executions", columns)
+    copy("lease_history", history_columns)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def claim_costs(backend, tag: str, n: int) -> tuple[float, float]:
+    """Median seconds of one claim from a backlog of n due executions, and of an empty poll.
+
+    The claimed executions are acknowledged afterwards, so that live leases do not pile up
+    between repetitions (each repetition adds n completed executions to the history).
+    """
+    ex = backend.executions
+    for i in range(n):
+        ex.admit(f"{tag}-{i}", "bench")
+    leases = []
+    gc.collect()
+    gc.disable()
+    try:
+        claim = per_call(lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS)), range(n))
+        poll = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS), range(n))
+    finally:
+        gc.enable()
+    assert len(leases) == n
+    for lease in leases:
+        ex.acknowledge(lease, Completed("null"))
+    return claim, poll
+
+
+def completed_count(path: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT count(*) FROM executions WHERE status = 'completed'").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def history_file(path: str, completed: int):
+    """A fresh ledger holding `completed` completed executions."""
+    backend = open_backend(path)
+    ex = backend.executions
+    ex.admit("template", "bench")
+    [lease] = ex.claim_due(limit=1, duration=LEASE_MS)
+    ex.acknowledge(lease, Completed("null"))
+    add_completed(path, "template", 1, completed - 1)
+    return backend
+
+
+def scaling(folder: str, small: int, large: int, repeats: int) -> None:
+    """claim_due's cost in a file with `small` and in one with `large` completed executions,
+    measured alternately."""
+    started = time.perf_counter()
+    files = {size: history_file(os.path.join(folder, f"history-{size}.db"), size) for size in (small, large)}
+    setup = time.perf_counter() - started
+    costs: dict[int, list[tuple[float, float]]] = {small: [], large: []}
+    for r in range(repeats):
+        for size, backend in files.items():
+            costs[size].append(claim_costs(backend, f"r{r}", 200))
+    counts = {size: completed_count(backend.path) for size, backend in files.items()}
+    for backend in files.values():
+        backend.close()
+    claim = {size: statistics.median(c for c, _ in costs[size]) for size in costs}
+    poll = {size: statistics.median(p for _, p in costs[size]) for size in costs}
+    print()
+    print(f"claim_due against history (two fresh files, built in {setup:.1f} s; claims from a backlog of 200):")
+    print(f"  {'completed executions in the file':36}{'claim one':>12}{'empty poll':>12}")
+    for size in (small, large):
+        print(f"  {f'{size:,} (after the runs: {counts[size]:,})':36}{us(claim[size]):>12}{us(poll[size]):>12}")
+    print(f"  {f'ratio {large:,} / {small:,}':36}{claim[large] / claim[small]:12.2f}{poll[large] / poll[small]:12.2f}")
+
+
+def live_leases(folder: str, sizes=(0, 1_000, 10_000)) -> None:
+    """claim_due's cost while many other executions hold live leases (for scale, not a target)."""
+    with open_backend(os.path.join(folder, "live.db")) as backend:
+        ex = backend.executions
+        live, rows = 0, []
+        for size in sizes:
+            for i in range(live, size):
+                ex.admit(f"live-{i}", "bench")
+            while live < size:
+                live += len(ex.claim_due(limit=500, duration=LEASE_MS))
+            for i in range(200):
+                ex.admit(f"due-{size}-{i}", "bench")
+            claim = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS), range(200))
+            live += 200
+            poll = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS), range(200))
+            rows.append((size, claim, poll))
+    print()
+    print("claim_due against live leases held by others (one fresh file, growing):")
+    print(f"  {'live leases':36}{'claim one':>12}{'empty poll':>12}")
+    for size, claim, poll in rows:
+        print(f"  {f'{size:,}':36}{us(claim):>12}{us(poll):>12}")
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:8.1f} us"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000, help="calls of each kind per repetition")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--terminal", type=int, default=100_000, help="completed executions for the scaling check")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-ledger-") as folder:
+        path = os.path.join(folder, "ledger.db")
+        backend = open_backend(path)
+        raw = open_raw(path)
+        print(f"SQLite {sqlite3.sqlite_version}, Python {sys.version.split()[0]}; "
+              f"{args.repeats} repetitions of {args.n} calls each; medians")
+
+        rounds = [Round(backend, raw, f"r{r}", args.n).run() for r in range(args.repeats)]
+        raw_cost = statistics.median([base for r in rounds for _, base in r.values()])
+        print()
+        print(f"{'':14}{'per call':>12}{'per second':>12}{'x raw rate':>12}{'x raw cost':>12}")
+        print(f"{'raw insert':14}{us(raw_cost):>12}{1 / raw_cost:12,.0f}{1.0:12.2f}{1.0:12.2f}")
+        ratios = {}
+        for kind in Round.KINDS:
+            cost = statistics.median([r[kind][0] for r in rounds])
+            # Paired: each repetition's calls against the raw inserts timed between them.
+            ratios[kind] = [r[kind][0] / r[kind][1] for r in rounds]
+            ratio = statistics.median(ratios[kind])
+            print(f"{kind:14}{us(cost):>12}{1 / cost:12,.0f}{1 / ratio:12.2f}{ratio:12.2f}")
+
+        ratio = statistics.median(ratios["write_step"])
+        verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
+        print()
+        print(f"fenced write_step / plain insert transaction: {ratio:.2f}x "
+              f"(per repetition: {', '.join(f'{x:.2f}' for x in ratios['write_step'])}); "
+              f"target <= {TARGET_RATIO}x: {verdict}")
+
+        backend.close()
+        raw.close()
+
+        scaling(folder, 1_000, args.terminal, args.repeats)
+        live_leases(folder)
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
