@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Optional
 
 from .errors import InvalidArgument
@@ -23,7 +24,7 @@ def identifier(name: str, value: Any) -> str:
         raise InvalidArgument(f"{name} must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidArgument(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed")
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+    if _CONTROL.search(value):
         raise InvalidArgument(f"{name} {value!r} contains a control character")
     return value
 
@@ -46,12 +47,18 @@ def _reject_constant(token: str) -> Any:
     raise ValueError(f"{token} is not valid JSON")
 
 
+# Built once: json.loads(..., parse_constant=...) would build a decoder on every call, and these
+# checks run on every fenced write.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def json_text(name: str, value: Any) -> str:
     """Valid JSON text (NaN and Infinity, which Python would accept, are refused)."""
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be a JSON str, not {type(value).__name__}")
     try:
-        json.loads(value, parse_constant=_reject_constant)
+        _DECODER.decode(value)
     except ValueError as exc:
         raise InvalidArgument(f"{name} is not valid JSON: {exc}") from None
     return value

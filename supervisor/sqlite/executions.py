@@ -57,11 +57,17 @@ INSERT INTO executions (execution_id, workflow, input_json, status, token, due_a
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
 VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)"""
 
-# Ties in due_at come out in rowid (admission) order, as the index stores them.
+# Waiting executions that are due, earliest first; ties come out in rowid (admission) order, as
+# the index stores them. Those still in their redelivery delay are stepped over.
 CLAIMABLE = f"""
 SELECT {COLUMNS} FROM executions INDEXED BY executions_claimable
-WHERE ready_at IS NOT NULL AND due_at <= ? AND ready_at <= ?
+WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= ? AND ready_at <= ?
 ORDER BY due_at LIMIT ?"""
+# Running executions whose lease expired and whose redelivery delay has passed: all of them (as
+# many as the leases dead holders left behind), to be ordered by due_at with the others.
+EXPIRED = f"""
+SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
+WHERE status = 'running' AND ready_at <= ?"""
 NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
 
 CLAIM = """
@@ -260,16 +266,28 @@ class SqliteExecutionClient(ExecutionClient):
                 waiters.register(db, waiters.EXECUTION, execution_id, waiter, now)
         return self._as_of(row, now)
 
+    def _claimable(self, db, now: int, limit: int) -> list[_Row]:
+        """Up to `limit` claimable rows, earliest due first."""
+        rows = [_Row(found) for found in db.execute(CLAIMABLE, (now, now, limit)).fetchall()]
+        expired = [_Row(found) for found in db.execute(EXPIRED, (now,)).fetchall()]
+        if expired:
+            rows = sorted(rows + expired, key=lambda row: row.due_at)[:limit]
+        return rows
+
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
         arguments.integer("limit", limit, minimum=0)
         arguments.integer("duration", duration, minimum=1)
         now = self._now(now)
         if limit == 0:
             return []
+        # Look before taking the write lock: an idle supervisor's empty poll then costs a read,
+        # and does not queue behind (or hold up) other processes' writes.
+        with self._conn.read() as db:
+            if not self._claimable(db, now, limit):
+                return []
         leases = []
         with self._conn.write() as db:
-            for found in db.execute(CLAIMABLE, (now, now, limit)).fetchall():
-                row = _Row(found)
+            for row in self._claimable(db, now, limit):
                 unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
                 if row.status == RUNNING:
                     # The previous delivery's lease expired; this claim supersedes it.

@@ -34,9 +34,13 @@ CREATE TABLE executions (
     updated_at                INTEGER NOT NULL
 )"""
 
-# claim_due walks this index in due order and stops after `limit` hits. Terminal and not-due
-# executions are not in it, so its size follows the live backlog, not the history.
-EXECUTIONS_CLAIMABLE = "CREATE INDEX executions_claimable ON executions (due_at) WHERE ready_at IS NOT NULL"
+# claim_due walks this index in due order and stops after `limit` hits. Terminal, not-due and
+# running executions are not in it, so its size follows the waiting backlog: neither the history
+# nor the leases other supervisors hold make a claim slower.
+EXECUTIONS_CLAIMABLE = """
+CREATE INDEX executions_claimable ON executions (due_at) WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# Running executions by the time their lease (plus redelivery delay) lets another claim them.
+EXECUTIONS_EXPIRING = "CREATE INDEX executions_expiring ON executions (ready_at) WHERE status = 'running'"
 # When the next execution becomes claimable: what an idle supervisor sleeps until.
 EXECUTIONS_READY = "CREATE INDEX executions_ready ON executions (ready_at) WHERE ready_at IS NOT NULL"
 EXECUTIONS_BY_STATUS = "CREATE INDEX executions_by_status ON executions (status, created_at)"
@@ -116,7 +120,7 @@ CREATE TABLE store_receipts (
 
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
-    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS,
+    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS,
      WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Callable
 
+from ..errors import UnknownExecution
+
 EXECUTION = "execution"
 EFFECT = "effect"
 STORE = "store"
@@ -21,6 +23,12 @@ CLEAR = "DELETE FROM waiters WHERE kind = ? AND target = ?"
 
 
 def register(db: sqlite3.Connection, kind: str, target: str, waiter: str, now: int) -> None:
+    from .executions import SELECT_ONE  # here, not above: executions imports this module
+
+    # Only an admitted execution can wait: a registration naming nobody would make every later
+    # wake of the target fail, and with it the settle, store change or outcome that wakes it.
+    if db.execute(SELECT_ONE, (waiter,)).fetchone() is None:
+        raise UnknownExecution(f"execution_id {waiter!r} is not admitted: it cannot wait for {kind} {target!r}")
     db.execute(REGISTER, (kind, target, waiter, now))
 
 
