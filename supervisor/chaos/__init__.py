@@ -1,0 +1,16 @@
+"""Chaos testing: supervisors killed, frozen and orphaned mid-step, and a checker that proves,
+from the ledger and the workflows' own evidence, that nothing was lost or written twice.
+
+    from supervisor.chaos import ChaosConfig, run_chaos, check
+
+`run_chaos` is what `yieldstar chaos` runs; `check(ledger, folder)` works on its own, on any
+ledger (and, given the work folder of a chaos run, its evidence).
+"""
+
+from .checker import CheckResult, check
+from .faults import ALL_KINDS, FaultKind, parse_kinds
+from .harness import ChaosConfig, run_chaos
+from .report import summary_lines, write_report
+
+__all__ = ["ChaosConfig", "run_chaos", "check", "CheckResult", "FaultKind", "ALL_KINDS", "parse_kinds",
+           "summary_lines", "write_report"]

@@ -1,0 +1,601 @@
+"""The invariant checker: reads a ledger file and the workflows' own evidence, and says what broke.
+
+It trusts nothing the supervisors think; it reads only
+
+- the ledger (`executions`, `lease_history`, `steps`, `effects`, `stores`, `store_receipts`,
+  `starts`), read-only;
+- the step log and the external system's log that `worker.chaos_app` leaves in the work folder;
+- the supervisors' logs (only to count stale writes that were refused) and the fault injector's
+  journal (only to report what was done).
+
+The generic checks hold for any ledger, whatever its workflows; the others apply to executions
+of `chaos.mixed`, whose plans (their input) say which step keys are which kind of operation.
+
+Invariants and how each is read (the kind names appear in `violations`):
+
+- every execution is terminal (`not_terminal`: stuck or lost);
+- lease history: the tokens of an execution are exactly 1..n, claimed in order, n its final
+  token (`token_sequence`); no two live leases overlap, a lease being live from its claim to
+  the earlier of its end and its expiry (`lease_overlap`);
+- the outcome came from the current holder: the only delivery acknowledged with a terminal
+  outcome is the last one, with the execution's final token and status
+  (`stale_acknowledgement`, `missing_acknowledgement`), and the token the workflow itself wrote
+  into its result or error is that final token (`outcome_token`);
+- step records were never changed or written by a stale holder: one row per (execution, step,
+  attempt) (`duplicate_step`); its token lies in 1..n and its write time within that token's
+  delivery, give or take `late_write_tolerance_ms` of lock waits (`step_outside_lease`); in
+  write order an execution's step tokens never go down (`stale_step_write`); a delivery that
+  ran a step (a `begin` line) found no recorded result for it, so a result recorded under an
+  older token must have been written after a newer claim (`stale_step_write`); a recorded value
+  names the token that wrote it and matches a real run of the step (`step_value_unexplained`);
+  every value any delivery continued with (`saw` lines, and the result's fingerprints) equals
+  the recorded one (`step_value_changed`); no timer fired early (`timer_early`);
+- effects ran once per effect id at the external system (`effect_executed_twice`), and the
+  ledger kept that run's receipt (`effect_result_mismatch`, `effect_unsettled`);
+- stores changed exactly once per step: the counter equals the number of increments recorded,
+  each increment saw a distinct value (`counter_mismatch`); every mailbox item put was taken
+  once or is still there (`mailbox_mismatch`);
+- a parent saw its child's recorded result (`child_result_mismatch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sqlite3
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from worker.chaos_app import COUNTER, EXTERNAL, MAILBOX, STEP_LOG, digest
+
+TERMINAL = ("completed", "failed")
+CHAOS_WORKFLOW = "chaos.mixed"
+# A step write samples its time before it waits for the write lock, and so does the claim that
+# ends the previous holder's delivery; either may wait out a held lock (up to the busy timeout,
+# 15 s) or a frozen process. Beyond this much, a write outside its delivery is reported.
+LATE_WRITE_TOLERANCE_MS = 30_000
+DETAILS_PER_KIND = 25
+TOKEN_IN_ERROR = re.compile(r"\(token (\d+)\)\s*$")
+
+
+@dataclass
+class Violation:
+    kind: str
+    execution_id: Optional[str]
+    detail: str
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "execution_id": self.execution_id, "detail": self.detail}
+
+
+@dataclass
+class CheckResult:
+    """What the checker found: figures by section, and every violation (details capped per kind)."""
+
+    figures: dict = field(default_factory=dict)
+    violation_counts: Counter = field(default_factory=Counter)
+    violations: list = field(default_factory=list)
+
+    def violate(self, kind: str, execution_id: Optional[str], detail: str) -> None:
+        self.violation_counts[kind] += 1
+        if self.violation_counts[kind] <= DETAILS_PER_KIND:
+            self.violations.append(Violation(kind, execution_id, detail))
+
+    @property
+    def total_violations(self) -> int:
+        return sum(self.violation_counts.values())
+
+    @property
+    def all_terminal(self) -> bool:
+        counts = self.figures.get("executions", {})
+        return counts.get("admitted", 0) > 0 and counts.get("not_terminal", 1) == 0
+
+    @property
+    def ok(self) -> bool:
+        return self.total_violations == 0 and self.all_terminal
+
+    def as_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "total_violations": self.total_violations,
+            "violations_by_kind": dict(sorted(self.violation_counts.items())),
+            "violations": [v.as_dict() for v in self.violations],
+            **self.figures,
+        }
+
+
+# -- reading the evidence ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LogLine:
+    event: str
+    execution_id: str
+    token: int
+    pid: int
+    key: str
+    time_ns: int
+    extra: str
+
+
+def read_step_log(folder: str) -> Iterator[LogLine]:
+    path = os.path.join(folder, STEP_LOG)
+    if not os.path.exists(path):
+        return
+    with open(path, errors="replace") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                continue  # a line cut short by a kill is not evidence of anything
+            fields = line.split()
+            if len(fields) < 6:
+                continue
+            yield LogLine(fields[0], fields[1], int(fields[2]), int(fields[3]), fields[4], int(fields[5]),
+                          fields[6] if len(fields) > 6 else "")
+
+
+def read_external(folder: str) -> tuple[dict, Counter]:
+    """The external system's log: {effect id: [(receipt, pid, token), ...]} and repeats per id."""
+    executed: dict[str, list] = defaultdict(list)
+    repeats: Counter = Counter()
+    for path in sorted(glob.glob(os.path.join(folder, EXTERNAL, "*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if not line.endswith("\n") or not fields:
+                    continue
+                if fields[0] == "execute":
+                    executed[fields[1]].append((fields[2], int(fields[3]), int(fields[4])))
+                elif fields[0] == "repeat":
+                    repeats[fields[1]] += 1
+    return executed, repeats
+
+
+def count_refusals(folder: str) -> dict:
+    """Stale operations the runtime refused, as the supervisors and their workers logged them."""
+    counts = Counter()
+    for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "refused" in line:
+                    counts["worker_writes_refused"] += 1
+                if "outcome=lost" in line:
+                    counts["deliveries_given_up"] += 1
+                if "renewal found the lease lost" in line:
+                    counts["renewals_lost"] += 1
+                if line.startswith("Traceback"):
+                    counts["tracebacks"] += 1
+    counts["total"] = counts["worker_writes_refused"] + counts["deliveries_given_up"] + counts["renewals_lost"]
+    return dict(counts)
+
+
+def read_faults(folder: str) -> dict:
+    by_kind: Counter = Counter()
+    in_step = 0
+    path = os.path.join(folder, "faults.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    fault = json.loads(line)
+                    by_kind[fault["kind"]] += 1
+                    in_step += bool(fault.get("step"))
+    return {"total": sum(by_kind.values()), "inside_a_step": in_step, "by_kind": dict(sorted(by_kind.items()))}
+
+
+def _connect(db_path: str) -> sqlite3.Connection:
+    if not os.path.exists(db_path):
+        raise FileNotFoundError(f"no ledger at {db_path}")
+    conn = sqlite3.connect(f"file:{os.path.abspath(db_path)}?mode=ro", uri=True, timeout=60)
+    conn.execute("PRAGMA busy_timeout = 60000")
+    return conn
+
+
+def _value_of(response_json: str) -> tuple[bool, Any]:
+    """(True, value) for a recorded value, (True, None) for a timer, (False, error) for an error."""
+    response = json.loads(response_json)
+    if "value" in response:
+        return True, response["value"]
+    if "until" in response:
+        return True, None
+    return False, response.get("error")
+
+
+def _plan_keys(input_json: str) -> dict[str, list]:
+    """Step key -> its operation, from a chaos.mixed input (children: the start and the wait)."""
+    try:
+        plan = json.loads(input_json).get("plan") or []
+    except (ValueError, AttributeError):
+        return {}
+    keys = {}
+    for op in plan:
+        keys[op[1]] = op
+        if op[0] == "child":
+            keys[f"{op[1]}.wait"] = ["wait", f"{op[1]}.wait"]
+    return keys
+
+
+# -- the checks --------------------------------------------------------------------------------
+
+class Checker:
+    def __init__(self, db_path: str, folder: Optional[str] = None, *,
+                 late_write_tolerance_ms: int = LATE_WRITE_TOLERANCE_MS):
+        self.db_path = db_path
+        self.folder = folder
+        self.tolerance = late_write_tolerance_ms
+        self.result = CheckResult()
+
+    def run(self) -> CheckResult:
+        conn = _connect(self.db_path)
+        try:
+            with conn:  # one read transaction: every table from one snapshot
+                conn.execute("BEGIN")
+                self._load(conn)
+        finally:
+            conn.close()
+        self._check_executions()
+        self._check_history()
+        self._check_outcomes()
+        self._check_steps()
+        if self.folder is not None:
+            self._check_step_log()
+            self._check_effects()
+        self._check_stores()
+        self._check_children()
+        if self.folder is not None:
+            self.result.figures["stale_refused"] = count_refusals(self.folder)
+            self.result.figures["faults"] = read_faults(self.folder)
+        return self.result
+
+    def _load(self, conn: sqlite3.Connection) -> None:
+        self.executions = {
+            row[0]: row for row in conn.execute(
+                "SELECT execution_id, workflow, input_json, status, token, lease_expires_at, result_json,"
+                " error_json, unacknowledged_deliveries, due_at FROM executions")
+        }
+        self.history: dict[str, list] = defaultdict(list)
+        for row in conn.execute("SELECT execution_id, token, holder, claimed_at, expires_at, ended_at, ended_by,"
+                                " outcome FROM lease_history ORDER BY execution_id, token"):
+            self.history[row[0]].append(row)
+        self.steps: dict[str, list] = defaultdict(list)
+        for row in conn.execute("SELECT rowid, execution_id, step_key, attempt, done, step_response_json, token,"
+                                " written_at FROM steps ORDER BY rowid"):
+            self.steps[row[1]].append(row)
+        self.duplicate_steps = conn.execute(
+            "SELECT execution_id, step_key, attempt, count(*) FROM steps GROUP BY 1, 2, 3 HAVING count(*) > 1"
+        ).fetchall()
+        self.effects = {row[0]: row for row in conn.execute(
+            "SELECT effect_id, status, result_json, begun FROM effects")}
+        self.stores = {row[0]: row[1] for row in conn.execute("SELECT name, state_json FROM stores")}
+        self.receipts: dict[str, list] = defaultdict(list)
+        for row in conn.execute("SELECT store, execution_id, step_key, result_json FROM store_receipts"):
+            self.receipts[row[0]].append(row)
+        self.starts = conn.execute("SELECT start_request_id, execution_id FROM starts").fetchall()
+        self.plans = {eid: _plan_keys(row[2]) for eid, row in self.executions.items() if row[1] == CHAOS_WORKFLOW}
+        # The recorded outcome of each step: the done row (the highest attempt is the done one).
+        self.recorded: dict[tuple[str, str], tuple] = {}
+        for eid, rows in self.steps.items():
+            for row in rows:
+                if row[4]:
+                    self.recorded[(eid, row[2])] = row
+
+    # -- executions and leases -----------------------------------------------------------------
+
+    def _check_executions(self) -> None:
+        statuses = Counter(row[3] for row in self.executions.values())
+        not_terminal = [row for row in self.executions.values() if row[3] not in TERMINAL]
+        for row in not_terminal:
+            self.result.violate("not_terminal", row[0], f"status {row[3]}, token {row[4]}, due_at {row[9]},"
+                                f" unacknowledged deliveries {row[8]}")
+        roots = sum(1 for eid in self.executions if "/" not in eid)
+        self.result.figures["executions"] = {
+            "admitted": len(self.executions), "admitted_by_harness": roots,
+            "started_by_workflows": len(self.executions) - roots,
+            "completed": statuses.get("completed", 0), "failed": statuses.get("failed", 0),
+            "not_terminal": len(not_terminal),
+            "deliveries": sum(len(h) for h in self.history.values()),
+        }
+
+    def _check_history(self) -> None:
+        overlaps = acknowledged = 0
+        ends = Counter()
+        for eid, row in self.executions.items():
+            history = self.history.get(eid, [])
+            tokens = [h[1] for h in history]
+            if tokens != list(range(1, row[4] + 1)):
+                self.result.violate("token_sequence", eid, f"lease history tokens {tokens[:20]} but the final"
+                                    f" token is {row[4]}")
+            live_until = None  # the latest moment any earlier lease was live
+            previous = None
+            for h in history:
+                _, token, holder, claimed_at, expires_at, ended_at, ended_by, outcome = h
+                ends[ended_by or "open"] += 1
+                if previous is not None and claimed_at < previous[3]:
+                    self.result.violate("token_sequence", eid, f"token {token} claimed at {claimed_at}, before"
+                                        f" token {previous[1]} ({previous[3]})")
+                if live_until is not None and claimed_at < live_until[0]:
+                    overlaps += 1
+                    self.result.violate("lease_overlap", eid, f"token {token} ({holder}) claimed at {claimed_at}"
+                                        f" while token {live_until[1]} was live until {live_until[0]}")
+                if ended_by is None and token == row[4] and row[5] is not None:
+                    expires_at = row[5]  # the live lease: its expiry is kept on the execution
+                end = expires_at if ended_at is None else min(ended_at, expires_at)
+                if live_until is None or end > live_until[0]:
+                    live_until = (end, token)
+                if ended_by is None and token != row[4]:
+                    self.result.violate("token_sequence", eid, f"token {token} never ended, yet token {row[4]}"
+                                        " was claimed after it")
+                if ended_by == "acknowledged" and outcome in TERMINAL:
+                    acknowledged += 1
+                    if token != row[4] or outcome != row[3]:
+                        self.result.violate("stale_acknowledgement", eid, f"token {token} ({holder}) acknowledged"
+                                            f" {outcome}; the execution's final token is {row[4]}, status {row[3]}")
+                previous = h
+            if row[3] in TERMINAL:
+                last = history[-1] if history else None
+                if last is None or last[6] != "acknowledged" or last[7] != row[3] or last[1] != row[4]:
+                    self.result.violate("missing_acknowledgement", eid, f"status {row[3]} with token {row[4]},"
+                                        f" but its last delivery reads {last[1:] if last else None}")
+        for eid in set(self.history) - set(self.executions):
+            self.result.violate("token_sequence", eid, "lease history of an execution that does not exist")
+        self.result.figures["leases"] = {"deliveries_by_end": dict(sorted(ends.items())),
+                                         "terminal_acknowledgements": acknowledged, "overlaps": overlaps}
+
+    def _check_outcomes(self) -> None:
+        checked = 0
+        for eid, row in self.executions.items():
+            if row[1] != CHAOS_WORKFLOW or row[3] not in TERMINAL:
+                continue
+            checked += 1
+            if row[3] == "completed":
+                result = json.loads(row[6])
+                if not isinstance(result, dict):
+                    result = {}
+                token = result.get("token")
+                for key, fingerprint in (result.get("seen") or {}).items():
+                    recorded = self._recorded_value(eid, key)
+                    if recorded is not _MISSING and digest(recorded) != fingerprint:
+                        self.result.violate("step_value_changed", eid, f"the result says step {key} gave"
+                                            f" {fingerprint}; the ledger records {digest(recorded)}")
+            else:
+                error = json.loads(row[7])
+                found = TOKEN_IN_ERROR.search(error.get("message", "")) if isinstance(error, dict) else None
+                token = int(found.group(1)) if found else None
+            if token != row[4]:
+                self.result.violate("outcome_token", eid, f"the {row[3]} outcome was produced under token {token};"
+                                    f" the execution's final token is {row[4]}")
+        self.result.figures["outcomes_checked"] = checked
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _delivery_window(self, eid: str, token: int) -> Optional[tuple[int, Optional[int]]]:
+        history = self.history.get(eid, [])
+        if not 1 <= token <= len(history) or history[token - 1][1] != token:
+            return None
+        h = history[token - 1]
+        if h[6] in ("acknowledged", "released"):
+            return h[3], h[5]
+        if token < len(history):  # superseded: it ended when the next claim took over
+            return h[3], history[token][3]
+        return h[3], None
+
+    def _check_steps(self) -> None:
+        for eid, key, attempt, n in self.duplicate_steps:
+            self.result.violate("duplicate_step", eid, f"step {key} attempt {attempt} has {n} records")
+        rows = 0
+        for eid, steps in self.steps.items():
+            execution = self.executions.get(eid)
+            final = execution[4] if execution else 0
+            highest = 0
+            plan = self.plans.get(eid, {})
+            for rowid, _, key, attempt, done, response, token, written_at in steps:
+                rows += 1
+                if not 1 <= token <= final:
+                    self.result.violate("step_outside_lease", eid, f"step {key} attempt {attempt} written under"
+                                        f" token {token}; the final token is {final}")
+                window = self._delivery_window(eid, token)
+                if window is not None:
+                    start, end = window
+                    if written_at < start - 1000 or (end is not None and written_at > end + self.tolerance):
+                        self.result.violate("step_outside_lease", eid, f"step {key} attempt {attempt} written at"
+                                            f" {written_at} under token {token}, whose delivery ran {start}..{end}")
+                if token < highest:
+                    self.result.violate("stale_step_write", eid, f"step {key} attempt {attempt} written under"
+                                        f" token {token} after a write under token {highest}")
+                highest = max(highest, token)
+                op = plan.get(key)
+                if done and op is not None and op[0] in ("run", "retry"):
+                    ok, value = _value_of(response)
+                    if ok and (not isinstance(value, dict) or value.get("token") != token):
+                        self.result.violate("step_value_unexplained", eid, f"step {key} was written under token"
+                                            f" {token} but holds a value produced under {value}")
+        self.result.figures["steps"] = {"records": rows}
+
+    def _recorded_value(self, eid: str, key: str) -> Any:
+        row = self.recorded.get((eid, key))
+        if row is None:
+            return _MISSING
+        ok, value = _value_of(row[5])
+        return value if ok else _MISSING
+
+    def _check_step_log(self) -> None:
+        ends = set()
+        runs = Counter()
+        seen_lines = 0
+        begins = []
+        for line in read_step_log(self.folder):
+            if line.event == "begin":
+                runs["begun"] += 1
+                begins.append(line)
+            elif line.event == "end":
+                ends.add((line.execution_id, line.token, line.pid, line.key, line.extra))
+                runs["returned"] += 1
+            elif line.event == "fail":
+                runs["retryable_errors"] += 1
+            elif line.event == "saw":
+                seen_lines += 1
+                recorded = self._recorded_value(line.execution_id, line.key)
+                op = self.plans.get(line.execution_id, {}).get(line.key)
+                if recorded is _MISSING:
+                    self.result.violate("step_value_changed", line.execution_id, f"token {line.token} continued"
+                                        f" past step {line.key} with {line.extra}, which the ledger does not record")
+                elif digest(recorded) != line.extra:
+                    self.result.violate("step_value_changed", line.execution_id, f"token {line.token} continued"
+                                        f" past step {line.key} with {line.extra}; the ledger records"
+                                        f" {digest(recorded)}")
+                elif op is not None and op[0] == "sleep":
+                    row = self.recorded[(line.execution_id, line.key)]
+                    until = json.loads(row[5])["until"]
+                    if line.time_ns // 1_000_000 < until:
+                        self.result.violate("timer_early", line.execution_id, f"timer {line.key} set for {until}"
+                                            f" let token {line.token} continue at {line.time_ns // 1_000_000}")
+        for line in begins:
+            row = self.recorded.get((line.execution_id, line.key))
+            if row is not None and row[6] < line.token:
+                # Token line.token ran the step, so when its delivery read the records there was no
+                # result; one recorded under an older token came in after a newer claim.
+                self.result.violate("stale_step_write", line.execution_id, f"step {line.key} is recorded under"
+                                    f" token {row[6]}, but token {line.token} found no record and ran it")
+        for (eid, key), row in self.recorded.items():
+            op = self.plans.get(eid, {}).get(key)
+            if op is None or op[0] not in ("run", "retry"):
+                continue
+            ok, value = _value_of(row[5])
+            if ok and isinstance(value, dict) and \
+                    (eid, value.get("token"), value.get("pid"), key, value.get("nonce")) not in ends:
+                self.result.violate("step_value_unexplained", eid, f"step {key} records {value}, which no run of"
+                                    " the step returned")
+        runs["values_seen"] = seen_lines
+        self.result.figures["steps"].update(dict(runs))
+
+    # -- effects, stores, children -------------------------------------------------------------
+
+    def _check_effects(self) -> None:
+        executed, repeats = read_external(self.folder)
+        settled = 0
+        for effect_id, runs in executed.items():
+            if len(runs) != 1:
+                self.result.violate("effect_executed_twice", effect_id.rpartition("/")[0], f"effect {effect_id} was"
+                                    f" executed {len(runs)} times by the external system: {runs}")
+        for effect_id, (_, status, result_json, _) in self.effects.items():
+            eid, _, key = effect_id.rpartition("/")
+            runs = executed.get(effect_id, [])
+            if status == "settled":
+                settled += 1
+                kept = json.loads(result_json)
+                if not runs or kept.get("receipt") != runs[0][0]:
+                    self.result.violate("effect_result_mismatch", eid, f"effect {effect_id} settled with {kept};"
+                                        f" the external system executed {runs}")
+                recorded = self._recorded_value(eid, key)
+                if recorded is not _MISSING and recorded != kept:
+                    self.result.violate("effect_result_mismatch", eid, f"step {key} records {recorded}; effect"
+                                        f" {effect_id} settled with {kept}")
+            elif self.executions.get(eid, (None,) * 4)[3] == "completed":
+                self.result.violate("effect_unsettled", eid, f"effect {effect_id} is {status} though its"
+                                    " execution completed")
+        for effect_id in set(executed) - set(self.effects):
+            self.result.violate("effect_result_mismatch", effect_id.rpartition("/")[0], f"effect {effect_id} was"
+                                " executed but never begun in the ledger")
+        self.result.figures["effects"] = {
+            "effect_ids": len(self.effects), "settled": settled,
+            "executions_at_external_system": sum(len(r) for r in executed.values()),
+            "max_executions_per_id": max((len(r) for r in executed.values()), default=0),
+            "repeat_requests_absorbed": sum(repeats.values()),
+            "begun_in_ledger": sum(row[3] for row in self.effects.values()),
+        }
+
+    def _check_stores(self) -> None:
+        figures: dict = {}
+        if COUNTER in self.stores:
+            value = json.loads(self.stores[COUNTER])
+            receipts = self.receipts.get(COUNTER, [])
+            increments = sorted(json.loads(r[3]) for r in receipts)
+            recorded = []
+            for _, eid, key, result_json in receipts:
+                step = self._recorded_value(eid, key)
+                if step is not _MISSING:
+                    recorded.append(step)
+                    if step != json.loads(result_json):
+                        self.result.violate("counter_mismatch", eid, f"step {key} records {step}; its store"
+                                            f" receipt {result_json}")
+            if value != len(receipts) or increments != list(range(1, len(receipts) + 1)):
+                dupes = [v for v, n in Counter(increments).items() if n > 1][:10]
+                self.result.violate("counter_mismatch", None, f"counter is {value} after {len(receipts)} receipted"
+                                    f" increments; duplicated results {dupes}")
+            receipted = {(r[1], r[2]) for r in receipts}
+            for (eid, key), row in self.recorded.items():
+                op = self.plans.get(eid, {}).get(key)
+                if op is not None and op[0] == "inc" and (eid, key) not in receipted:
+                    self.result.violate("counter_mismatch", eid, f"increment {key} is recorded without a receipt")
+            figures["counter"] = {"value": value, "increments_receipted": len(receipts),
+                                  "increments_recorded": len(recorded)}
+        if MAILBOX in self.stores:
+            remaining = json.loads(self.stores[MAILBOX])
+            put, taken = Counter(), Counter()
+            for _, eid, key, result_json in self.receipts.get(MAILBOX, []):
+                op = self.plans.get(eid, {}).get(key)
+                if op is None:
+                    continue
+                if op[0] == "put":
+                    put[json.dumps({"pair": op[2], "from": eid}, sort_keys=True)] += 1
+                elif op[0] == "take":
+                    item = json.loads(result_json)
+                    if not isinstance(item, dict) or item.get("pair") != op[2]:
+                        self.result.violate("mailbox_mismatch", eid, f"take {key} for pair {op[2]} got {item}")
+                    taken[json.dumps(item, sort_keys=True)] += 1
+            left = Counter(json.dumps(item, sort_keys=True) for item in remaining)
+            if put != taken + left or any(n > 1 for n in put.values()):
+                self.result.violate("mailbox_mismatch", None, f"{sum(put.values())} items put, {sum(taken.values())}"
+                                    f" taken, {sum(left.values())} left: {(put - taken - left) or (taken + left - put)}")
+            figures["mailbox"] = {"put": sum(put.values()), "taken": sum(taken.values()), "left": len(remaining)}
+        self.result.figures["stores"] = figures
+
+    def _check_children(self) -> None:
+        checked = 0
+        for request_id, child in self.starts:
+            parent, _, key = request_id.rpartition("/")
+            target = self.executions.get(child)
+            if target is None:
+                self.result.violate("child_result_mismatch", parent, f"start {request_id} names {child}, which"
+                                    " does not exist")
+                continue
+            waited = self._recorded_value(parent, f"{key}.wait")
+            if waited is _MISSING or target[3] != "completed":
+                continue
+            checked += 1
+            if waited != json.loads(target[6]):
+                self.result.violate("child_result_mismatch", parent, f"step {key}.wait records {waited}; child"
+                                    f" {child} completed with {target[6]}")
+        self.result.figures["children"] = {"started": len(self.starts), "results_checked": checked}
+
+
+_MISSING = object()
+
+
+def check(db_path: str, folder: Optional[str] = None, *,
+          late_write_tolerance_ms: int = LATE_WRITE_TOLERANCE_MS) -> CheckResult:
+    """Check a ledger (and, given the work folder of a chaos run, its evidence)."""
+    return Checker(db_path, folder, late_write_tolerance_ms=late_write_tolerance_ms).run()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m supervisor.chaos.checker LEDGER [--folder DIR] [--json]`: exit 0 iff it holds."""
+    parser = argparse.ArgumentParser(prog="python -m supervisor.chaos.checker", description=__doc__.split("\n")[0])
+    parser.add_argument("db", help="the ledger file")
+    parser.add_argument("--folder", help="the chaos run's work folder (step log, external system, logs)")
+    parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    args = parser.parse_args(argv)
+    from .report import summary_lines
+    result = check(args.db, args.folder)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print("\n".join(summary_lines({"check": result.as_dict()})))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The chaos report: one JSON document for machines, one screen of text for people.
+
+The JSON holds the run's configuration, timings, the checker's figures and violations, and what
+the harness saw of its processes. The summary groups the checker's violation kinds under the
+invariants the issue names, each with its count and PASS/FAIL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Optional
+
+# Each invariant of the summary, and the checker's (and harness's) violation kinds that break it.
+INVARIANTS = [
+    ("every execution terminal (none stuck or lost)", ("not_terminal",)),
+    ("no two live leases of an execution overlap", ("lease_overlap",)),
+    ("tokens of an execution are 1..n, claimed in order", ("token_sequence",)),
+    ("outcomes acknowledged by the current holder", ("stale_acknowledgement", "missing_acknowledgement",
+                                                     "outcome_token")),
+    ("step records never changed, never written stale", ("duplicate_step", "step_outside_lease", "stale_step_write",
+                                                         "step_value_unexplained", "step_value_changed")),
+    ("timers never fire early", ("timer_early",)),
+    ("each effect executed once per effect id", ("effect_executed_twice", "effect_result_mismatch",
+                                                 "effect_unsettled")),
+    ("store updates applied exactly once", ("counter_mismatch", "mailbox_mismatch")),
+    ("parents see their children's results", ("child_result_mismatch",)),
+    ("processes: no crash, orphan or hung stop", ("supervisor_crashed", "supervisor_exit", "supervisor_hung",
+                                                  "orphan_survived")),
+]
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def build_report(config, result, *, harness: dict, timings: dict, folder: str, db_path: str, began: float,
+                 ended: float) -> dict:
+    """The whole report of one run, as a JSON-ready dict."""
+    return {
+        "yieldstar_chaos_report": 1,
+        "ok": result.ok,
+        "config": config.as_dict(),
+        "began": _iso(began),
+        "ended": _iso(ended),
+        "timings": timings,
+        "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "work_folder": folder,
+        "ledger": db_path,
+        "check": result.as_dict(),
+        "harness": harness,
+    }
+
+
+def write_report(report: dict, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=False)
+        f.write("\n")
+
+
+def _get(d: dict, *keys, default=0):
+    for key in keys:
+        if not isinstance(d, dict) or key not in d:
+            return default
+        d = d[key]
+    return d
+
+
+def summary_lines(report: dict) -> list[str]:
+    """One screen: what ran, what was done to it, and each invariant with PASS or FAIL."""
+    check = report["check"]
+    lines = []
+    config: Optional[dict] = report.get("config")
+    if config:
+        t = report.get("timings", {})
+        lines.append(f"yieldstar chaos  seed {config['seed']}  {config['duration_s']:g} s of faults"
+                     f" (+{t.get('drain_s', 0):g} s drain, {t.get('total_s', 0):g} s in all)")
+        lines.append(f"  {config['supervisors']} supervisors x {config['concurrency']} workers, lease"
+                     f" {config['lease_ms']} ms, renew {config['renew_ms']} ms, heartbeat {config['heartbeat_ms']} ms")
+        lines.append(f"  work folder {report.get('work_folder')}")
+    e = check.get("executions", {})
+    lines.append(f"executions  {e.get('admitted', 0)} ({e.get('admitted_by_harness', 0)} admitted +"
+                 f" {e.get('started_by_workflows', 0)} started by workflows): {e.get('completed', 0)} completed,"
+                 f" {e.get('failed', 0)} failed, {e.get('not_terminal', 0)} not terminal")
+    ends = _get(check, "leases", "deliveries_by_end", default={})
+    lines.append(f"deliveries  {e.get('deliveries', 0)}: " + ", ".join(f"{n} {k}" for k, n in ends.items()))
+    f = check.get("faults")
+    if f:
+        kinds = ", ".join(f"{k} {n}" for k, n in f["by_kind"].items())
+        lines.append(f"faults      {f['total']} injected, {f['inside_a_step']} inside a step: {kinds}")
+    h = report.get("harness")
+    if h:
+        exits = ", ".join(f"{n} {k}" for k, n in sorted(h.get("supervisor_exits", {}).items()))
+        lines.append(f"supervisors {h['supervisors_started']} started in all ({exits or 'none ended'})")
+    s = check.get("steps", {})
+    r = check.get("stale_refused", {})
+    lines.append(f"steps       {s.get('records', 0)} records; {s.get('begun', 0)} step runs began,"
+                 f" {s.get('returned', 0)} returned, {s.get('retryable_errors', 0)} retryable errors,"
+                 f" {s.get('values_seen', 0)} values checked")
+    if r:
+        lines.append(f"stale       {r.get('total', 0)} stale operations refused: {r.get('worker_writes_refused', 0)}"
+                     f" worker writes, {r.get('deliveries_given_up', 0)} acknowledgements,"
+                     f" {r.get('renewals_lost', 0)} renewals")
+    ef = check.get("effects")
+    if ef:
+        lines.append(f"effects     {ef['effect_ids']} effect ids, {ef['settled']} settled;"
+                     f" {ef['executions_at_external_system']} executions at the external system (at most"
+                     f" {ef['max_executions_per_id']} per id); {ef['repeat_requests_absorbed']} repeat requests"
+                     f" answered from the idempotency key")
+    st = check.get("stores", {})
+    if st.get("counter"):
+        c = st["counter"]
+        lines.append(f"stores      counter {c['value']} after {c['increments_receipted']} receipted increments"
+                     + (f"; mailbox {st['mailbox']['put']} put, {st['mailbox']['taken']} taken,"
+                        f" {st['mailbox']['left']} left" if st.get("mailbox") else ""))
+    lines.append("invariants")
+    by_kind = dict(check.get("violations_by_kind", {}))
+    for label, kinds in INVARIANTS:
+        n = sum(by_kind.pop(k, 0) for k in kinds)
+        lines.append(f"  {'PASS' if n == 0 else 'FAIL'}  {label:<52} {n} violation{'s' if n != 1 else ''}")
+    for kind, n in by_kind.items():
+        lines.append(f"  FAIL  {kind:<52} {n} violation{'s' if n != 1 else ''}")
+    for v in check.get("violations", [])[:8]:
+        lines.append(f"    {v['kind']}: {v['execution_id'] or '-'}: {v['detail'][:150]}")
+    if check.get("total_violations", 0) > 8:
+        lines.append(f"    ... {check['total_violations'] - 8} more in the JSON report")
+    verdict = "PASS" if check.get("ok") else "FAIL"
+    lines.append(f"RESULT: {verdict}: {check.get('total_violations', 0)} violations,"
+                 f" {e.get('not_terminal', 0)} executions not terminal")
+    return lines
+
+
+def save(report: dict, *, json_path: Optional[str] = None, summary_path: Optional[str] = None) -> list[str]:
+    """Write the JSON report and/or the summary where asked; return the summary's lines."""
+    lines = summary_lines(report)
+    if json_path:
+        write_report(report, json_path)
+    if summary_path:
+        os.makedirs(os.path.dirname(os.path.abspath(summary_path)), exist_ok=True)
+        with open(summary_path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return lines

@@ -1,0 +1,198 @@
+"""The workflows `yieldstar chaos` runs, and the evidence they leave outside the ledger.
+
+One workflow, `chaos.mixed`, follows a plan written by the harness (a JSON list of operations)
+so that every kind of durable call is exercised: plain steps (fast and slow, some slower than a
+lease), retried steps (`RetryableError`), durable timers, effects against a fake external
+system, a shared counter store, a mailbox store used by producer and consumer executions, and
+child executions started and waited for. Plans are data, so a replay takes the same path.
+
+Evidence, all appended with one `O_APPEND` write per line so lines from concurrent processes
+never interleave (the checker in `supervisor.chaos.checker` reads it back):
+
+- the **step log** (`<dir>/steps.log`), one line per event, fields separated by spaces:
+
+      begin <execution> <token> <pid> <step key> <time_ns>          a step function starts
+      end   <execution> <token> <pid> <step key> <time_ns> <nonce>  it returns; its value carries the nonce
+      fail  <execution> <token> <pid> <step key> <time_ns>          it raised RetryableError
+      saw   <execution> <token> <pid> <step key> <time_ns> <digest> the workflow continued with this value
+
+  `begin` lines are how the fault injector finds processes that are inside a step right now.
+  A step's recorded value names the token and pid that produced it and a fresh nonce, so the
+  checker can tie every record in the ledger to the one real step run that produced it;
+  `saw` lines let it prove that every delivery continued with the recorded value.
+
+- the **external system** (`<dir>/external/<shard>.log`): a fake provider that honours
+  idempotency keys, like a payment API. Under an exclusive `flock` on the key's shard it looks
+  the key up; the first request executes and appends
+  `execute <effect id> <receipt> <pid> <token> <time_ns>`, a repeat appends
+  `repeat <effect id> <pid> <token> <time_ns>` and gets the first receipt back. The line is the
+  record, so a process killed mid-request either executed (line written) or did not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import time
+from typing import Any
+
+from worker import RetryableError, StepFailed, workflow
+
+COUNTER = "chaos.counter"
+MAILBOX = "chaos.mailbox"
+STEP_LOG = "steps.log"
+EXTERNAL = "external"
+EXTERNAL_SHARDS = 64
+
+
+class ChaosFailure(Exception):
+    """A chaos workflow failing on purpose, or because a step it needed failed for good.
+
+    The message always ends with `(token N)`: the checker compares N, the token of the delivery
+    that failed the workflow, with the execution's final token."""
+
+
+def digest(value: Any) -> str:
+    """A short fingerprint of a JSON value, the same in every process."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def append_line(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def log_event(folder: str, event: str, execution_id: str, token: int, key: str, extra: str = "") -> None:
+    line = f"{event} {execution_id} {token} {os.getpid()} {key} {time.time_ns()}"
+    append_line(os.path.join(folder, STEP_LOG), f"{line} {extra}" if extra else line)
+
+
+# -- the fake external system ----------------------------------------------------------------
+
+def external_shard(folder: str, effect_id: str) -> str:
+    shard = int(hashlib.sha1(effect_id.encode()).hexdigest(), 16) % EXTERNAL_SHARDS
+    return os.path.join(folder, EXTERNAL, f"{shard:02d}.log")
+
+
+def external_request(folder: str, effect_id: str, token: int) -> dict:
+    """Execute the operation named by the idempotency key `effect_id` once; a repeat gets the
+    first receipt back and executes nothing."""
+    path = external_shard(folder, effect_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(fd), "r") as f:
+            for line in f:
+                fields = line.split()
+                if line.endswith("\n") and fields[0] == "execute" and fields[1] == effect_id:
+                    os.write(fd, f"repeat {effect_id} {os.getpid()} {token} {time.time_ns()}\n".encode())
+                    return {"effect_id": effect_id, "receipt": fields[2]}
+        receipt = os.urandom(8).hex()
+        os.write(fd, f"execute {effect_id} {receipt} {os.getpid()} {token} {time.time_ns()}\n".encode())
+        return {"effect_id": effect_id, "receipt": receipt}
+    finally:
+        os.close(fd)  # also drops the lock
+
+
+# -- step bodies -----------------------------------------------------------------------------
+
+def _produced(folder: str, execution_id: str, token: int, key: str) -> dict:
+    nonce = os.urandom(6).hex()
+    log_event(folder, "end", execution_id, token, key, nonce)
+    return {"token": token, "pid": os.getpid(), "nonce": nonce}
+
+
+def timed_step(folder: str, execution_id: str, token: int, key: str, seconds: float) -> dict:
+    log_event(folder, "begin", execution_id, token, key)
+    if seconds:
+        time.sleep(seconds)
+    return _produced(folder, execution_id, token, key)
+
+
+def flaky_step(folder: str, execution_id: str, token: int, key: str, seconds: float, p_fail: float,
+               attempts: int, interval: float) -> dict:
+    log_event(folder, "begin", execution_id, token, key)
+    if seconds:
+        time.sleep(seconds)
+    if random.random() < p_fail:
+        log_event(folder, "fail", execution_id, token, key)
+        raise RetryableError(f"flaky step {key} (token {token})", max_attempts=attempts, interval=interval)
+    return _produced(folder, execution_id, token, key)
+
+
+def effect_call(folder: str, execution_id: str, token: int, key: str, effect_id: str, before: float,
+                after: float) -> dict:
+    """Ask the external system; `after` is a pause between its executing and our hearing back,
+    the window in which a holder that dies leaves an executed but unsettled effect."""
+    log_event(folder, "begin", execution_id, token, key)
+    if before:
+        time.sleep(before)
+    result = external_request(folder, effect_id, token)
+    if after:
+        time.sleep(after)
+    log_event(folder, "end", execution_id, token, key, result["receipt"])
+    return result
+
+
+# -- the workflow ----------------------------------------------------------------------------
+
+def _saw(ctx, folder: str, key: str, value: Any, seen: dict) -> Any:
+    fingerprint = digest(value)
+    seen[key] = fingerprint
+    log_event(folder, "saw", ctx.execution_id, ctx.token, key, fingerprint)
+    return value
+
+
+def _perform(ctx, folder: str, op: list, seen: dict) -> None:
+    kind, key = op[0], op[1]
+    eid, token = ctx.execution_id, ctx.token
+    if kind == "run":
+        value = ctx.run(key, timed_step, folder, eid, token, key, op[2])
+    elif kind == "retry":
+        _, _, seconds, p_fail, attempts, interval = op
+        value = ctx.run(key, flaky_step, folder, eid, token, key, seconds, p_fail, attempts, interval)
+    elif kind == "sleep":
+        value = ctx.sleep(key, op[2])
+    elif kind == "effect":
+        value = ctx.effect(key, lambda effect_id: effect_call(folder, eid, token, key, effect_id, op[2], op[3]))
+    elif kind == "inc":
+        value = ctx.store(COUNTER).update(key, lambda n: n + 1)
+    elif kind == "put":
+        item = {"pair": op[2], "from": eid}
+        value = ctx.store(MAILBOX).update(key, lambda items: items + [item])
+    elif kind == "take":
+        value = ctx.store(MAILBOX).take(key, {"pair": op[2]})
+    elif kind == "child":
+        child = ctx.start(key, "chaos.mixed", {"dir": folder, "plan": op[2]})
+        _saw(ctx, folder, key, child, seen)
+        key = f"{key}.wait"
+        value = ctx.wait_for(child, key=key)
+    else:
+        raise ValueError(f"unknown chaos operation {kind!r}")
+    _saw(ctx, folder, key, value, seen)
+
+
+@workflow("chaos.mixed")
+def mixed(ctx, input: dict) -> dict:
+    """Perform `input["plan"]` in order; fail on purpose at the end if `input["fail"]`.
+
+    The result names the token of the delivery that completed the workflow and the fingerprint
+    of every value it continued with, so the checker can compare both with the ledger."""
+    folder = input["dir"]
+    seen: dict[str, str] = {}
+    for op in input["plan"]:
+        try:
+            _perform(ctx, folder, op, seen)
+        except StepFailed as exc:
+            raise ChaosFailure(f"{exc} (token {ctx.token})") from None
+    if input.get("fail"):
+        raise ChaosFailure(f"deliberate failure (token {ctx.token})")
+    return {"token": ctx.token, "seen": seen}
