@@ -84,8 +84,9 @@ class StoreHandle:
 
         while True:
             seen = ctx._writer.call(stores.get, self.name)
-            receipt = ctx._writer.call(stores.change, self.name, execution_id=ctx.execution_id, step_key=key,
-                                       change=change)
+            # A store nobody created yet holds nothing to take: wait for it like an empty one.
+            receipt = None if seen is None else ctx._writer.call(
+                stores.change, self.name, execution_id=ctx.execution_id, step_key=key, change=change)
             if receipt is not None:
                 return ctx._recorded_step(key, lambda: json.loads(receipt.result_json))
             if not wait:

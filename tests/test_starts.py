@@ -1,0 +1,372 @@
+"""Workflow starts (SPEC section 4, RFC 003): `WorkflowStartClient.start`, `ctx.start` and
+`ctx.wait_for`, the rows of RFC 002's fencing table that concern them (and wakes, the unfenced
+write they rely on), and a child awaited by its parent across supervisor restarts.
+
+The in-process tests run workflows through `run_delivery` against a real SQLite ledger under
+`tmp_path`, one backend per holder, all on one `FakeClock` (see `holders.py`). The restart
+tests run `yieldstar supervise tests/apps/neighbours_app.py` as real subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from holders import (LEASE_MS, NEIGHBOURS_APP, Interposed, World, deliveries, result_of, step_rows,
+                     table)
+from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Suspended, open_backend
+from worker import Registry, StepFailed, run_delivery
+
+registry = Registry()
+
+
+class CardDeclined(Exception):
+    pass
+
+
+@registry.workflow("starter")
+def starter(ctx, input):
+    """Start one child and return its id."""
+    return ctx.start("child", "double", input)
+
+
+@registry.workflow("parent")
+def parent(ctx, input):
+    child_id = ctx.start("child", input["workflow"], input["input"])
+    try:
+        return {"child": child_id, "result": ctx.wait_for(child_id)}
+    except StepFailed as exc:
+        return {"child": child_id, "failed": {"type": exc.error_type, "message": exc.error_message}}
+
+
+@registry.workflow("double")
+def double(ctx, input):
+    return input * 2
+
+
+@registry.workflow("decline")
+def decline(ctx, input):
+    raise CardDeclined(f"card {input} declined")
+
+
+@registry.workflow("nap")
+def nap(ctx, input):
+    ctx.sleep("nap", 60)
+    return "rested"
+
+
+@pytest.fixture
+def world(tmp_path):
+    opened = World(tmp_path / "ledger.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def ledger(world):
+    return world.holder()
+
+
+def execution_ids(backend) -> list[str]:
+    return sorted(record.execution_id for record in backend.executions.list())
+
+
+# -- WorkflowStartClient.start ----------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_workflow_start_is_idempotent_by_receipt_a_repeat_starts_nothing_and_returns_the_first_target(
+        world, ledger, db_snapshot):
+    assert ledger.starts.start("req-1", "double", "21") == "req-1"
+    record = ledger.executions.get("req-1")
+    assert (record.workflow, record.input_json, record.status) == ("double", "21", "admitted")
+
+    before = db_snapshot(world.path)
+    assert world.holder().starts.start("req-1", "double", "21") == "req-1"
+    assert ledger.starts.start("req-1", "decline", '"4242"') == "req-1"  # the first target, whatever is asked
+    assert db_snapshot(world.path) == before
+
+    ledger.executions.admit("admitted-by-hand", "double", "1")
+    with pytest.raises(ExecutionConflict, match="admitted-by-hand"):
+        ledger.starts.start("admitted-by-hand", "double", "1")
+    with pytest.raises(InvalidArgument, match="input_json"):
+        ledger.starts.start("req-2", "double", "{not json")
+    assert execution_ids(ledger) == ["admitted-by-hand", "req-1"]
+    assert table(world.path, "SELECT start_request_id, execution_id FROM starts") == [("req-1", "req-1")]
+
+
+# -- RFC 002 fencing table: WorkflowStartClient.start -----------------------------------------------
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("first", ["stale starts first", "current starts first"])
+def test_a_stale_holder_calls_workflow_start_the_current_holder_receives_the_same_target_and_exactly_one_target_exists(
+        world, ledger, first):
+    ledger.executions.admit("e1", "starter", "21")
+    stale_lease = world.claim(world.holder(), "e1")  # token 1
+    current = Interposed(ledger, "starts.start")
+
+    def meanwhile():
+        # Token 1 is frozen just before its start: its lease runs out, and token 2 claims.
+        lease = world.take_over(ledger, stale_lease)
+        if first == "current starts first":
+            assert world.deliver(current, lease, registry) == Completed('"e1/child"')
+        meanwhile.lease = lease
+
+    stale = Interposed(world.holder(), "starts.start", before=meanwhile)
+    assert world.deliver(stale, stale_lease, registry) == LeaseLost()  # its start went in; its step write did not
+    if first == "stale starts first":
+        assert world.deliver(current, meanwhile.lease, registry) == Completed('"e1/child"')
+
+    assert stale.replies == current.replies == ["e1/child"]
+    assert execution_ids(ledger) == ["e1", "e1/child"]
+    assert table(world.path, "SELECT start_request_id, execution_id FROM starts") == [("e1/child", "e1/child")]
+    child = ledger.executions.get("e1/child")
+    assert (child.workflow, child.input_json, child.status) == ("double", "21", "admitted")
+    assert step_rows(world.path, "e1") == [("child", 1, {"value": "e1/child"}, 2)]
+    assert ledger.executions.acknowledge(stale_lease, Completed('"stale"')) == LeaseLost()
+    assert result_of(ledger.executions.get("e1")) == "e1/child"
+
+
+# -- ctx.start and ctx.wait_for, in-process ---------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_a_parent_suspends_until_its_child_completes_and_returns_the_childs_result(world, ledger):
+    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 21}))
+    assert world.claim_and_deliver(ledger, "p1", registry) == Suspended()
+    assert ledger.executions.get("p1").due_at is None  # nothing to do until the child is done
+    assert ledger.executions.get("p1/child").status == "admitted"
+
+    assert world.claim_and_deliver(ledger, "p1/child", registry) == Completed("42")
+    assert ledger.executions.get("p1").due_at == world.clock.now  # woken by the child's outcome
+    assert world.claim_and_deliver(ledger, "p1", registry) == Completed(
+        json.dumps({"child": "p1/child", "result": 42}))
+    assert [key for key, *_ in step_rows(world.path, "p1")] == ["child", "wait:p1/child"]
+    assert deliveries(ledger, "p1") == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_failing_child_raises_step_failed_into_its_parent_with_the_childs_error_type_and_message(world, ledger):
+    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "decline", "input": 4242}))
+    assert world.claim_and_deliver(ledger, "p1", registry) == Suspended()
+    assert world.claim_and_deliver(ledger, "p1/child", registry).status == "failed"
+    assert world.claim_and_deliver(ledger, "p1", registry).status == "completed"
+    assert result_of(ledger.executions.get("p1")) == {
+        "child": "p1/child", "failed": {"type": "CardDeclined", "message": "card 4242 declined"}}
+
+
+@pytest.mark.timeout(30)
+def test_a_parent_that_reaches_an_already_finished_child_does_not_suspend(world, ledger):
+    ledger.starts.start("p1/child", "double", "5")  # as if an earlier delivery started it
+    assert world.claim_and_deliver(ledger, "p1/child", registry) == Completed("10")
+    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 5}))
+    assert world.claim_and_deliver(ledger, "p1", registry) == Completed(json.dumps({"child": "p1/child", "result": 10}))
+    assert table(world.path, "SELECT * FROM waiters") == []
+
+
+# -- RFC 002 fencing table: wait_for's waiter registration, unfenced ---------------------------------
+
+@pytest.mark.timeout(30)
+def test_a_stale_wait_for_registration_causes_at_most_one_extra_delivery_and_the_outcome_is_unchanged(world, ledger):
+    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 21}))
+    stale_lease = world.claim(world.holder(), "p1")
+
+    def meanwhile():
+        # Token 1 started the child and is frozen before registering as its waiter; token 2
+        # replays the start, registers, and suspends.
+        assert world.deliver(ledger, world.take_over(ledger, stale_lease), registry) == Suspended()
+
+    stale = Interposed(world.holder(), "executions.await_outcome", before=meanwhile)
+    assert run_delivery(stale, stale_lease, registry) == Suspended()  # unfenced: its registration went in
+    assert ledger.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()
+    assert table(world.path, "SELECT kind, target, waiter FROM waiters") == [("execution", "p1/child", "p1")]
+    claims = deliveries(ledger, "p1")
+
+    assert world.claim_and_deliver(ledger, "p1/child", registry) == Completed("42")
+    assert world.claim_and_deliver(ledger, "p1", registry) == Completed(json.dumps({"child": "p1/child", "result": 42}))
+    # A stale registration after the child finished registers nothing: there is nothing to wait for.
+    assert world.holder().executions.await_outcome("p1/child", "p1").status == "completed"
+    assert table(world.path, "SELECT * FROM waiters") == []
+    assert ledger.executions.claim_due(limit=5, duration=LEASE_MS) == []
+    assert deliveries(ledger, "p1") == claims + 1
+    assert execution_ids(ledger) == ["p1", "p1/child"]
+
+
+# -- RFC 002 fencing table: requestWake, unfenced -----------------------------------------------------
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("when", ["while the current holder runs", "after the current holder suspended"])
+def test_a_stale_holder_requests_a_wake_at_most_one_extra_delivery_occurs_and_the_outcome_is_unchanged(
+        world, ledger, when):
+    ledger.executions.admit("e1", "nap")
+    stale_backend = world.holder()
+    stale_lease = world.claim(stale_backend, "e1")
+    until = world.clock.now + 60_000
+
+    def meanwhile():
+        # Token 1 recorded its timer and is frozen before asking for the wake at its end.
+        meanwhile.lease = world.take_over(ledger, stale_lease)
+        if when == "after the current holder suspended":
+            assert world.deliver(ledger, meanwhile.lease, registry) == Suspended()
+
+    stale = Interposed(stale_backend, "executions.request_wake", before=meanwhile)
+    assert run_delivery(stale, stale_lease, registry) == Suspended()  # its wake went in
+    # And it asks for one more wake, now: say it thought a retry was due.
+    stale_backend.executions.request_wake("e1", world.clock.now)
+    assert ledger.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()
+    if when == "while the current holder runs":
+        assert ledger.executions.claim_due(limit=1, duration=LEASE_MS) == []  # not while token 2's lease is live
+        assert world.deliver(ledger, meanwhile.lease, registry) == Suspended()
+
+    # The one extra delivery: the replay finds the timer running and suspends again.
+    assert world.claim_and_deliver(ledger, "e1", registry) == Suspended()
+    assert ledger.executions.get("e1").due_at == until
+    assert ledger.executions.claim_due(limit=1, duration=LEASE_MS) == []
+    world.clock.now = until
+    assert world.claim_and_deliver(ledger, "e1", registry) == Completed('"rested"')
+    assert deliveries(ledger, "e1") == 3 + 1  # the stale one, the takeover, the end; plus one
+    assert step_rows(world.path, "e1") == [("nap", 1, {"until": until}, 1)]
+
+
+# -- a child awaited by its parent across supervisor restarts -----------------------------------------
+
+class SupervisorProcesses:
+    """`yieldstar supervise tests/apps/neighbours_app.py` subprocesses, each in its own session
+    (so it can be signalled with its worker children), logging under `tmp_path`."""
+
+    def __init__(self, tmp_path, db):
+        self.tmp_path = tmp_path
+        self.db = db
+        self.started: list[subprocess.Popen] = []
+        self.pids: set[int] = set()
+
+    def start(self) -> subprocess.Popen:
+        log = open(self.tmp_path / f"supervisor-{len(self.started) + 1}.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "--db", str(self.db), "supervise", str(NEIGHBOURS_APP),
+             "--lease-ms", "1500", "--renew-ms", "300", "--heartbeat-ms", "200", "--poll-ms", "100",
+             "--concurrency", "2", "--grace-ms", "300"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp_path,
+            start_new_session=True)
+        log.close()
+        self.started.append(process)
+        return process
+
+    def tree(self, process: subprocess.Popen) -> set[int]:
+        try:
+            found = {process.pid} | {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            found = set()
+        self.pids |= found
+        return found
+
+    def logs(self) -> str:
+        return "\n".join(f"---- supervisor {i + 1} ----\n" + (self.tmp_path / f"supervisor-{i + 1}.log").read_text()
+                         for i in range(len(self.started)))
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            self.tree(process)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(10)
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_until(lambda: all(gone(pid) for pid in self.pids), 10, "every supervisor process to be gone")
+
+
+def read_log(log: str) -> list[tuple[str, str, int]]:
+    """`(event, execution_id, token)` of every complete line of a neighbours_app log."""
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [(event, execution_id, int(token))
+                for event, execution_id, token, _ in (line.split() for line in f if line.endswith("\n"))]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def supervisors(tmp_path):
+    started = SupervisorProcesses(tmp_path, tmp_path / "ledger.db")
+    try:
+        yield started
+    finally:
+        print(started.logs())  # shown only when the test failed
+        started.cleanup()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("stop, decline", [
+    ("SIGTERM", None),
+    ("SIGKILL", None),
+    ("SIGTERM", "card 4242 declined"),
+], ids=["stopped-child-completes", "killed-child-completes", "stopped-child-fails"])
+def test_a_child_awaited_by_its_parent_across_supervisor_restarts(tmp_path, supervisors, stop, decline):
+    db, log, marker = tmp_path / "ledger.db", str(tmp_path / "events.log"), tmp_path / "marker"
+    child_input = {"order": 42, "log": log, "marker": str(marker), "decline": decline}
+    with open_backend(db) as ledger:
+        ledger.executions.admit("p1", "nb.parent", json.dumps({"child": child_input}))
+
+        first = supervisors.start()
+        # The parent started its child and waits for it; the child blocks in a step.
+        wait_until(lambda: ("waiting", "p1/child", 1) in read_log(log), 30,
+                   "the child to block on its marker")
+        wait_until(lambda: ledger.executions.get("p1").status == "suspended", 10, "the parent to suspend")
+
+        pids = supervisors.tree(first)
+        if stop == "SIGTERM":
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(20) == 0
+        else:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        wait_until(lambda: all(gone(pid) for pid in pids), 10, "the first supervisor and its workers to be gone")
+        assert ledger.executions.get("p1").status == "suspended"
+        assert ledger.executions.get("p1/child").status in ("admitted", "running")
+
+        second = supervisors.start()
+        # The new supervisor delivers the child again (a higher token), and it blocks again.
+        wait_until(lambda: ("waiting", "p1/child", 2) in read_log(log), 30,
+                   "the child to be delivered again")
+        marker.touch()
+        record = wait_until(lambda: (r := ledger.executions.get("p1")).status == "completed" and r, 30,
+                            "the parent to complete")
+
+        expected = ({"failed": {"type": "CardDeclined", "message": decline}} if decline
+                    else {"result": {"packed": 42}})
+        assert json.loads(record.result_json) == {"child": "p1/child", **expected}
+        assert ledger.executions.get("p1/child").status == ("failed" if decline else "completed")
+        assert [r.workflow for r in ledger.executions.list()] == ["nb.child", "nb.parent"]
+        assert table(db, "SELECT start_request_id, execution_id FROM starts") == [("p1/child", "p1/child")]
+        # The parent ran its start once: every later delivery replayed the recorded target.
+        assert [key for key, *_ in step_rows(db, "p1")] == ["child", "wait:p1/child"]
+
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(20) == 0
