@@ -322,7 +322,7 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--faults", "fault_kinds", multiple=True, metavar="KINDS",
               help="Fault kinds, repeated or comma-separated (default all): kill_child, freeze_child,"
                    " kill_supervisor, freeze_supervisor, term_supervisor, hold_write_lock.")
-@click.option("--fault-interval-ms", type=click.IntRange(min=10), default=1500, show_default=True,
+@click.option("--fault-interval-ms", type=click.IntRange(min=10), default=1200, show_default=True,
               help="Mean gap between two faults.")
 @click.option("--lenient-supervisors", type=click.IntRange(min=0), default=None,
               help="How many supervisors run with --heartbeat-misses 100, so that their frozen workers write"

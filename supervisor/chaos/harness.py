@@ -77,7 +77,7 @@ class ChaosConfig:
     renew_ms: int = 300
     heartbeat_ms: int = 200
     faults: tuple = ALL_KINDS
-    fault_interval_s: float = 1.5
+    fault_interval_s: float = 1.2
     drain_timeout_s: float = 300.0
     grace_ms: int = 5000
     poll_ms: int = 100
@@ -550,7 +550,7 @@ class ChaosRun:
         if kind.hits_supervisor and len(self.fleet.running()) < min(2, self.config.supervisors):
             return False  # keep at least one healthy supervisor through every fault
         if kind == FaultKind.HOLD_WRITE_LOCK:
-            if any(p.poll() is None for p in self.lock_holders):
+            if self.lock_holders:
                 return False  # one lock holder at a time
             inside = self._in_step_children(self.fleet.running())
             step = self.plan.choose(inside)[2].as_dict() if inside else None
@@ -642,6 +642,7 @@ class ChaosRun:
             self.fleet.ensure(c.supervisors)
             self.watcher.poll()
             self.run_pending()
+            self.lock_holders = [p for p in self.lock_holders if p.poll() is None]  # reap those done
             now = time.monotonic()
             if now >= next_at:
                 kind = kind or self.plan.next_kind()
@@ -732,7 +733,7 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         run.fault_phase(admitter)
         timings["fault_phase_s"] = round(time.monotonic() - run.started, 1)
         drained = run.drain(admitter)
-        timings["drain_s"] = round(time.monotonic() - run.started - timings["fault_phase_s"], 1)
+        timings["drain_s"] = max(0.0, round(time.monotonic() - run.started - timings["fault_phase_s"], 1))
         run.show_progress(admitter.admitted, force=True)
         run.progress.done()
         if not drained:

@@ -103,8 +103,8 @@ def summary_lines(report: dict) -> list[str]:
                  f" {s.get('values_seen', 0)} values checked")
     if r:
         lines.append(f"stale       {r.get('total', 0)} stale operations refused: {r.get('worker_writes_refused', 0)}"
-                     f" worker writes, {r.get('deliveries_given_up', 0)} acknowledgements,"
-                     f" {r.get('renewals_lost', 0)} renewals")
+                     f" worker writes, {r.get('renewals_lost', 0)} renewals; {r.get('deliveries_given_up', 0)}"
+                     " deliveries ended lost, unacknowledged")
     ef = check.get("effects")
     if ef:
         lines.append(f"effects     {ef['effect_ids']} effect ids, {ef['settled']} settled;"
