@@ -128,7 +128,8 @@ class Supervisor:
         backend = open_backend(self.db_path, durability=cfg.durability)
         previous_handlers = self._install_signal_handlers()
         pool = self._pool = Pool(cfg.concurrency, app=self.app, db_path=self.db_path, durability=cfg.durability,
-                                 heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses)
+                                 heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses,
+                                 while_starting=self._beat_while_starting)
         try:
             nudges: Optional[NudgeListener] = NudgeListener(self.db_path)
         except OSError as exc:
@@ -187,17 +188,21 @@ class Supervisor:
 
             deadline = min(next_beat, next_poll if grace_deadline is None else grace_deadline)
             waitables: list = [nudges] if nudges is not None else []
+            owners: list[tuple[object, Child]] = []  # who each waitable belonged to when we waited
             for child in pool.children:
-                waitables.append(child.conn)  # a child's death also shows here, as end of file
+                owners.append((child.conn, child))  # a child's death also shows here, as end of file
                 if child.process.sentinel is not None:
-                    waitables.append(child.process.sentinel)
+                    owners.append((child.process.sentinel, child))
+            waitables += [waitable for waitable, _ in owners]
             for ready in wait(waitables, timeout=max(0.0, deadline - time.monotonic())):
                 if ready is nudges:
                     nudges.drain()
                     claim_now = True
                     continue
-                child = self._child_of(pool, ready)
-                if child is None:
+                # Look the owner up as of the wait: a sentinel is a plain fd number, and the child
+                # that replaced a dead one earlier in this round may have been given the same one.
+                child = next((c for waitable, c in owners if waitable is ready), None)
+                if child is None or not any(c is child for c in pool.children):
                     continue  # replaced earlier in this round
                 if ready is child.conn and self._receive(backend, pool, child):
                     claim_now = True
@@ -264,6 +269,13 @@ class Supervisor:
                             delivery.lease.execution_id, delivery.lease.token, child.pid, now - child.last_answer)
                 self.stats.children_killed += 1
                 self._replace(pool, child)
+
+    def _beat_while_starting(self) -> None:
+        """Heartbeats only, while the loop waits for a new child to load the app (see `Pool`).
+        Their answers are read, and the children judged, once the loop runs again."""
+        for child in list(self._pool.children):
+            delivery = child.delivery
+            child.send((BEAT, delivery.lease.expires_at if delivery else None))
 
     def _receive(self, backend, pool: Pool, child: Child) -> bool:
         """Handle one message from a child; True when it freed a slot."""
@@ -371,9 +383,3 @@ class Supervisor:
         log.warning("execution %s token %d: renewal found the lease lost; the worker will be told to stop",
                     delivery.lease.execution_id, delivery.lease.token)
 
-    @staticmethod
-    def _child_of(pool: Pool, ready) -> Optional[Child]:
-        for child in pool.children:
-            if ready is child.conn or ready is child.process.sentinel:
-                return child
-        return None

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Optional
+from typing import Callable, Optional
 
 import psutil
 
@@ -121,12 +121,19 @@ def describe_exit(process) -> str:
 
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float = 60.0, while_starting: Callable[[], None] = lambda: None):
+        """
+        Args:
+            while_starting: called about every heartbeat while a child is being started, which
+                takes as long as importing the app: the other children must keep hearing from
+                their supervisor meanwhile, or they would take its silence for death and quit.
+        """
         self.size = size
         self._args = (app, db_path, durability)
         self._heartbeat_s = heartbeat_s
         self._misses = misses
         self._start_timeout_s = start_timeout_s
+        self._while_starting = while_starting
         self._me = psutil.Process(os.getpid())
         self.children: list[Child] = []
 
@@ -163,10 +170,13 @@ class Pool:
         return ChildProcess(popen), Connection(ours.detach())
 
     def _await_ready(self, process, parent_conn) -> Child:
-        if not parent_conn.poll(self._start_timeout_s):
-            process.kill()
-            process.join()
-            raise AppLoadFailed(f"a worker process did not start within {self._start_timeout_s:.0f} s")
+        deadline = time.monotonic() + self._start_timeout_s
+        while not parent_conn.poll(max(0.0, min(self._heartbeat_s, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                process.kill()
+                process.join()
+                raise AppLoadFailed(f"a worker process did not start within {self._start_timeout_s:.0f} s")
+            self._while_starting()
         try:
             tag, pid, error = parent_conn.recv()
         except EOFError:

@@ -36,8 +36,11 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
                         format="%(asctime)s yieldstar-worker[%(process)d] %(message)s")
     # `kill -USR1 <worker pid>` prints every thread's stack to the supervisor's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # Ctrl-C in a terminal signals the whole process group; shutting down is the supervisor's call.
+    # Ctrl-C in a terminal signals the whole process group, and so do service managers stopping a
+    # service (systemd's default KillMode sends SIGTERM to every process of the unit): shutting
+    # down, and the grace period it gives running deliveries, is the supervisor's call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     tasks: "queue.Queue" = queue.Queue()
     stop_current = {"token": None}
     current = {"token": None}

@@ -61,6 +61,8 @@ class ParentWatch:
         self._thread = threading.Thread(target=self._run, name="parent-watch", daemon=True)
 
     def start(self) -> None:
+        # Silence counts from now: the supervisor cannot beat a child that is still loading the app.
+        self._last_beat = time.monotonic()
         self._thread.start()
 
     def may_write(self) -> bool:

@@ -1,0 +1,326 @@
+"""Fault injectors and process helpers for the supervisor's multi-process tests.
+
+Everything here works on real processes with real signals:
+
+- `wait_until(condition, timeout, interval)`: poll a condition against a deadline (never a
+  fixed sleep);
+- fault injectors: `sigkill(pid)`, `freeze(pid)` / `thaw(pid)` (SIGSTOP/SIGCONT), the same for
+  a whole process group, and `gone(pid)` / `wait_gone(pids)` to prove that processes are dead;
+- `supervisors`: a fixture that starts `yieldstar supervise` subprocesses, each in its own
+  session (so a test can signal it together with its children), logging stderr to a file
+  under `tmp_path`, and kills whatever is left of every one of them when the test ends;
+- `cli(db, *args)`: one `yieldstar` command as a subprocess;
+- readers of the outcome: the side-effect log of `tests/apps/supervised_app.py`, the lease
+  history, and the fencing token each step record was accepted under.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import psutil
+import pytest
+
+from supervisor import open_backend
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+APP = str(TESTS / "apps" / "supervised_app.py")
+
+# Short but not twitchy: a loaded 2-core machine must not make a healthy child look frozen
+# (it is judged silent after 3 heartbeats) or let a renewed lease run out.
+LEASE_MS = 1500
+RENEW_MS = 300
+HEARTBEAT_MS = 200
+POLL_MS = 100
+
+
+# -- waiting ------------------------------------------------------------------------------------
+
+def wait_until(condition: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02,
+               message: Optional[str] = None) -> Any:
+    """Poll `condition()` until it returns something truthy, and return that; fail the test
+    with `message` if `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message or condition}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def dump_on_hang(request):
+    """Dump every thread's traceback shortly before pytest-timeout would kill a hung test."""
+    marker = request.node.get_closest_marker("timeout")
+    seconds = float(marker.args[0]) if marker and marker.args else 120.0
+    faulthandler.dump_traceback_later(max(1.0, seconds - 5), exit=False)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+# -- fault injectors ----------------------------------------------------------------------------
+
+def sigkill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def freeze(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+
+
+def thaw(pid: int) -> None:
+    os.kill(pid, signal.SIGCONT)
+
+
+def freeze_group(pgid: int) -> None:
+    os.killpg(pgid, signal.SIGSTOP)
+
+
+def thaw_group(pgid: int) -> None:
+    os.killpg(pgid, signal.SIGCONT)
+
+
+def gone(pid: int) -> bool:
+    """True once `pid` runs no more (a zombie waiting to be reaped runs no more either)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pids: Iterable[int], timeout: float = 10.0) -> None:
+    pids = list(pids)
+    wait_until(lambda: all(gone(p) for p in pids), timeout, message=f"processes {pids} to be gone")
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """Every live descendant of `pid` (empty when `pid` itself is gone)."""
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if not gone(p.pid)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def is_worker(process: psutil.Process) -> bool:
+    """A pool child (`python -m worker.child`), as opposed to any helper process."""
+    try:
+        command = " ".join(process.cmdline())
+        return "worker.child" in command or "spawn_main" in command
+    except psutil.Error:
+        return False
+
+
+# -- supervisor processes -----------------------------------------------------------------------
+
+@dataclass
+class SupervisorProcess:
+    popen: subprocess.Popen
+    log_path: Path
+    concurrency: int
+    seen_pids: set[int] = field(default_factory=set)  # every descendant ever observed
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.popen.pid  # a session leader leads its own process group
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_log(self, text: str, timeout: float = 15.0, count: int = 1) -> str:
+        return wait_until(lambda: self.log() if self.log().count(text) >= count else None, timeout,
+                          message=f"{text!r} in the log of supervisor {self.pid}:\n{self.log()}")
+
+    def tree(self) -> list[psutil.Process]:
+        found = process_tree(self.pid)
+        self.seen_pids.update(p.pid for p in found)
+        return found
+
+    def workers(self) -> list[int]:
+        return sorted(p.pid for p in self.tree() if is_worker(p))
+
+    def wait_ready(self, timeout: float = 30.0) -> list[int]:
+        """Wait until the supervisor logged its start and all its children are up."""
+        self.wait_log("supervising", timeout)
+        return wait_until(lambda: (w := self.workers()) and len(w) == self.concurrency and w, timeout,
+                          message=f"{self.concurrency} workers of supervisor {self.pid}")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def signal_group(self, sig: int) -> None:
+        os.killpg(self.pgid, sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.popen.wait(timeout)
+
+    def kill_everything(self) -> None:
+        """SIGKILL the supervisor's whole process group (stopped members die too) and reap it."""
+        self.tree()
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
+            pass
+        for pid in self.seen_pids:  # anything that left the group
+            if not gone(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class Supervisors:
+    """Starts `yieldstar supervise` subprocesses for one test and cleans all of them up."""
+
+    def __init__(self, tmp_path: Path):
+        self._tmp = tmp_path
+        self.started: list[SupervisorProcess] = []
+
+    def start(self, db, *, app: str = APP, concurrency: int = 2, lease_ms: int = LEASE_MS,
+              renew_ms: int = RENEW_MS, heartbeat_ms: int = HEARTBEAT_MS, poll_ms: int = POLL_MS,
+              grace_ms: Optional[int] = None, until_idle: bool = False, extra: Iterable[str] = (),
+              ready: bool = True, umask: int = -1, env: Optional[dict] = None) -> SupervisorProcess:
+        args = [sys.executable, "-m", "supervisor.cli", "--db", str(db), "supervise", app,
+                "--concurrency", str(concurrency), "--lease-ms", str(lease_ms), "--renew-ms", str(renew_ms),
+                "--heartbeat-ms", str(heartbeat_ms), "--poll-ms", str(poll_ms)]
+        if grace_ms is not None:
+            args += ["--grace-ms", str(grace_ms)]
+        if until_idle:
+            args.append("--until-idle")
+        args += list(extra)
+        log_path = self._tmp / f"supervisor-{len(self.started) + 1}.log"
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=self._tmp, start_new_session=True, umask=umask,
+                                     env=None if env is None else {**os.environ, **env})
+        process = SupervisorProcess(popen, log_path, concurrency)
+        self.started.append(process)
+        if ready:
+            process.wait_ready()
+        return process
+
+    def cleanup(self) -> None:
+        for process in self.started:
+            process.kill_everything()
+        pids = [pid for process in self.started for pid in process.seen_pids | {process.pid}]
+        wait_gone(pids, timeout=10)  # SIGKILL is delivered asynchronously
+
+    def print_logs(self) -> None:
+        for process in self.started:
+            print(f"---- supervisor pid {process.pid} (exit {process.popen.returncode}) ----")
+            print(process.log())
+
+
+@pytest.fixture
+def supervisors(tmp_path):
+    started = Supervisors(tmp_path)
+    try:
+        yield started
+    finally:
+        started.print_logs()  # shown by pytest only when the test failed
+        started.cleanup()
+
+
+def cli(db, *args: str, timeout: float = 30.0, umask: int = -1) -> subprocess.CompletedProcess:
+    """Run one `yieldstar --db DB ...` command and return its exit code, stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", "--db", str(db), *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, umask=umask)
+
+
+# -- reading the outcome ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the side-effect log of `tests/apps/supervised_app.py`."""
+
+    event: str
+    execution_id: str
+    token: int
+    pid: int
+    step_key: str
+    time_ns: int
+
+
+def read_log(path) -> list[Event]:
+    if not os.path.exists(path):
+        return []
+    events = []
+    with open(path) as f:
+        for line in f:
+            if line.endswith("\n"):  # a line being written is complete only with its newline
+                event, execution_id, token, pid, key, at = line.split()
+                events.append(Event(event, execution_id, int(token), int(pid), key, int(at)))
+    return events
+
+
+def step_tokens(db, execution_id: str) -> list[tuple[str, int, int]]:
+    """`(step_key, attempt, token)` of each recorded step, in the order written: the token is
+    the fencing token the write was accepted under (read-only, beside the ledger API)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=15)
+    try:
+        return conn.execute("SELECT step_key, attempt, token FROM steps WHERE execution_id = ? ORDER BY rowid",
+                            (execution_id,)).fetchall()
+    finally:
+        conn.close()
+
+
+def last_write_at(db, execution_id: str, token: int) -> Optional[int]:
+    """When the last step record accepted under `token` was written (the writer's clock, ms)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=15)
+    try:
+        return conn.execute("SELECT MAX(written_at) FROM steps WHERE execution_id = ? AND token = ?",
+                            (execution_id, token)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def admit(db, execution_id: str, workflow: str, input: Any = None) -> None:
+    with open_backend(db) as backend:
+        backend.executions.admit(execution_id, workflow, json.dumps(input))
+
+
+def max_overlap(intervals: Iterable[tuple[int, int]]) -> int:
+    """The most half-open intervals `[start, end)` that overlap at any instant."""
+    points = []
+    for start, end in intervals:
+        points.append((start, 1))
+        points.append((end, -1))
+    live = most = 0
+    for _, delta in sorted(points):  # at equal times an end (-1) sorts before a start
+        live += delta
+        most = max(most, live)
+    return most
+
+
+# -- fixtures for the tests' own files ------------------------------------------------------
+
+@pytest.fixture
+def db(tmp_path) -> Path:
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def ledger(db):
+    """The test's own view of the ledger (one connection, kept open while the test polls it)."""
+    with open_backend(db) as backend:
+        yield backend
