@@ -39,7 +39,7 @@ from worker.protocol import ALIVE, BEAT, DONE, RUN, STOP
 
 from .errors import InvalidArgument, StorageBusy, YieldstarError
 from .nudge import NudgeListener
-from .pool import Child, Delivery, Pool, describe_exit
+from .pool import AppLoadFailed, Child, Delivery, Pool, describe_exit
 from .renewal import Renewer
 from .sqlite.backend import open_backend
 from .values import Completed, Failed, LeaseLost, Retry, Suspended
@@ -128,8 +128,7 @@ class Supervisor:
         backend = open_backend(self.db_path, durability=cfg.durability)
         previous_handlers = self._install_signal_handlers()
         pool = self._pool = Pool(cfg.concurrency, app=self.app, db_path=self.db_path, durability=cfg.durability,
-                                 heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses,
-                                 while_starting=self._beat_while_starting)
+                                 heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses)
         try:
             nudges: Optional[NudgeListener] = NudgeListener(self.db_path)
         except OSError as exc:
@@ -257,6 +256,12 @@ class Supervisor:
                 child.last_answer = now
         self._last_beat_at = now
         for child in list(pool.children):
+            if not child.ready:
+                if now > child.start_deadline:
+                    log.error("worker pid %d did not load the app within %.0f s; replacing it",
+                              child.pid, pool.start_timeout_s)
+                    self._replace(pool, child)
+                continue
             delivery = child.delivery
             if delivery is not None and delivery.lost and not delivery.told_to_stop:
                 delivery.told_to_stop = child.send((STOP,))
@@ -270,13 +275,6 @@ class Supervisor:
                 self.stats.children_killed += 1
                 self._replace(pool, child)
 
-    def _beat_while_starting(self) -> None:
-        """Heartbeats only, while the loop waits for a new child to load the app (see `Pool`).
-        Their answers are read, and the children judged, once the loop runs again."""
-        for child in list(self._pool.children):
-            delivery = child.delivery
-            child.send((BEAT, delivery.lease.expires_at if delivery else None))
-
     def _receive(self, backend, pool: Pool, child: Child) -> bool:
         """Handle one message from a child; True when it freed a slot."""
         try:
@@ -287,6 +285,8 @@ class Supervisor:
         child.last_answer = time.monotonic()
         if message[0] == ALIVE:
             return False
+        if not child.ready:
+            return self._started(pool, child, message)
         if message[0] != DONE:
             log.error("unexpected message from worker pid %d: %r", child.pid, message[:1])
             return False
@@ -299,6 +299,21 @@ class Supervisor:
             return True
         self._settle(backend, delivery, outcome, ms)
         return True
+
+    def _started(self, pool: Pool, child: Child, message: tuple) -> bool:
+        """A replacement child's first message: it loaded the app and may take deliveries."""
+        error = pool.load_error(message)
+        if error is None:
+            child.ready, child.start_deadline = True, None
+            return True
+        # The app no longer loads (edited on disk?). A replacement would fail alike: run on with
+        # the children that remain, and stop only when none does.
+        log.error("%s\nrunning with %d worker(s) fewer", error, 1)
+        pool.reap(child)
+        pool.children.remove(child)
+        if not pool.children:
+            raise AppLoadFailed(error)
+        return False
 
     def _settle(self, backend, delivery: Delivery, outcome, ms: int) -> None:
         lease = delivery.lease
@@ -340,6 +355,8 @@ class Supervisor:
         if delivery is not None:
             log.warning("execution %s token %d: worker pid %d %s mid-delivery; its lease is left to expire",
                         delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process))
+        elif not child.ready:
+            log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process))
         else:
             log.warning("idle worker pid %d %s; replacing it", child.pid, describe_exit(child.process))
         self._replace(pool, child)
@@ -349,7 +366,7 @@ class Supervisor:
             child.delivery = None
         try:
             pool.replace(child)
-        except YieldstarError as exc:
+        except (YieldstarError, OSError) as exc:
             log.error("could not replace a worker: %s", exc)
             pool.children.remove(child)
 

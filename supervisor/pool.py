@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Callable, Optional
+from typing import Optional
 
 import psutil
 
@@ -93,6 +93,8 @@ class Child:
     pid: int
     delivery: Optional[Delivery] = None
     last_answer: float = field(default_factory=time.monotonic)
+    ready: bool = True  # False until a replacement reports that it loaded the app
+    start_deadline: Optional[float] = None  # while not ready: when to give up on it
 
     @property
     def busy(self) -> bool:
@@ -121,24 +123,20 @@ def describe_exit(process) -> str:
 
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
-                 start_timeout_s: float = 60.0, while_starting: Callable[[], None] = lambda: None):
-        """
-        Args:
-            while_starting: called about every heartbeat while a child is being started, which
-                takes as long as importing the app: the other children must keep hearing from
-                their supervisor meanwhile, or they would take its silence for death and quit.
-        """
+                 start_timeout_s: float = 60.0):
         self.size = size
         self._args = (app, db_path, durability)
         self._heartbeat_s = heartbeat_s
         self._misses = misses
-        self._start_timeout_s = start_timeout_s
-        self._while_starting = while_starting
+        self.start_timeout_s = start_timeout_s
         self._me = psutil.Process(os.getpid())
         self.children: list[Child] = []
 
     def start(self) -> None:
-        """Start every child at once, then wait for each to report that it loaded the app."""
+        """Start every child at once, then wait for each to report that it loaded the app.
+
+        Only the first start waits: a replacement starts in the background (`replace`), since
+        loading an app can take seconds in which the other children must be heard and renewed."""
         launched = [self._launch() for _ in range(self.size)]
         try:
             for process, conn in launched:
@@ -148,9 +146,6 @@ class Pool:
                 process.kill()
                 process.join()
             raise
-
-    def _start_child(self) -> Child:
-        return self._await_ready(*self._launch())
 
     def _launch(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -170,28 +165,38 @@ class Pool:
         return ChildProcess(popen), Connection(ours.detach())
 
     def _await_ready(self, process, parent_conn) -> Child:
-        deadline = time.monotonic() + self._start_timeout_s
-        while not parent_conn.poll(max(0.0, min(self._heartbeat_s, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                process.kill()
-                process.join()
-                raise AppLoadFailed(f"a worker process did not start within {self._start_timeout_s:.0f} s")
-            self._while_starting()
+        if not parent_conn.poll(self.start_timeout_s):
+            process.kill()
+            process.join()
+            raise AppLoadFailed(f"a worker process did not start within {self.start_timeout_s:.0f} s")
         try:
-            tag, pid, error = parent_conn.recv()
+            message = parent_conn.recv()
         except EOFError:
             process.join(5)
             raise AppLoadFailed(f"a worker process died while starting: {describe_exit(process)}") from None
-        assert tag == READY
+        error = self.load_error(message)
         if error is not None:
             process.join(5)
-            raise AppLoadFailed(f"a worker process could not load the app {self._args[0]!r}:\n{error}")
+            raise AppLoadFailed(error)
         return Child(process, parent_conn, process.pid)
 
+    def load_error(self, message: tuple) -> Optional[str]:
+        """None if `message` is a child's report that it loaded the app, else what went wrong."""
+        if message[0] != READY:
+            return f"a worker process sent {message[0]!r} before reporting that it loaded the app"
+        if message[2] is not None:
+            return f"a worker process could not load the app {self._args[0]!r}:\n{message[2]}"
+        return None
+
     def replace(self, child: Child) -> Child:
-        """Kill `child` if it still runs, make sure it is gone, and start another in its place."""
+        """Kill `child` if it still runs, make sure it is gone, and start another in its place.
+
+        Returns at once: the new child is not `ready` until it reports that it loaded the app
+        (a message the dispatcher reads like any other) and takes no delivery before."""
         self.reap(child)
-        fresh = self._start_child()
+        process, conn = self._launch()
+        fresh = Child(process, conn, process.pid, ready=False,
+                      start_deadline=time.monotonic() + self.start_timeout_s)
         self.children[self.children.index(child)] = fresh
         return fresh
 
@@ -203,7 +208,7 @@ class Pool:
         child.conn.close()
 
     def idle(self) -> list[Child]:
-        return [c for c in self.children if not c.busy]
+        return [c for c in self.children if c.ready and not c.busy]
 
     def busy(self) -> list[Child]:
         return [c for c in self.children if c.busy]
