@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import pytest
+
 from supervisor import Completed, ExecutionLease, Failed, Retry, Suspended, open_backend
 from worker import run_delivery
 from worker.testing import FakeClock
@@ -158,3 +160,19 @@ def result_of(record) -> Any:
 
 def cli_command(db, *args: str) -> list[str]:
     return [sys.executable, "-m", "supervisor.cli", "--db", str(db), *args]
+
+
+# Fixtures, imported by the test modules that use them.
+
+@pytest.fixture
+def world(tmp_path):
+    """One ledger file for several holders, each with a backend of its own."""
+    opened = World(tmp_path / "ledger.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def ledger(world):
+    """The test's own backend: the current holder's, and the outside world's."""
+    return world.holder()

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 import worker.demo_shop  # noqa: F401  registers the shop's "order" workflow
+from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import LEASE_MS, ROOT, Interposed, World, cli_command, deliveries, result_of, step_rows, table
 from supervisor import Completed, InvalidArgument, LeaseLost, Suspended, open_backend
 from supervisor.sqlite.backend import wall_clock
@@ -45,18 +46,6 @@ def approval(ctx, input):
 def charge_by_token(ctx, input):
     """An external system that breaks its idempotency contract: each holder gets its own answer."""
     return ctx.effect("charge", lambda effect_id: {"charged_by_token": ctx.token})
-
-
-@pytest.fixture
-def world(tmp_path):
-    opened = World(tmp_path / "ledger.db")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def ledger(world):
-    return world.holder()
 
 
 def conflicts(world, effect_id: str) -> int:

@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
-import psutil
 import pytest
 
-from holders import (LEASE_MS, NEIGHBOURS_APP, Interposed, World, deliveries, result_of, step_rows,
+from faults import supervisors, wait_gone, wait_until  # noqa: F401  (supervisors is a fixture)
+from holders import world, ledger  # noqa: F401  (fixtures)
+from holders import (LEASE_MS, NEIGHBOURS_APP, Interposed, deliveries, result_of, step_rows,
                      table)
 from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Suspended, open_backend
 from worker import Registry, StepFailed, run_delivery
@@ -60,18 +58,6 @@ def decline(ctx, input):
 def nap(ctx, input):
     ctx.sleep("nap", 60)
     return "rested"
-
-
-@pytest.fixture
-def world(tmp_path):
-    opened = World(tmp_path / "ledger.db")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def ledger(world):
-    return world.holder()
 
 
 def execution_ids(backend) -> list[str]:
@@ -235,54 +221,9 @@ def test_a_stale_holder_requests_a_wake_at_most_one_extra_delivery_occurs_and_th
 
 # -- a child awaited by its parent across supervisor restarts -----------------------------------------
 
-class SupervisorProcesses:
-    """`yieldstar supervise tests/apps/neighbours_app.py` subprocesses, each in its own session
-    (so it can be signalled with its worker children), logging under `tmp_path`."""
-
-    def __init__(self, tmp_path, db):
-        self.tmp_path = tmp_path
-        self.db = db
-        self.started: list[subprocess.Popen] = []
-        self.pids: set[int] = set()
-
-    def start(self) -> subprocess.Popen:
-        log = open(self.tmp_path / f"supervisor-{len(self.started) + 1}.log", "wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.cli", "--db", str(self.db), "supervise", str(NEIGHBOURS_APP),
-             "--lease-ms", "1500", "--renew-ms", "300", "--heartbeat-ms", "200", "--poll-ms", "100",
-             "--concurrency", "2", "--grace-ms", "300"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp_path,
-            start_new_session=True)
-        log.close()
-        self.started.append(process)
-        return process
-
-    def tree(self, process: subprocess.Popen) -> set[int]:
-        try:
-            found = {process.pid} | {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            found = set()
-        self.pids |= found
-        return found
-
-    def logs(self) -> str:
-        return "\n".join(f"---- supervisor {i + 1} ----\n" + (self.tmp_path / f"supervisor-{i + 1}.log").read_text()
-                         for i in range(len(self.started)))
-
-    def cleanup(self) -> None:
-        for process in self.started:
-            self.tree(process)
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(10)
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait_until(lambda: all(gone(pid) for pid in self.pids), 10, "every supervisor process to be gone")
+def start_supervisor(supervisors, db):
+    return supervisors.start(db, app=str(NEIGHBOURS_APP), concurrency=2, lease_ms=1500, renew_ms=300,
+                             heartbeat_ms=200, poll_ms=100, grace_ms=300, ready=False)
 
 
 def read_log(log: str) -> list[tuple[str, str, int]]:
@@ -292,34 +233,6 @@ def read_log(log: str) -> list[tuple[str, str, int]]:
     with open(log) as f:
         return [(event, execution_id, int(token))
                 for event, execution_id, token, _ in (line.split() for line in f if line.endswith("\n"))]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_until(condition, timeout: float, what: str, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-@pytest.fixture
-def supervisors(tmp_path):
-    started = SupervisorProcesses(tmp_path, tmp_path / "ledger.db")
-    try:
-        yield started
-    finally:
-        print(started.logs())  # shown only when the test failed
-        started.cleanup()
 
 
 @pytest.mark.timeout(90)
@@ -334,30 +247,30 @@ def test_a_child_awaited_by_its_parent_across_supervisor_restarts(tmp_path, supe
     with open_backend(db) as ledger:
         ledger.executions.admit("p1", "nb.parent", json.dumps({"child": child_input}))
 
-        first = supervisors.start()
+        first = start_supervisor(supervisors, db)
         # The parent started its child and waits for it; the child blocks in a step.
         wait_until(lambda: ("waiting", "p1/child", 1) in read_log(log), 30,
-                   "the child to block on its marker")
-        wait_until(lambda: ledger.executions.get("p1").status == "suspended", 10, "the parent to suspend")
+                   message="the child to block on its marker")
+        wait_until(lambda: ledger.executions.get("p1").status == "suspended", 10, message="the parent to suspend")
 
-        pids = supervisors.tree(first)
+        pids = [first.pid, *(p.pid for p in first.tree())]
         if stop == "SIGTERM":
-            first.send_signal(signal.SIGTERM)
+            first.signal(signal.SIGTERM)
             assert first.wait(20) == 0
         else:
-            os.killpg(first.pid, signal.SIGKILL)
+            first.signal_group(signal.SIGKILL)
             first.wait(10)
-        wait_until(lambda: all(gone(pid) for pid in pids), 10, "the first supervisor and its workers to be gone")
+        wait_gone(pids)
         assert ledger.executions.get("p1").status == "suspended"
         assert ledger.executions.get("p1/child").status in ("admitted", "running")
 
-        second = supervisors.start()
+        second = start_supervisor(supervisors, db)
         # The new supervisor delivers the child again (a higher token), and it blocks again.
         wait_until(lambda: ("waiting", "p1/child", 2) in read_log(log), 30,
-                   "the child to be delivered again")
+                   message="the child to be delivered again")
         marker.touch()
         record = wait_until(lambda: (r := ledger.executions.get("p1")).status == "completed" and r, 30,
-                            "the parent to complete")
+                            message="the parent to complete")
 
         expected = ({"failed": {"type": "CardDeclined", "message": decline}} if decline
                     else {"result": {"packed": 42}})
@@ -368,5 +281,5 @@ def test_a_child_awaited_by_its_parent_across_supervisor_restarts(tmp_path, supe
         # The parent ran its start once: every later delivery replayed the recorded target.
         assert [key for key, *_ in step_rows(db, "p1")] == ["child", "wait:p1/child"]
 
-        second.send_signal(signal.SIGTERM)
+        second.signal(signal.SIGTERM)
         assert second.wait(20) == 0

@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import LEASE_MS, Interposed, World, cli_command, deliveries, result_of, step_rows, table
 from supervisor import Completed, LeaseLost, Suspended, UnknownExecution, open_backend
 from supervisor.sqlite.backend import wall_clock
@@ -78,21 +79,6 @@ def take_then_rest(ctx, input):
     item = ctx.store("mail").take("take", input["match"])
     ctx.sleep("rest", 60)
     return item
-
-
-# -- fixtures ---------------------------------------------------------------------------------
-
-@pytest.fixture
-def world(tmp_path):
-    opened = World(tmp_path / "ledger.db")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def ledger(world):
-    """The test's own backend: the current holder's, and the outside world's."""
-    return world.holder()
 
 
 def store_state(backend, name: str):

@@ -9,7 +9,7 @@ pure and quick.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable
 
 from supervisor.arguments import to_json
 from supervisor.errors import InvalidArgument
