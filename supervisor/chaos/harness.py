@@ -708,7 +708,7 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         db_path: the ledger; `<folder>/ledger.db` when None. It must hold no executions yet.
         out: where lines of output go; `tty` makes the progress line update in place.
     """
-    from .report import build_report
+    from .report import build_report, source_of
 
     folder = os.path.abspath(folder or tempfile.mkdtemp(prefix=f"yieldstar-chaos-{config.seed}-"))
     os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
@@ -760,4 +760,4 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         "anomalies": run.anomalies,
     }
     return build_report(config, result, harness=harness, timings=timings, folder=folder, db_path=db_path,
-                        began=began, ended=time.time())
+                        began=began, ended=time.time(), source=source_of(ROOT))

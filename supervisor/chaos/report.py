@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from typing import Optional
 
@@ -36,8 +37,23 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
+def source_of(root: str) -> dict:
+    """Which code ran: the folder, and its git commit (and whether files differ from it) if any."""
+    found: dict = {"root": root}
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if commit.returncode == 0:
+            found["commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)
+            found["uncommitted_changes"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return found
+
+
 def build_report(config, result, *, harness: dict, timings: dict, folder: str, db_path: str, began: float,
-                 ended: float) -> dict:
+                 ended: float, source: Optional[dict] = None) -> dict:
     """The whole report of one run, as a JSON-ready dict."""
     return {
         "yieldstar_chaos_report": 1,
@@ -47,6 +63,7 @@ def build_report(config, result, *, harness: dict, timings: dict, folder: str, d
         "ended": _iso(ended),
         "timings": timings,
         "host": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "source": source,
         "work_folder": folder,
         "ledger": db_path,
         "check": result.as_dict(),
@@ -82,6 +99,10 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"  {config['supervisors']} supervisors x {config['concurrency']} workers, lease"
                      f" {config['lease_ms']} ms, renew {config['renew_ms']} ms, heartbeat {config['heartbeat_ms']} ms")
         lines.append(f"  work folder {report.get('work_folder')}")
+        src = report.get("source") or {}
+        if src.get("commit"):
+            lines.append(f"  code {src['root']} at {src['commit'][:12]}"
+                         + (" with uncommitted changes" if src.get("uncommitted_changes") else ""))
     e = check.get("executions", {})
     lines.append(f"executions  {e.get('admitted', 0)} ({e.get('admitted_by_harness', 0)} admitted +"
                  f" {e.get('started_by_workflows', 0)} started by workflows): {e.get('completed', 0)} completed,"
