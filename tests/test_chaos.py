@@ -18,8 +18,9 @@ import pytest
 
 from supervisor import Completed, open_backend
 from supervisor.chaos import ChaosConfig, FaultKind, check, parse_kinds, run_chaos, summary_lines
+from supervisor.chaos.checker import main as checker_main
 from supervisor.chaos.faults import FaultPlan
-from supervisor.chaos.harness import plan_workload
+from supervisor.chaos.workload import plan_workload
 from worker.chaos_app import COUNTER, STEP_LOG, digest, external_shard
 
 LEASE = 1500
@@ -110,6 +111,15 @@ def test_a_sound_ledger_passes(ledger):
     assert "PASS" in summary_lines({"check": result.as_dict()})[-1]
 
 
+def test_the_checker_runs_on_its_own(ledger, capsys):
+    sound_history(ledger)
+    assert checker_main([ledger.path, "--folder", ledger.folder]) == 0
+    assert "RESULT: PASS" in capsys.readouterr().out
+    ledger.sql("UPDATE lease_history SET ended_by = 'acknowledged', outcome = 'completed' WHERE token = 1")
+    assert checker_main([ledger.path, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["violations_by_kind"] == {"stale_acknowledgement": 1}
+
+
 def test_overlapping_leases_are_caught(ledger):
     sound_history(ledger)
     # Token 2 claimed while token 1's lease was still live: two holders at once.
@@ -155,7 +165,7 @@ def test_a_duplicated_effect_is_caught(ledger):
 
 def test_a_step_record_written_by_a_stale_holder_is_caught(ledger):
     ledger.admit("e1", [["run", "a", 0]])
-    first = ledger.claim()
+    assert ledger.claim().token == 1
     ledger.clock.advance(LEASE + 5_000)
     second = ledger.claim()
     # Token 2 found no record of step a and ran it...

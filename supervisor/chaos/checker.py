@@ -41,17 +41,17 @@ Invariants and how each is read (the kind names appear in `violations`):
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
 import sqlite3
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-from worker.chaos_app import COUNTER, EXTERNAL, MAILBOX, STEP_LOG, digest
+from worker.chaos_app import COUNTER, MAILBOX, digest
+
+from .evidence import count_refusals, read_external, read_faults, read_step_log
 
 TERMINAL = ("completed", "failed")
 CHAOS_WORKFLOW = "chaos.mixed"
@@ -107,83 +107,6 @@ class CheckResult:
             "violations": [v.as_dict() for v in self.violations],
             **self.figures,
         }
-
-
-# -- reading the evidence ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LogLine:
-    event: str
-    execution_id: str
-    token: int
-    pid: int
-    key: str
-    time_ns: int
-    extra: str
-
-
-def read_step_log(folder: str) -> Iterator[LogLine]:
-    path = os.path.join(folder, STEP_LOG)
-    if not os.path.exists(path):
-        return
-    with open(path, errors="replace") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                continue  # a line cut short by a kill is not evidence of anything
-            fields = line.split()
-            if len(fields) < 6:
-                continue
-            yield LogLine(fields[0], fields[1], int(fields[2]), int(fields[3]), fields[4], int(fields[5]),
-                          fields[6] if len(fields) > 6 else "")
-
-
-def read_external(folder: str) -> tuple[dict, Counter]:
-    """The external system's log: {effect id: [(receipt, pid, token), ...]} and repeats per id."""
-    executed: dict[str, list] = defaultdict(list)
-    repeats: Counter = Counter()
-    for path in sorted(glob.glob(os.path.join(folder, EXTERNAL, "*.log"))):
-        with open(path, errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if not line.endswith("\n") or not fields:
-                    continue
-                if fields[0] == "execute":
-                    executed[fields[1]].append((fields[2], int(fields[3]), int(fields[4])))
-                elif fields[0] == "repeat":
-                    repeats[fields[1]] += 1
-    return executed, repeats
-
-
-def count_refusals(folder: str) -> dict:
-    """Stale operations the runtime refused, as the supervisors and their workers logged them."""
-    counts = Counter()
-    for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
-        with open(path, errors="replace") as f:
-            for line in f:
-                if "refused" in line:
-                    counts["worker_writes_refused"] += 1
-                if "outcome=lost" in line:
-                    counts["deliveries_given_up"] += 1
-                if "renewal found the lease lost" in line:
-                    counts["renewals_lost"] += 1
-                if line.startswith("Traceback"):
-                    counts["tracebacks"] += 1
-    counts["total"] = counts["worker_writes_refused"] + counts["deliveries_given_up"] + counts["renewals_lost"]
-    return dict(counts)
-
-
-def read_faults(folder: str) -> dict:
-    by_kind: Counter = Counter()
-    in_step = 0
-    path = os.path.join(folder, "faults.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    fault = json.loads(line)
-                    by_kind[fault["kind"]] += 1
-                    in_step += bool(fault.get("step"))
-    return {"total": sum(by_kind.values()), "inside_a_step": in_step, "by_kind": dict(sorted(by_kind.items()))}
 
 
 def _connect(db_path: str) -> sqlite3.Connection:
@@ -582,8 +505,8 @@ def check(db_path: str, folder: Optional[str] = None, *,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m supervisor.chaos.checker LEDGER [--folder DIR] [--json]`: exit 0 iff it holds."""
-    parser = argparse.ArgumentParser(prog="python -m supervisor.chaos.checker", description=__doc__.split("\n")[0])
+    """`python -m supervisor.chaos LEDGER [--folder DIR] [--json]`: exit 0 iff it holds."""
+    parser = argparse.ArgumentParser(prog="python -m supervisor.chaos", description=__doc__.split("\n")[0])
     parser.add_argument("db", help="the ledger file")
     parser.add_argument("--folder", help="the chaos run's work folder (step log, external system, logs)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -595,7 +518,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         print("\n".join(summary_lines({"check": result.as_dict()})))
     return 0 if result.ok else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -37,28 +37,24 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 import psutil
 
 from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
 
-from ..errors import InvalidArgument, StorageBusy, YieldstarError
+from ..errors import InvalidArgument, YieldstarError
 from ..sqlite.backend import open_backend
 from . import faults
 from .checker import check
 from .faults import ALL_KINDS, Fault, FaultKind, FaultPlan
+from .fleet import FROZEN, ROOT, RUNNING, TICK_S, Fleet, SupervisorHandle
+from .workload import Admitter, plan_workload
 
-APP = "worker.chaos_app"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TICK_S = 0.05
 ADMIT_SHARE = 0.85  # the workload is admitted over this share of the fault phase
 IN_STEP_PATIENCE_S = 2.0  # how long a fault waits for a target inside a step before taking any
 GIVE_UP_S = 10.0  # how long a fault waits for any target at all before it is skipped
-ORPHAN_GRACE_S = 5.0  # a dead supervisor's workers must be gone by then
-STOP_PATIENCE_S = 15.0  # beyond the grace period, for a supervisor to stop after SIGTERM
-LENIENT_MISSES = 100  # heartbeat misses a lenient supervisor and its workers tolerate
 
 
 class ChaosInterrupted(YieldstarError):
@@ -81,7 +77,7 @@ class ChaosConfig:
     drain_timeout_s: float = 300.0
     grace_ms: int = 5000
     poll_ms: int = 100
-    lenient_supervisors: Optional[int] = None  # run with LENIENT_MISSES (see Fleet); None: 1 if supervisors > 1
+    lenient_supervisors: Optional[int] = None  # run with fleet.LENIENT_MISSES; None: 1 if > 1 supervisor
 
     def __post_init__(self) -> None:
         for name in ("supervisors", "concurrency", "executions", "lease_ms", "renew_ms", "heartbeat_ms", "poll_ms"):
@@ -108,95 +104,6 @@ class ChaosConfig:
         d = asdict(self)
         d["faults"] = [k.value for k in self.faults]
         return d
-
-
-# -- the workload --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Admission:
-    execution_id: str
-    input: dict
-    at_s: float  # seconds into the fault phase
-
-
-def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
-    key = f"k{n}"
-    choices = ["run", "slow", "retry", "sleep", "effect", "inc"] + ([] if nested else ["child"])
-    weights = [30, 9, 12, 12, 15, 12] + ([] if nested else [6])
-    kind = rng.choices(choices, weights)[0]
-    if kind == "run":
-        return ["run", key, round(rng.uniform(0, 0.03), 3)]
-    if kind == "slow":  # one in five outlasts a lease, so only renewals keep it
-        seconds = rng.uniform(1.1, 1.8) * lease_s if rng.random() < 0.2 else rng.uniform(0.2, 0.8)
-        return ["run", key, round(seconds, 3)]
-    if kind == "retry":
-        return ["retry", key, round(rng.uniform(0, 0.05), 3), 0.4, 3, round(rng.uniform(0.1, 0.5), 3)]
-    if kind == "sleep":
-        return ["sleep", key, round(rng.uniform(0.1, 2.0), 3)]
-    if kind == "effect":
-        return ["effect", key, round(rng.uniform(0, 0.1), 3), round(rng.uniform(0.02, 0.4), 3)]
-    if kind == "inc":
-        return ["inc", key]
-    return ["child", key, [_op(rng, i, lease_s, nested=True) for i in range(1, rng.randint(1, 3) + 1)]]
-
-
-def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, lease_s: float) -> list[Admission]:
-    """`count` executions of `chaos.mixed`, admitted over `window_s` seconds. About one in eight
-    is half of a mailbox pair: a producer that puts an item and a consumer that takes it, admitted
-    close together in either order (a consumer that comes first waits for the item). The put
-    comes first in its plan: a producer whose retries run out later must not leave its consumer
-    waiting for good."""
-    admissions = []
-    pair = 0
-    i = 0
-    while i < count:
-        at = window_s * i / count
-        plan = [_op(rng, n, lease_s, nested=False) for n in range(1, rng.randint(2, 5) + 1)]
-        if i + 1 < count and rng.random() < 0.12:
-            pair += 1
-            other = [_op(rng, n, lease_s, nested=False) for n in range(1, rng.randint(1, 3) + 1)]
-            put = [["put", "kp", pair]] + plan
-            take = other[: rng.randint(0, len(other))] + [["take", "kt", pair]]
-            first, second = (put, take) if rng.random() < 0.7 else (take, put)
-            for j, p in ((i, first), (i + 1, second)):
-                admissions.append(Admission(f"c{j:06d}", {"dir": folder, "plan": p}, at + rng.uniform(0, 0.5)))
-            i += 2
-            continue
-        fail = rng.random() < 0.03
-        admissions.append(Admission(f"c{i:06d}", {"dir": folder, "plan": plan, "fail": fail}, at))
-        i += 1
-    admissions.sort(key=lambda a: a.at_s)
-    return admissions
-
-
-class Admitter(threading.Thread):
-    """Admits the workload on schedule, on its own connection: a held write lock stalls it, not
-    the fault loop."""
-
-    def __init__(self, db_path: str, admissions: list[Admission], started: float):
-        super().__init__(name="admitter", daemon=True)
-        self.db_path = db_path
-        self.admissions = admissions
-        self.started = started
-        self.admitted = 0
-        self.stop = threading.Event()
-        self.error: Optional[BaseException] = None
-
-    def run(self) -> None:
-        try:
-            with open_backend(self.db_path) as backend:
-                for a in self.admissions:
-                    if self.stop.wait(max(0.0, self.started + a.at_s - time.monotonic())):
-                        return
-                    while True:
-                        try:
-                            backend.executions.admit(a.execution_id, "chaos.mixed", json.dumps(a.input))
-                            break
-                        except StorageBusy:
-                            continue
-                    self.admitted += 1
-        except BaseException as exc:  # reported by the harness; the run then fails
-            self.error = exc
 
 
 # -- who is inside a step right now --------------------------------------------------------------
@@ -256,186 +163,6 @@ class StepWatcher:
         except psutil.Error:
             return None
         return step
-
-
-# -- the supervisors -----------------------------------------------------------------------------
-
-RUNNING, FROZEN, STOPPING, KILLED, EXITED = "running", "frozen", "stopping", "killed", "exited"
-
-
-@dataclass
-class SupervisorHandle:
-    number: int
-    popen: subprocess.Popen
-    log_path: str
-    process: psutil.Process
-    lenient: bool = False
-    state: str = RUNNING
-    stop_deadline: Optional[float] = None
-    listed_at: float = 0.0  # when its workers were last listed
-    workers_seen: dict = field(default_factory=dict)  # pid -> psutil.Process, every worker ever listed
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def workers(self) -> list[psutil.Process]:
-        try:
-            children = self.process.children()
-        except psutil.Error:
-            return []
-        found = []
-        for child in children:
-            try:
-                if "worker.child" in " ".join(child.cmdline()) and faults.alive(child):
-                    found.append(child)
-                    self.workers_seen.setdefault(child.pid, child)
-            except psutil.Error:
-                continue
-        return found
-
-    def log_tail(self, lines: int = 3) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return " | ".join(line.strip() for line in f.readlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class Fleet:
-    """The supervisors of one run: started, replaced, signalled, reaped, and stopped.
-
-    `lenient_supervisors` of them run with `--heartbeat-misses 100`: their workers keep going
-    through a freeze of their whole group, so after SIGCONT they carry on writing with a token
-    that was superseded meanwhile, and only the ledger's fence stops them (RFC 002's frozen
-    worker). The others run with the default 3 misses, so their workers stop on their own first.
-    """
-
-    def __init__(self, config: ChaosConfig, db_path: str, folder: str, anomaly: Callable[[str, str], None]):
-        self.config = config
-        self.db_path = db_path
-        self.folder = folder
-        self.anomaly = anomaly
-        self.handles: list[SupervisorHandle] = []
-        self._orphan_checks: list[tuple[float, SupervisorHandle]] = []
-        self.exits: dict[str, int] = {}
-
-    def start_one(self, *, lenient: Optional[bool] = None) -> SupervisorHandle:
-        """Start a supervisor; lenient if fewer than `lenient_supervisors` members are."""
-        c = self.config
-        if lenient is None:
-            lenient = sum(1 for h in self.members() if h.lenient) < c.lenient_supervisors
-        number = len(self.handles) + 1
-        log_path = os.path.join(self.folder, "logs", f"supervisor-{number:03d}.log")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.cli", "--db", self.db_path, "supervise", APP,
-                 "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms), "--renew-ms", str(c.renew_ms),
-                 "--heartbeat-ms", str(c.heartbeat_ms), "--poll-ms", str(c.poll_ms), "--grace-ms", str(c.grace_ms),
-                 "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
-                start_new_session=True)  # its own process group: it can be frozen with its workers
-        handle = SupervisorHandle(number, popen, log_path, psutil.Process(popen.pid), lenient=lenient)
-        self.handles.append(handle)
-        return handle
-
-    def members(self) -> list[SupervisorHandle]:
-        """Supervisors that are, or will be again, supervising: running or frozen."""
-        return [h for h in self.handles if h.state in (RUNNING, FROZEN)]
-
-    def running(self) -> list[SupervisorHandle]:
-        return [h for h in self.handles if h.state == RUNNING]
-
-    def ensure(self, count: int) -> None:
-        while len(self.members()) < count:
-            self.start_one()
-
-    def kill(self, handle: SupervisorHandle) -> None:
-        handle.workers()
-        faults.kill(handle.process)
-        handle.state = KILLED
-
-    def terminate(self, handle: SupervisorHandle) -> None:
-        handle.workers()
-        faults.send(handle.process, signal.SIGTERM)
-        handle.state = STOPPING
-        handle.stop_deadline = time.monotonic() + self.config.grace_ms / 1000 + STOP_PATIENCE_S
-
-    def reap(self) -> None:
-        """Notice supervisors that ended, judge how, and check that their workers went with them."""
-        now = time.monotonic()
-        for h in self.handles:
-            if h.state == EXITED:
-                continue
-            if h.state == RUNNING and now - h.listed_at > 1.0:
-                h.workers()  # remember the workers, for the orphan check if it dies
-                h.listed_at = now
-            code = h.popen.poll()
-            if code is None:
-                if h.state == STOPPING and now > h.stop_deadline:
-                    self.anomaly("supervisor_hung", f"supervisor {h.number} (pid {h.pid}) did not stop within"
-                                 f" {self.config.grace_ms / 1000 + STOP_PATIENCE_S:.0f} s of SIGTERM;"
-                                 f" killed. Log: {h.log_tail()}")
-                    faults.signal_group(h.pid, signal.SIGKILL)
-                    h.state = KILLED
-                continue
-            if h.state == STOPPING and code != 0:
-                self.anomaly("supervisor_exit", f"supervisor {h.number} (pid {h.pid}) exited with code {code}"
-                             f" after SIGTERM. Log: {h.log_tail()}")
-            elif h.state in (RUNNING, FROZEN):
-                self.anomaly("supervisor_crashed", f"supervisor {h.number} (pid {h.pid}) exited by itself with"
-                             f" code {code}. Log: {h.log_tail()}")
-            how = {KILLED: "killed", STOPPING: "stopped"}.get(h.state, "crashed")
-            self.exits[how] = self.exits.get(how, 0) + 1
-            h.state = EXITED
-            self._orphan_checks.append((now + ORPHAN_GRACE_S, h))
-        due = [(t, h) for t, h in self._orphan_checks if t <= now]
-        self._orphan_checks = [(t, h) for t, h in self._orphan_checks if t > now]
-        for _, h in due:
-            self._check_orphans(h)
-
-    def _check_orphans(self, h: SupervisorHandle) -> None:
-        left = [p for p in h.workers_seen.values() if faults.alive(p)]
-        for p in left:
-            self.anomaly("orphan_survived", f"worker pid {p.pid} of supervisor {h.number} still runs"
-                         f" {ORPHAN_GRACE_S:.0f} s after its supervisor ended; killed")
-            faults.kill(p)
-
-    def stop_all(self) -> None:
-        """SIGTERM every supervisor, wait for each (a frozen one is thawed first), then check
-        that every worker is gone."""
-        for h in self.handles:
-            if h.state == FROZEN:
-                faults.signal_group(h.pid, signal.SIGCONT)
-                h.state = RUNNING
-            if h.state == RUNNING:
-                self.terminate(h)
-        deadline = time.monotonic() + self.config.grace_ms / 1000 + STOP_PATIENCE_S + 1
-        while any(h.state not in (EXITED,) and h.popen.poll() is None for h in self.handles):
-            if time.monotonic() > deadline:
-                break
-            self.reap()
-            time.sleep(TICK_S)
-        self.reap()
-        for _, h in self._orphan_checks:
-            wait_until = time.monotonic() + ORPHAN_GRACE_S
-            while any(faults.alive(p) for p in h.workers_seen.values()) and time.monotonic() < wait_until:
-                time.sleep(TICK_S)
-            self._check_orphans(h)
-        self._orphan_checks = []
-
-    def kill_all(self) -> None:
-        """Last resort (an interrupted run): nothing of the fleet survives."""
-        for h in self.handles:
-            faults.signal_group(h.pid, signal.SIGCONT)
-            faults.signal_group(h.pid, signal.SIGKILL)
-            for p in h.workers_seen.values():
-                faults.kill(p)
-            try:
-                h.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 # -- the run -------------------------------------------------------------------------------------

@@ -1,0 +1,200 @@
+"""The supervisors of a chaos run: started in process groups of their own, replaced, signalled,
+reaped, and stopped, with every exit judged and every orphaned worker accounted for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import psutil
+
+from . import faults
+
+APP = "worker.chaos_app"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TICK_S = 0.05
+ORPHAN_GRACE_S = 5.0  # a dead supervisor's workers must be gone by then
+STOP_PATIENCE_S = 15.0  # beyond the grace period, for a supervisor to stop after SIGTERM
+LENIENT_MISSES = 100  # heartbeat misses a lenient supervisor and its workers tolerate
+
+RUNNING, FROZEN, STOPPING, KILLED, EXITED = "running", "frozen", "stopping", "killed", "exited"
+
+
+@dataclass
+class SupervisorHandle:
+    number: int
+    popen: subprocess.Popen
+    log_path: str
+    process: psutil.Process
+    lenient: bool = False
+    state: str = RUNNING
+    stop_deadline: Optional[float] = None
+    listed_at: float = 0.0  # when its workers were last listed
+    workers_seen: dict = field(default_factory=dict)  # pid -> psutil.Process, every worker ever listed
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def workers(self) -> list[psutil.Process]:
+        try:
+            children = self.process.children()
+        except psutil.Error:
+            return []
+        found = []
+        for child in children:
+            try:
+                if "worker.child" in " ".join(child.cmdline()) and faults.alive(child):
+                    found.append(child)
+                    self.workers_seen.setdefault(child.pid, child)
+            except psutil.Error:
+                continue
+        return found
+
+    def log_tail(self, lines: int = 3) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return " | ".join(line.strip() for line in f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Fleet:
+    """The supervisors of one run: started, replaced, signalled, reaped, and stopped.
+
+    `lenient_supervisors` of them run with `--heartbeat-misses 100`: their workers keep going
+    through a freeze of their whole group, so after SIGCONT they carry on writing with a token
+    that was superseded meanwhile, and only the ledger's fence stops them (RFC 002's frozen
+    worker). The others run with the default 3 misses, so their workers stop on their own first.
+    """
+
+    def __init__(self, config, db_path: str, folder: str, anomaly: Callable[[str, str], None]):
+        self.config = config
+        self.db_path = db_path
+        self.folder = folder
+        self.anomaly = anomaly
+        self.handles: list[SupervisorHandle] = []
+        self._orphan_checks: list[tuple[float, SupervisorHandle]] = []
+        self.exits: dict[str, int] = {}
+
+    def start_one(self, *, lenient: Optional[bool] = None) -> SupervisorHandle:
+        """Start a supervisor; lenient if fewer than `lenient_supervisors` members are."""
+        c = self.config
+        if lenient is None:
+            lenient = sum(1 for h in self.members() if h.lenient) < c.lenient_supervisors
+        number = len(self.handles) + 1
+        log_path = os.path.join(self.folder, "logs", f"supervisor-{number:03d}.log")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.cli", "--db", self.db_path, "supervise", APP,
+                 "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms), "--renew-ms", str(c.renew_ms),
+                 "--heartbeat-ms", str(c.heartbeat_ms), "--poll-ms", str(c.poll_ms), "--grace-ms", str(c.grace_ms),
+                 "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
+                start_new_session=True)  # its own process group: it can be frozen with its workers
+        handle = SupervisorHandle(number, popen, log_path, psutil.Process(popen.pid), lenient=lenient)
+        self.handles.append(handle)
+        return handle
+
+    def members(self) -> list[SupervisorHandle]:
+        """Supervisors that are, or will be again, supervising: running or frozen."""
+        return [h for h in self.handles if h.state in (RUNNING, FROZEN)]
+
+    def running(self) -> list[SupervisorHandle]:
+        return [h for h in self.handles if h.state == RUNNING]
+
+    def ensure(self, count: int) -> None:
+        while len(self.members()) < count:
+            self.start_one()
+
+    def kill(self, handle: SupervisorHandle) -> None:
+        handle.workers()
+        faults.kill(handle.process)
+        handle.state = KILLED
+
+    def terminate(self, handle: SupervisorHandle) -> None:
+        handle.workers()
+        faults.send(handle.process, signal.SIGTERM)
+        handle.state = STOPPING
+        handle.stop_deadline = time.monotonic() + self.config.grace_ms / 1000 + STOP_PATIENCE_S
+
+    def reap(self) -> None:
+        """Notice supervisors that ended, judge how, and check that their workers went with them."""
+        now = time.monotonic()
+        for h in self.handles:
+            if h.state == EXITED:
+                continue
+            if h.state == RUNNING and now - h.listed_at > 1.0:
+                h.workers()  # remember the workers, for the orphan check if it dies
+                h.listed_at = now
+            code = h.popen.poll()
+            if code is None:
+                if h.state == STOPPING and now > h.stop_deadline:
+                    self.anomaly("supervisor_hung", f"supervisor {h.number} (pid {h.pid}) did not stop within"
+                                 f" {self.config.grace_ms / 1000 + STOP_PATIENCE_S:.0f} s of SIGTERM;"
+                                 f" killed. Log: {h.log_tail()}")
+                    faults.signal_group(h.pid, signal.SIGKILL)
+                    h.state = KILLED
+                continue
+            if h.state == STOPPING and code != 0:
+                self.anomaly("supervisor_exit", f"supervisor {h.number} (pid {h.pid}) exited with code {code}"
+                             f" after SIGTERM. Log: {h.log_tail()}")
+            elif h.state in (RUNNING, FROZEN):
+                self.anomaly("supervisor_crashed", f"supervisor {h.number} (pid {h.pid}) exited by itself with"
+                             f" code {code}. Log: {h.log_tail()}")
+            how = {KILLED: "killed", STOPPING: "stopped"}.get(h.state, "crashed")
+            self.exits[how] = self.exits.get(how, 0) + 1
+            h.state = EXITED
+            self._orphan_checks.append((now + ORPHAN_GRACE_S, h))
+        due = [(t, h) for t, h in self._orphan_checks if t <= now]
+        self._orphan_checks = [(t, h) for t, h in self._orphan_checks if t > now]
+        for _, h in due:
+            self._check_orphans(h)
+
+    def _check_orphans(self, h: SupervisorHandle) -> None:
+        left = [p for p in h.workers_seen.values() if faults.alive(p)]
+        for p in left:
+            self.anomaly("orphan_survived", f"worker pid {p.pid} of supervisor {h.number} still runs"
+                         f" {ORPHAN_GRACE_S:.0f} s after its supervisor ended; killed")
+            faults.kill(p)
+
+    def stop_all(self) -> None:
+        """SIGTERM every supervisor, wait for each (a frozen one is thawed first), then check
+        that every worker is gone."""
+        for h in self.handles:
+            if h.state == FROZEN:
+                faults.signal_group(h.pid, signal.SIGCONT)
+                h.state = RUNNING
+            if h.state == RUNNING:
+                self.terminate(h)
+        deadline = time.monotonic() + self.config.grace_ms / 1000 + STOP_PATIENCE_S + 1
+        while any(h.state not in (EXITED,) and h.popen.poll() is None for h in self.handles):
+            if time.monotonic() > deadline:
+                break
+            self.reap()
+            time.sleep(TICK_S)
+        self.reap()
+        for _, h in self._orphan_checks:
+            wait_until = time.monotonic() + ORPHAN_GRACE_S
+            while any(faults.alive(p) for p in h.workers_seen.values()) and time.monotonic() < wait_until:
+                time.sleep(TICK_S)
+            self._check_orphans(h)
+        self._orphan_checks = []
+
+    def kill_all(self) -> None:
+        """Last resort (an interrupted run): nothing of the fleet survives."""
+        for h in self.handles:
+            faults.signal_group(h.pid, signal.SIGCONT)
+            faults.signal_group(h.pid, signal.SIGKILL)
+            for p in h.workers_seen.values():
+                faults.kill(p)
+            try:
+                h.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass

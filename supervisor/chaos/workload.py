@@ -1,0 +1,104 @@
+"""The workload of a chaos run: seeded plans for `chaos.mixed`, and the thread that admits them.
+
+Plans are data (see `worker.chaos_app`): a list of operations with their keys and timings, drawn
+from the run's `random.Random(seed)`, so the same seed gives the same executions, admitted at the
+same moments of the fault phase.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import StorageBusy
+from ..sqlite.backend import open_backend
+
+@dataclass(frozen=True)
+class Admission:
+    execution_id: str
+    input: dict
+    at_s: float  # seconds into the fault phase
+
+
+def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
+    key = f"k{n}"
+    choices = ["run", "slow", "retry", "sleep", "effect", "inc"] + ([] if nested else ["child"])
+    weights = [30, 9, 12, 12, 15, 12] + ([] if nested else [6])
+    kind = rng.choices(choices, weights)[0]
+    if kind == "run":
+        return ["run", key, round(rng.uniform(0, 0.03), 3)]
+    if kind == "slow":  # one in five outlasts a lease, so only renewals keep it
+        seconds = rng.uniform(1.1, 1.8) * lease_s if rng.random() < 0.2 else rng.uniform(0.2, 0.8)
+        return ["run", key, round(seconds, 3)]
+    if kind == "retry":
+        return ["retry", key, round(rng.uniform(0, 0.05), 3), 0.4, 3, round(rng.uniform(0.1, 0.5), 3)]
+    if kind == "sleep":
+        return ["sleep", key, round(rng.uniform(0.1, 2.0), 3)]
+    if kind == "effect":
+        return ["effect", key, round(rng.uniform(0, 0.1), 3), round(rng.uniform(0.02, 0.4), 3)]
+    if kind == "inc":
+        return ["inc", key]
+    return ["child", key, [_op(rng, i, lease_s, nested=True) for i in range(1, rng.randint(1, 3) + 1)]]
+
+
+def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, lease_s: float) -> list[Admission]:
+    """`count` executions of `chaos.mixed`, admitted over `window_s` seconds. About one in eight
+    is half of a mailbox pair: a producer that puts an item and a consumer that takes it, admitted
+    close together in either order (a consumer that comes first waits for the item). The put
+    comes first in its plan: a producer whose retries run out later must not leave its consumer
+    waiting for good."""
+    admissions = []
+    pair = 0
+    i = 0
+    while i < count:
+        at = window_s * i / count
+        plan = [_op(rng, n, lease_s, nested=False) for n in range(1, rng.randint(2, 5) + 1)]
+        if i + 1 < count and rng.random() < 0.12:
+            pair += 1
+            other = [_op(rng, n, lease_s, nested=False) for n in range(1, rng.randint(1, 3) + 1)]
+            put = [["put", "kp", pair]] + plan
+            take = other[: rng.randint(0, len(other))] + [["take", "kt", pair]]
+            first, second = (put, take) if rng.random() < 0.7 else (take, put)
+            for j, p in ((i, first), (i + 1, second)):
+                admissions.append(Admission(f"c{j:06d}", {"dir": folder, "plan": p}, at + rng.uniform(0, 0.5)))
+            i += 2
+            continue
+        fail = rng.random() < 0.03
+        admissions.append(Admission(f"c{i:06d}", {"dir": folder, "plan": plan, "fail": fail}, at))
+        i += 1
+    admissions.sort(key=lambda a: a.at_s)
+    return admissions
+
+
+class Admitter(threading.Thread):
+    """Admits the workload on schedule, on its own connection: a held write lock stalls it, not
+    the fault loop."""
+
+    def __init__(self, db_path: str, admissions: list[Admission], started: float):
+        super().__init__(name="admitter", daemon=True)
+        self.db_path = db_path
+        self.admissions = admissions
+        self.started = started
+        self.admitted = 0
+        self.stop = threading.Event()
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            with open_backend(self.db_path) as backend:
+                for a in self.admissions:
+                    if self.stop.wait(max(0.0, self.started + a.at_s - time.monotonic())):
+                        return
+                    while True:
+                        try:
+                            backend.executions.admit(a.execution_id, "chaos.mixed", json.dumps(a.input))
+                            break
+                        except StorageBusy:
+                            continue
+                    self.admitted += 1
+        except BaseException as exc:  # reported by the harness; the run then fails
+            self.error = exc
