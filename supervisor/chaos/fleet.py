@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TICK_S = 0.05
 ORPHAN_GRACE_S = 5.0  # a dead supervisor's workers must be gone by then
 STOP_PATIENCE_S = 15.0  # beyond the grace period, for a supervisor to stop after SIGTERM
+STARTUP_PATIENCE_S = 30.0  # for a supervisor to start up before it is stopped
 LENIENT_MISSES = 100  # heartbeat misses a lenient supervisor and its workers tolerate
 
 RUNNING, FROZEN, STOPPING, KILLED, EXITED = "running", "frozen", "stopping", "killed", "exited"
@@ -35,6 +36,7 @@ class SupervisorHandle:
     state: str = RUNNING
     stop_deadline: Optional[float] = None
     listed_at: float = 0.0  # when its workers were last listed
+    ready: bool = False  # it logged that it is supervising
     workers_seen: dict = field(default_factory=dict)  # pid -> psutil.Process, every worker ever listed
 
     @property
@@ -55,6 +57,17 @@ class SupervisorHandle:
             except psutil.Error:
                 continue
         return found
+
+    def started_up(self) -> bool:
+        """True once it logged that it is supervising: from then on SIGTERM means a graceful stop
+        (before, the interpreter has not installed its handler and dies of the signal)."""
+        if not self.ready:
+            try:
+                with open(self.log_path, errors="replace") as f:
+                    self.ready = "supervising " in f.read(65536)
+            except OSError:
+                pass
+        return self.ready
 
     def log_tail(self, lines: int = 3) -> str:
         try:
@@ -172,6 +185,9 @@ class Fleet:
                 faults.signal_group(h.pid, signal.SIGCONT)
                 h.state = RUNNING
             if h.state == RUNNING:
+                started = time.monotonic() + STARTUP_PATIENCE_S
+                while not h.started_up() and h.popen.poll() is None and time.monotonic() < started:
+                    time.sleep(TICK_S)  # a supervisor started moments ago: let it install its handler
                 self.terminate(h)
         deadline = time.monotonic() + self.config.grace_ms / 1000 + STOP_PATIENCE_S + 1
         while any(h.state not in (EXITED,) and h.popen.poll() is None for h in self.handles):
