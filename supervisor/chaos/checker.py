@@ -51,7 +51,7 @@ from typing import Any, Optional
 
 from worker.chaos_app import COUNTER, MAILBOX, digest
 
-from .evidence import count_refusals, read_external, read_faults, read_step_log
+from .evidence import read_external, read_faults, read_refusals, read_step_log
 
 TERMINAL = ("completed", "failed")
 CHAOS_WORKFLOW = "chaos.mixed"
@@ -169,7 +169,7 @@ class Checker:
         self._check_stores()
         self._check_children()
         if self.folder is not None:
-            self.result.figures["stale_refused"] = count_refusals(self.folder)
+            self._count_refusals()
             self.result.figures["faults"] = read_faults(self.folder)
         return self.result
 
@@ -393,6 +393,22 @@ class Checker:
                                     " the step returned")
         runs["values_seen"] = seen_lines
         self.result.figures["steps"].update(dict(runs))
+
+    def _count_refusals(self) -> None:
+        """Refused operations by kind, and how many of them came after another holder took over
+        (the token's delivery was superseded); the rest raced their own holder's end (a renewal
+        just after its acknowledgement)."""
+        refusals, tracebacks = read_refusals(self.folder)
+        figures: dict = {kind: {"total": 0, "after_takeover": 0} for kind in ("worker_writes", "renewals",
+                                                                           "deliveries_lost")}
+        for kind, eid, token in refusals:
+            history = self.history.get(eid, [])
+            superseded = 1 <= token <= len(history) and history[token - 1][6] == "superseded"
+            figures[kind]["total"] += 1
+            figures[kind]["after_takeover"] += superseded
+        figures["total"] = sum(f["total"] for f in figures.values())
+        figures["tracebacks_in_logs"] = tracebacks
+        self.result.figures["stale_refused"] = figures
 
     # -- effects, stores, children -------------------------------------------------------------
 

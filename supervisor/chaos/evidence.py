@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterator
@@ -56,22 +57,31 @@ def read_external(folder: str) -> tuple[dict, Counter]:
     return executed, repeats
 
 
-def count_refusals(folder: str) -> dict:
-    """Stale operations the runtime refused, as the supervisors and their workers logged them."""
-    counts = Counter()
+REFUSALS = [
+    # what the log line says, how to find the execution and token in it
+    ("worker_writes", re.compile(r"execution (\S+) token (\d+): write of .* refused")),
+    ("renewals", re.compile(r"execution (\S+) token (\d+): renewal found the lease lost")),
+    ("deliveries_lost", re.compile(r"delivery execution=(\S+) token=(\d+) outcome=lost")),
+]
+
+
+def read_refusals(folder: str) -> tuple[list[tuple[str, str, int]], int]:
+    """Stale operations the runtime refused, as the supervisors and their workers logged them:
+    `(kind, execution, token)` for worker writes the fence refused, renewals that found the lease
+    lost, and deliveries that ended lost; and how many tracebacks the logs hold."""
+    found = []
+    tracebacks = 0
     for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
         with open(path, errors="replace") as f:
             for line in f:
-                if "refused" in line:
-                    counts["worker_writes_refused"] += 1
-                if "outcome=lost" in line:
-                    counts["deliveries_given_up"] += 1
-                if "renewal found the lease lost" in line:
-                    counts["renewals_lost"] += 1
                 if line.startswith("Traceback"):
-                    counts["tracebacks"] += 1
-    counts["total"] = counts["worker_writes_refused"] + counts["deliveries_given_up"] + counts["renewals_lost"]
-    return dict(counts)
+                    tracebacks += 1
+                    continue
+                for kind, pattern in REFUSALS:
+                    match = pattern.search(line)
+                    if match:
+                        found.append((kind, match.group(1), int(match.group(2))))
+    return found, tracebacks
 
 
 def read_faults(folder: str) -> dict:

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import textwrap
 import time
 from typing import Optional
 
@@ -31,6 +32,9 @@ INVARIANTS = [
     ("processes: no crash, orphan or hung stop", ("supervisor_crashed", "supervisor_exit", "supervisor_hung",
                                                   "orphan_survived")),
 ]
+
+
+WIDTH = 100  # of the summary's lines
 
 
 def _iso(t: float) -> str:
@@ -123,9 +127,10 @@ def summary_lines(report: dict) -> list[str]:
                  f" {s.get('returned', 0)} returned, {s.get('retryable_errors', 0)} retryable errors,"
                  f" {s.get('values_seen', 0)} values checked")
     if r:
-        lines.append(f"stale       {r.get('total', 0)} stale operations refused: {r.get('worker_writes_refused', 0)}"
-                     f" worker writes, {r.get('renewals_lost', 0)} renewals; {r.get('deliveries_given_up', 0)}"
-                     " deliveries ended lost, unacknowledged")
+        w, n, d = r["worker_writes"], r["renewals"], r["deliveries_lost"]
+        lines.append(f"stale       refused: {w['total']} worker writes ({w['after_takeover']} after a takeover),"
+                     f" {n['total']} renewals ({n['after_takeover']} after a takeover, the rest just after their"
+                     f" own delivery ended); {d['total']} deliveries ended lost")
     ef = check.get("effects")
     if ef:
         lines.append(f"effects     {ef['effect_ids']} effect ids, {ef['settled']} settled;"
@@ -138,6 +143,7 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"stores      counter {c['value']} after {c['increments_receipted']} receipted increments"
                      + (f"; mailbox {st['mailbox']['put']} put, {st['mailbox']['taken']} taken,"
                         f" {st['mailbox']['left']} left" if st.get("mailbox") else ""))
+    lines = [wrapped for line in lines for wrapped in textwrap.wrap(line, WIDTH, subsequent_indent=" " * 12)]
     lines.append("invariants")
     by_kind = dict(check.get("violations_by_kind", {}))
     for label, kinds in INVARIANTS:
