@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -183,6 +184,7 @@ class Progress:
             return
         self._next = now + self.every
         if self.tty:
+            line = line[: shutil.get_terminal_size().columns - 1]  # a wrapped line cannot be redrawn
             sys.stdout.write("\r" + line.ljust(self._width))
             sys.stdout.flush()
             self._width = len(line)
@@ -196,9 +198,9 @@ class Progress:
             self._width = 0
 
 
-SHORT = {FaultKind.KILL_CHILD: "kill-child", FaultKind.FREEZE_CHILD: "stop-child",
-         FaultKind.KILL_SUPERVISOR: "kill-sup", FaultKind.FREEZE_SUPERVISOR: "stop-sup",
-         FaultKind.TERM_SUPERVISOR: "term-sup", FaultKind.HOLD_WRITE_LOCK: "lock"}
+# Fault kinds in the progress line, which must fit a terminal's width.
+SHORT = {FaultKind.KILL_CHILD: "kc", FaultKind.FREEZE_CHILD: "sc", FaultKind.KILL_SUPERVISOR: "ks",
+         FaultKind.FREEZE_SUPERVISOR: "ss", FaultKind.TERM_SUPERVISOR: "ts", FaultKind.HOLD_WRITE_LOCK: "lk"}
 
 
 class ChaosRun:
@@ -253,9 +255,9 @@ class ChaosRun:
         kinds = " ".join(f"{SHORT[k]} {self.by_kind[k.value]}" for k in self.config.faults)
         frozen = sum(1 for h in self.fleet.handles if h.state == FROZEN)
         self.progress.show(
-            f"[{self.phase} {time.monotonic() - self.started:5.0f}s] admitted {admitted}/{self.config.executions}"
-            f" (+{total - admitted} children)  completed {s.get('completed', 0)}  failed {s.get('failed', 0)}"
-            f"  faults {len(self.faults)}: {kinds}  supervisors {len(self.fleet.members())}"
+            f"[{self.phase} {time.monotonic() - self.started:4.0f}s] admitted {admitted}/{self.config.executions}"
+            f" +{total - admitted}  completed {s.get('completed', 0)}  failed {s.get('failed', 0)}"
+            f" | faults {len(self.faults)}: {kinds} | supervisors {len(self.fleet.members())}"
             + (f" ({frozen} frozen)" if frozen else ""), force=force)
 
     # -- faults ----------------------------------------------------------------------------------
