@@ -218,6 +218,7 @@ def test_the_same_seed_gives_the_same_workload_and_fault_plan(tmp_path):
 def test_fault_kinds_are_parsed_and_checked():
     assert parse_kinds(["kill_child,hold_write_lock"]) == (FaultKind.KILL_CHILD, FaultKind.HOLD_WRITE_LOCK)
     assert parse_kinds([]) == tuple(FaultKind)
+    assert parse_kinds(["none"]) == ()
     with pytest.raises(ValueError, match="unknown fault kind"):
         parse_kinds(["kill_everything"])
 

@@ -373,7 +373,7 @@ class ChaosRun:
             self.run_pending()
             self.lock_holders = [p for p in self.lock_holders if p.poll() is None]  # reap those done
             now = time.monotonic()
-            if now >= next_at:
+            if c.faults and now >= next_at:
                 kind = kind or self.plan.next_kind()
                 injected = self.try_inject(kind, now - next_at)
                 if not injected and now - next_at > GIVE_UP_S:
