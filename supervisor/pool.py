@@ -10,6 +10,7 @@ and then runs one delivery at a time.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,8 @@ from worker.protocol import EXIT_CODES, READY
 
 from .errors import YieldstarError
 from .values import ExecutionLease
+
+log = logging.getLogger("yieldstar.supervisor")
 
 
 class ChildProcess:
@@ -74,6 +77,15 @@ class ChildProcess:
 
 class AppLoadFailed(YieldstarError):
     """Raised when a child process cannot import the user's app."""
+
+
+class DiedWhileStarting(AppLoadFailed):
+    """Raised when a child process ended before it reported whether it loaded the app."""
+
+
+# A worker killed by a signal while the pool first starts is started again, up to this many times
+# in all: a stray kill must not take the supervisor down, a worker that always crashes must.
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -136,11 +148,24 @@ class Pool:
         """Start every child at once, then wait for each to report that it loaded the app.
 
         Only the first start waits: a replacement starts in the background (`replace`), since
-        loading an app can take seconds in which the other children must be heard and renewed."""
+        loading an app can take seconds in which the other children must be heard and renewed.
+        A child killed by a signal before it reported (not one that failed to load the app) is
+        started again, as `replace` would after the start."""
         launched = [self._launch() for _ in range(self.size)]
         try:
-            for process, conn in launched:
-                self.children.append(self._await_ready(process, conn))
+            for slot in range(self.size):
+                for attempt in range(1, START_ATTEMPTS + 1):
+                    try:
+                        self.children.append(self._await_ready(*launched[slot]))
+                        break
+                    except DiedWhileStarting as exc:
+                        dead, conn = launched[slot]
+                        if dead.exitcode is None or dead.exitcode >= 0 or attempt == START_ATTEMPTS:
+                            raise
+                        log.warning("%s; starting another", exc)
+                        dead.close()
+                        conn.close()
+                        launched[slot] = self._launch()
         except BaseException:
             for process, conn in launched:
                 process.kill()
@@ -173,7 +198,7 @@ class Pool:
             message = parent_conn.recv()
         except EOFError:
             process.join(5)
-            raise AppLoadFailed(f"a worker process died while starting: {describe_exit(process)}") from None
+            raise DiedWhileStarting(f"a worker process died while starting: {describe_exit(process)}") from None
         error = self.load_error(message)
         if error is not None:
             process.join(5)

@@ -256,3 +256,58 @@ def dump_on_hang():
     faulthandler.dump_traceback_later(235, exit=False)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+# -- runtime bugs the chaos runs found -------------------------------------------------------------
+
+def _pool(tmp_path):
+    from supervisor.pool import Pool
+
+    return Pool(2, app="worker.chaos_app", db_path=str(tmp_path / "ledger.db"), durability="normal",
+                heartbeat_s=5.0, misses=3)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_the_pool_starts_is_started_again(tmp_path, monkeypatch):
+    """A worker SIGKILLed before it reported that it loaded the app used to make the supervisor
+    exit 2 ("a worker process died while starting"); it is a crash like any other."""
+    from supervisor.pool import Pool
+
+    launch = Pool._launch
+    killed = []
+
+    def launch_then_kill_the_first(self):
+        process, conn = launch(self)
+        if not killed:
+            process.kill()
+            killed.append(process.pid)
+        return process, conn
+
+    monkeypatch.setattr(Pool, "_launch", launch_then_kill_the_first)
+    pool = _pool(tmp_path)
+    try:
+        pool.start()
+        assert len(pool.children) == 2
+        assert killed[0] not in [child.pid for child in pool.children]
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_always_dies_while_starting_still_stops_the_pool(tmp_path, monkeypatch):
+    from supervisor.pool import AppLoadFailed, Pool
+
+    launch = Pool._launch
+    launched = []
+
+    def launch_then_kill(self):
+        process, conn = launch(self)
+        process.kill()
+        launched.append(process)
+        return process, conn
+
+    monkeypatch.setattr(Pool, "_launch", launch_then_kill)
+    with pytest.raises(AppLoadFailed, match="died while starting: killed by SIGKILL"):
+        _pool(tmp_path).start()
+    assert len(launched) == 2 + 2  # both slots, and the first slot twice more before giving up
+    assert all(not p.is_alive() for p in launched)
