@@ -39,8 +39,8 @@ from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
 APP = "worker.bench_app"
 
 
-def throughput(folder: str, concurrency: int, n: int) -> float:
-    db = os.path.join(folder, f"throughput-{concurrency}.db")
+def throughput(folder: str, concurrency: int, n: int, repetition: int = 0) -> float:
+    db = os.path.join(folder, f"throughput-{concurrency}-{repetition}.db")
     with open_backend(db) as backend:
         for i in range(n):
             backend.executions.admit(f"e{i}", "noop3", "null")
@@ -171,7 +171,7 @@ def main() -> int:
         print(f"raw SQLite single-row commits:        {raw:10,.0f} /s  (WAL, synchronous=NORMAL)")
         print(f"3-step no-op workflows through supervisor and children ({n} each; target >= 1,000/s):")
         for concurrency in (1, 2, 4, 8):
-            rate = statistics.median(throughput(folder, concurrency, n) for _ in range(1 if args.quick else 3))
+            rate = statistics.median(throughput(folder, concurrency, n, r) for r in range(1 if args.quick else 3))
             print(f"  concurrency {concurrency}:                     {rate:10,.0f} /s  ="
                   f" 1/{raw / rate:.0f} of the raw commit rate  {'PASS' if rate >= 1000 else 'below target'}")
         latencies = admission_latency(folder, 50 if args.quick else 200)

@@ -397,6 +397,8 @@ class Supervisor:
     def _lease_lost(self, delivery: Delivery) -> None:
         # Runs on the renewer thread, which must not write to a child's pipe while the loop
         # does: the next heartbeat round tells the worker to stop.
+        if not any(c.delivery is delivery for c in list(self._pool.children)):
+            return  # the renewal raced the loop's own acknowledgement of this delivery: nothing lost
         log.warning("execution %s token %d: renewal found the lease lost; the worker will be told to stop",
                     delivery.lease.execution_id, delivery.lease.token)
 

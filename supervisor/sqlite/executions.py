@@ -155,6 +155,12 @@ class SqliteExecutionClient(ExecutionClient):
             return self._clock()
         return arguments.integer("now", now)
 
+    def _now_locked(self, now: Optional[int], checked: int) -> int:
+        """The time of a write, read again once the write lock is held when the caller gave
+        none: a call that waited for the lock must not record a time from before it got it
+        (the lease history's order would then disagree with the commit order)."""
+        return checked if now is not None else self._clock()
+
     def _lease(self, lease: object) -> ExecutionLease:
         if not isinstance(lease, ExecutionLease):
             raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
@@ -277,7 +283,7 @@ class SqliteExecutionClient(ExecutionClient):
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
         arguments.integer("limit", limit, minimum=0)
         arguments.integer("duration", duration, minimum=1)
-        now = self._now(now)
+        given, now = now, self._now(now)
         if limit == 0:
             return []
         # Look before taking the write lock: an idle supervisor's empty poll then costs a read,
@@ -287,6 +293,7 @@ class SqliteExecutionClient(ExecutionClient):
                 return []
         leases = []
         with self._conn.write() as db:
+            now = self._now_locked(given, now)
             for row in self._claimable(db, now, limit):
                 unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
                 if row.status == RUNNING:
@@ -310,9 +317,10 @@ class SqliteExecutionClient(ExecutionClient):
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
         lease = self._lease(lease)
         arguments.integer("duration", duration, minimum=1)
-        now = self._now(now)
-        expires = now + duration
+        given, now = now, self._now(now)
         with self._conn.write() as db:
+            now = self._now_locked(given, now)
+            expires = now + duration
             cursor = db.execute(RENEW, (expires, expires, now, lease.execution_id, lease.token))
             if cursor.rowcount != 1:
                 return LeaseLost()
@@ -321,8 +329,9 @@ class SqliteExecutionClient(ExecutionClient):
 
     def release(self, lease, *, now=None) -> Released | LeaseLost:
         lease = self._lease(lease)
-        now = self._now(now)
+        given, now = now, self._now(now)
         with self._conn.write() as db:
+            now = self._now_locked(given, now)
             if not self._end(db, lease, now, DeliveryEnd.RELEASED, None, RELEASE, (now, now, now)):
                 return LeaseLost()
         return Released()
@@ -341,8 +350,9 @@ class SqliteExecutionClient(ExecutionClient):
             raise arguments.InvalidArgument(
                 f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
             )
-        now = self._now(now)
+        given, now = now, self._now(now)
         with self._conn.write() as db:
+            now = self._now_locked(given, now)
             if not self._end(db, lease, now, DeliveryEnd.ACKNOWLEDGED, outcome.status, sql, params + (now,)):
                 return LeaseLost()
             woke = False
