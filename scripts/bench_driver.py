@@ -34,7 +34,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchlib import RAW_INSERT, open_raw  # noqa: E402
 
 from supervisor import Completed, HeapRecord, Suspended, open_backend  # noqa: E402
 from worker import Registry, run_delivery  # noqa: E402
@@ -130,14 +133,11 @@ class Bench:
     def raw_sqlite_insert(self) -> float:
         self.serial += 1
         path = os.path.join(self.folder, f"raw-{self.serial}.db")
-        conn = sqlite3.connect(path, isolation_level=None)
+        conn = open_raw(path)
         try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v TEXT NOT NULL)")
             started = time.perf_counter()
             for key in KEYS:
-                conn.execute("INSERT INTO t (k, v) VALUES (?, ?)", (key, RESPONSE))  # autocommit: one transaction
+                conn.execute(RAW_INSERT, ("raw", key, 0, RESPONSE))  # autocommit: one transaction each
             return (time.perf_counter() - started) / self.steps
         finally:
             conn.close()

@@ -40,15 +40,16 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchlib import RAW_INSERT, open_raw  # noqa: E402
 
 from supervisor import Completed, open_backend  # noqa: E402
 
 TARGET_RATIO = 1.5
 LEASE_MS = 3_600_000
 RESPONSE = '{"value": null}'
-RAW_TABLE = """CREATE TABLE raw_steps (execution_id TEXT NOT NULL, step_key TEXT NOT NULL,
-    attempt INTEGER NOT NULL, step_response_json TEXT NOT NULL, PRIMARY KEY (execution_id, step_key, attempt))"""
 
 
 def per_call(fn, items) -> float:
@@ -59,15 +60,6 @@ def per_call(fn, items) -> float:
         fn(item)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-def open_raw(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA busy_timeout = 15000")
-    conn.execute(RAW_TABLE)
-    return conn
 
 
 class Round:
@@ -82,7 +74,7 @@ class Round:
 
     def raw_insert(self):
         self.counter += 1
-        self.raw.execute("INSERT INTO raw_steps VALUES (?, ?, ?, ?)",
+        self.raw.execute(RAW_INSERT,
                          (f"{self.tag}-raw", f"step-{self.counter}", 0, RESPONSE))
 
     def run(self, batch: int = 100) -> dict[str, tuple[float, float]]:

@@ -8,21 +8,32 @@ import statistics
 import time
 
 
-def raw_insert_seconds(path: str, n: int = 2000) -> float:
-    """Median seconds of one plain single-row INSERT in its own transaction, with the ledger's
-    pragmas (WAL, synchronous=NORMAL), through the stdlib sqlite3 module."""
-    if os.path.exists(path):
-        os.remove(path)
+# Shaped like the ledger's `steps` table, so the yardstick writes what a fenced step write does.
+RAW_TABLE = """CREATE TABLE raw_steps (execution_id TEXT NOT NULL, step_key TEXT NOT NULL,
+    attempt INTEGER NOT NULL, step_response_json TEXT NOT NULL, PRIMARY KEY (execution_id, step_key, attempt))"""
+RAW_INSERT = "INSERT INTO raw_steps VALUES (?, ?, ?, ?)"
+
+
+def open_raw(path: str) -> sqlite3.Connection:
+    """A plain stdlib sqlite3 connection with the ledger's pragmas (WAL, synchronous=NORMAL), in
+    autocommit mode, with an empty `raw_steps` table: the yardstick every benchmark compares to."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k TEXT NOT NULL, v TEXT NOT NULL)")
+    conn.execute("PRAGMA busy_timeout = 15000")
+    conn.execute(RAW_TABLE)
+    return conn
+
+
+def raw_insert_seconds(path: str, n: int = 2000) -> float:
+    """Median seconds of one plain single-row INSERT, in its own transaction."""
+    if os.path.exists(path):
+        os.remove(path)
+    conn = open_raw(path)
     times = []
     for i in range(n):
         started = time.perf_counter()
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO t (k, v) VALUES (?, ?)", (f"key-{i}", '{"value": null}'))
-        conn.execute("COMMIT")
+        conn.execute(RAW_INSERT, ("raw", f"step-{i}", 0, '{"value": null}'))
         times.append(time.perf_counter() - started)
     conn.close()
     return statistics.median(times)

@@ -33,6 +33,11 @@ from .values import (
 )
 
 
+class NoMatch(Exception):
+    """Raised by a `StoreClient.change` function to commit nothing (a `take` that found no
+    matching item). A signal between caller and store, not an error."""
+
+
 class ExecutionClient(abc.ABC):
     @abc.abstractmethod
     def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, now: Optional[int] = None

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from supervisor.arguments import to_json
 from supervisor.errors import InvalidArgument
-from supervisor.sqlite.stores import NoMatch
+from supervisor.ledger import NoMatch
 
 
 def _matches(item: Any, match: Any) -> bool:

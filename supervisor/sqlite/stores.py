@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
-from ..ledger import StoreClient
+from ..ledger import NoMatch, StoreClient
 from ..values import StoreReceipt, StoreState
 from . import waiters
 from .connection import Connection
@@ -25,10 +25,6 @@ LIST = "SELECT name, state_json, version FROM stores ORDER BY name"
 RECEIPT = "SELECT result_json FROM store_receipts WHERE store = ? AND execution_id = ? AND step_key = ?"
 RECORD = """
 INSERT INTO store_receipts (store, execution_id, step_key, result_json, created_at) VALUES (?, ?, ?, ?, ?)"""
-
-
-class NoMatch(Exception):
-    """Raised by a change function to commit nothing (a `take` that found no matching item)."""
 
 
 class SqliteStoreClient(StoreClient):
