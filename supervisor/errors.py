@@ -2,6 +2,23 @@
 
 A lost lease is *not* among them: at the ledger level it is a normal reply (`LeaseLost`), because
 losing a lease to a newer holder is the system working as designed, not a failure.
+
+Storage failures reach everything above the ledger as one of a few `StorageError` branches,
+never as a database driver's own exception, so callers decide on the kind of failure:
+
+    StorageError
+    +-- StorageBusy          transient: the database stayed locked past the busy timeout
+    +-- StorageUnavailable   transient: disk full, an I/O error, out of memory
+    +-- LedgerUnusable       lasting: retrying cannot help; an operator must act
+        +-- StorageCorrupt   the file is damaged
+        +-- NotALedger       the file is not a Yieldstar ledger (or not a database at all)
+        +-- SchemaTooNew     the file was written by a newer Yieldstar
+        +-- UnsafeLedgerFile the file (or its -wal/-shm) is a symlink, another user's, or open to others
+        +-- NoLedger         there is no ledger at the path, and the caller asked not to create one
+        +-- LedgerGone       the file was deleted, replaced, or can no longer be written
+
+A transient error is worth retrying, and never a workflow's outcome; a lasting one stops a
+supervisor with a message that says what to do.
 """
 
 
@@ -21,5 +38,66 @@ class UnknownExecution(InvalidArgument):
     """Raised when an operation names an execution that was never admitted."""
 
 
-class StorageBusy(YieldstarError):
+class StorageError(YieldstarError):
+    """Raised when the ledger's storage failed a call; the call's transaction was rolled back."""
+
+    #: A short name of the kind of failure, for logs and for a delivery's `Retry` reply.
+    kind = "storage"
+    #: True when the same call may succeed later without anyone acting.
+    transient = True
+
+
+class StorageBusy(StorageError):
     """Raised when the database stayed locked by another process past the busy timeout."""
+
+    kind = "busy"
+
+
+class StorageUnavailable(StorageError):
+    """Raised when the storage failed for a reason that may pass: disk full, I/O error, no memory."""
+
+    kind = "unavailable"
+
+
+class LedgerUnusable(StorageError):
+    """Raised when the ledger cannot be used until an operator acts (the message says how)."""
+
+    kind = "unusable"
+    transient = False
+
+
+class StorageCorrupt(LedgerUnusable):
+    """Raised when the database file is damaged (SQLite: 'database disk image is malformed')."""
+
+    kind = "corrupt"
+
+
+class NotALedger(LedgerUnusable):
+    """Raised when the file is not a database, or a database that is not a Yieldstar ledger."""
+
+    kind = "not_a_ledger"
+
+
+class SchemaTooNew(LedgerUnusable):
+    """Raised when the database was written by a newer Yieldstar than this one."""
+
+    kind = "schema_too_new"
+
+
+class UnsafeLedgerFile(LedgerUnusable):
+    """Raised when the ledger, its -wal or its -shm is a symlink, owned by another user, or
+    readable or writable by others; nothing was written to it."""
+
+    kind = "unsafe_file"
+
+
+class NoLedger(LedgerUnusable):
+    """Raised when there is no ledger at the path and the caller asked not to create one."""
+
+    kind = "no_ledger"
+
+
+class LedgerGone(LedgerUnusable):
+    """Raised when the ledger file was deleted or replaced, or this process may no longer write it."""
+
+    kind = "gone"

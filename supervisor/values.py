@@ -131,6 +131,9 @@ class Retry:
     database): the holder releases the lease instead of acknowledging."""
 
     reason: str
+    # The kind of storage error that ended the delivery (`StorageError.kind`: "busy",
+    # "unavailable", "corrupt", ...), or None when the delivery asked to retry for another reason.
+    storage_error: Optional[str] = None
     status: ClassVar[str] = "retry"
 
 

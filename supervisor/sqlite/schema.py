@@ -12,7 +12,7 @@ import sqlite3
 
 import sqlite_utils
 
-from ..errors import YieldstarError
+from ..errors import NotALedger, SchemaTooNew
 
 EXECUTIONS = """
 CREATE TABLE executions (
@@ -127,14 +127,6 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 TABLES = ("executions", "lease_history", "steps", "waiters", "starts", "effects", "stores", "store_receipts")
-
-
-class SchemaTooNew(YieldstarError):
-    """Raised when the database was written by a newer Yieldstar than this one."""
-
-
-class NotALedger(YieldstarError):
-    """Raised when the file is an SQLite database that is not (or no longer) a Yieldstar ledger."""
 
 
 def migrate(conn: sqlite3.Connection) -> None:
