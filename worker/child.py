@@ -2,7 +2,8 @@
 
 The child opens its own connection to the ledger and makes every fenced write itself, with the
 token it was sent; the supervisor only acknowledges. Anything a delivery raises that the driver
-did not turn into an outcome is reported as `Retry`, with the traceback, so the supervisor
+did not turn into an outcome is reported as `Retry`: a storage error as `Retry(reason,
+storage_error=kind)`, like the driver's own, anything else with the traceback, so the supervisor
 releases the lease and logs why.
 """
 
@@ -19,10 +20,11 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from supervisor.errors import StorageError
 from supervisor.sqlite.backend import open_backend
 from supervisor.values import ExecutionLease, Retry
 
-from .driver import run_delivery
+from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
 from .protocol import DONE, EXIT_APP_FAILED, EXIT_OK, READY
 from .registry import load_app
@@ -62,7 +64,10 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
         message = tasks.get()
         if message is None:
             break
-        _, execution_id, token, expires_at = message
+        # ("run", execution_id, token, expires_at, claimed_at); a supervisor that predates
+        # claimed_at sends four fields.
+        execution_id, token, expires_at = message[1:4]
+        claimed_at = message[4] if len(message) > 4 else None
         lease = ExecutionLease(execution_id, token, expires_at)
         current["token"] = token
         started = time.monotonic()
@@ -71,7 +76,9 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
             return stop_current["token"] != token and watch.may_write()
 
         try:
-            outcome = run_delivery(backend, lease, registry, may_write=may_write)
+            outcome = run_delivery(backend, lease, registry, may_write=may_write, claimed_at=claimed_at)
+        except StorageError as exc:
+            outcome = storage_retry(exc)
         except Exception:
             outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
         current["token"] = None

@@ -18,21 +18,21 @@ changed, or it took a different path, and its records can no longer be trusted t
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import traceback
 from typing import Any, Callable, Optional
 
 from supervisor.arguments import finite, identifier
-from supervisor.errors import InvalidArgument, StorageBusy
+from supervisor.errors import InvalidArgument, StorageError
 from supervisor.values import ExecutionRecord, HeapRecord
 
+from .derived_ids import derived_id
 from .effects import EffectsMixin
 from .fenced import FencedWriter
 from .retry import RetryableError, RetryPolicy, StepFailed
 from .starts import StartsMixin
 from .stores import StoresMixin
-from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
+from .unwinding import ReplayDiverged, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
 
@@ -55,13 +55,14 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
     """What a workflow function sees of its execution. One instance per delivery."""
 
     def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
-                 clock: Callable[[], int]):
+                 clock: Callable[[], int], claimed_at: Optional[int] = None):
         self.execution_id = execution.execution_id
         self.workflow = execution.workflow
         self.token = writer.lease.token
         self._writer = writer
         self._backend = writer.backend
         self._clock = clock
+        self._claimed_at = claimed_at
         self._recorded: dict[str, HeapRecord] = {}
         self._auto_recorded: dict[int, str] = {}
         for record in recorded:  # in write order, so the highest attempt of each step wins
@@ -76,8 +77,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
     # -- time --------------------------------------------------------------------------------
 
     def now_ms(self) -> int:
-        """The backend's clock, in ms since the epoch."""
-        return self._clock()
+        """The ledger's time in ms since the epoch: the backend's clock, but never earlier than
+        the claim that started this delivery (see `_now`)."""
+        return self._now()
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -128,8 +130,22 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
             raise type(self._unwound)(*self._unwound.args)
         if self._writer.stopped:
             raise StopDelivery(self._writer.stopped_because)
-        if self._writer.busy_because is not None:
-            raise RetryLater(self._writer.busy_because)
+        if self._writer.storage_failure is not None:
+            raise self._writer.retry_later()
+
+    def _now(self) -> int:
+        """The time that decides whether a timer or a retry backoff is due.
+
+        The execution was claimable at `claimed_at` by the claimer's clock. A timer found not yet
+        due against an earlier time would ask for a wake that is already due, suspend, and be
+        claimed again at once, over and over while the clocks disagree; never reading a time
+        earlier than the claim's makes a wake found early cost at most one extra delivery.
+        """
+        try:
+            now = self._clock()
+        except StorageError as exc:  # a backend whose clock is the database server's
+            raise self._writer.failed(exc) from exc
+        return now if self._claimed_at is None else max(now, self._claimed_at)
 
     def _unwind(self, exc: BaseException) -> BaseException:
         self._unwound = exc
@@ -174,11 +190,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         raise self._unwind(Suspend(f"waiting for {what}"))
 
     def _derived_id(self, key: str) -> str:
-        """An id owned by this execution's step `key`: the same on every replay and every holder."""
-        derived = f"{self.execution_id}/{key}"
-        if len(derived) <= 255:
-            return derived
-        return f"{self.execution_id[:180]}/{hashlib.sha256(derived.encode()).hexdigest()}"
+        """The effect or start-request id owned by this execution's step `key`."""
+        return derived_id(self.execution_id, key)
 
     def _recorded_step(self, key: str, produce: Callable[[], Any]) -> Any:
         """The recorded value of step `key`, or record `produce()` (a JSON value) as it."""
@@ -196,13 +209,15 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
                 return self._replay(key, record)
             retry_at = json.loads(record.step_response_json).get("retry_at")
             attempt = record.attempt + 1
-            if retry_at is not None and self._clock() < retry_at:
+            if retry_at is not None and self._now() < retry_at:
                 self._suspend_until(retry_at)
         self.steps_run += 1
         try:
             value = fn(*args, **kwargs)
-        except StorageBusy:
-            raise  # a transient fault of the ledger, not of the step: the delivery is retried
+        except StorageError as exc:
+            # The step called the ledger itself and its storage failed: a fault of the host, not
+            # of the step, so it is not recorded as the step's error; the delivery is retried.
+            raise self._writer.failed(exc) from exc
         except Exception as exc:
             return self._failed_attempt(key, attempt, exc, policy)
         try:
@@ -223,7 +238,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
             policy = exc.policy
         info = error_info(exc)
         if policy is not None and attempt < policy.maximum_attempts:
-            retry_at = self._clock() + policy.delay_ms(attempt)
+            retry_at = self._now() + policy.delay_ms(attempt)
             record = self._write(key, attempt, False, {"error": info, "retry_at": retry_at})
         else:
             record = self._write(key, attempt, True, {"error": info, "retry_at": None})
@@ -243,7 +258,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
     def _timer(self, key: str, target: Callable[[int], int]) -> None:
         record = self._recorded.get(key)
         if record is None:
-            record = self._write(key, 1, True, {"until": target(self._clock())})
+            record = self._write(key, 1, True, {"until": target(self._now())})
         until = json.loads(record.step_response_json)["until"]
-        if self._clock() < until:
+        if self._now() < until:
             self._suspend_until(until)

@@ -3,21 +3,34 @@
 `run_delivery` does not acknowledge; it returns the outcome and leaves that to the lease holder
 (the supervisor, or `worker.testing` in-process). It never raises for the workflow's sake:
 
-| the workflow...                                | outcome     |
-| ---------------------------------------------- | ----------- |
-| returns a JSON-serialisable value              | `Completed` |
-| raises (or returns something JSON cannot hold) | `Failed` with `{type, message, traceback}` |
-| suspends (timer, retry backoff, waiting)       | `Suspended` |
-| hits a busy database                           | `Retry` (the holder releases the lease) |
-| loses its lease, or its parent goes silent     | `LeaseLost`: stopped at once, no more writes |
+| the workflow...                                    | outcome     |
+| -------------------------------------------------- | ----------- |
+| returns a JSON-serialisable value                  | `Completed` |
+| raises (or returns something JSON cannot hold)     | `Failed` with `{type, message, traceback}` |
+| suspends (timer, retry backoff, waiting)           | `Suspended` |
+| meets a storage error anywhere in the delivery     | `Retry(reason, storage_error=kind)`: never a workflow outcome |
+| loses its lease, or its parent goes silent         | `LeaseLost`: stopped at once, no more writes |
+
+A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
+`StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
+own reads, the clock of a backend that asks its server, or a step function that called the
+ledger itself. It unwinds the workflow like a suspension (`RetryLater` is a `BaseException`),
+and every later step call raises it again, so workflow code can neither record it as an error
+nor take another path around it. The holder releases the lease, and the execution runs again
+once the fault clears; a corrupt ledger (`storage_error="corrupt"`) stops the supervisor.
+
+Time: whether a timer or a retry backoff is due is decided by `max(backend clock, claimed_at)`,
+where `claimed_at` is the ledger time of the claim that made this delivery (the claim's `now`).
+A holder whose clock lags the claimer's would otherwise find a timer that made the execution
+claimable not yet due, ask for a wake that is already due, and be claimed again at once.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Callable, Optional
 
-from supervisor.errors import StorageBusy
+from supervisor.errors import StorageError
 from supervisor.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
 from .context import WorkflowContext, error_info
@@ -30,21 +43,33 @@ def failure(error_type: str, message: str, tb: str | None = None) -> Failed:
     return Failed(json.dumps({"type": error_type, "message": message, "traceback": tb}))
 
 
+def storage_retry(exc: StorageError) -> Retry:
+    """How a delivery that met a storage error ends: retried, naming the kind of failure."""
+    return Retry(str(exc), storage_error=exc.kind)
+
+
 def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | None:
     """How a delivery that began to unwind ends, however the workflow treated the unwinding
     (a bare `except:` that returned, or raised another error in its place); None if it did not."""
     if writer.stopped:
         return LeaseLost()
-    if writer.busy_because is not None:
-        return Retry(writer.busy_because)
+    if writer.storage_failure is not None:
+        return Retry(writer.storage_failure.reason, storage_error=writer.storage_failure.storage_error)
     if ctx._unwound is not None:
         return Suspended() if isinstance(ctx._unwound, Suspend) else failure("ReplayDiverged", str(ctx._unwound))
     return None
 
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
-                 may_write: Callable[[], bool] = always) -> DeliveryOutcome:
-    """Run one delivery of `lease.execution_id` with its fencing token and return its outcome."""
+                 may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None) -> DeliveryOutcome:
+    """Run one delivery of `lease.execution_id` with its fencing token and return its outcome.
+
+    Args:
+        may_write: asked before every ledger call; False stops the delivery (`LeaseLost`).
+        claimed_at: the ledger time (ms) at which the lease was claimed. Timers and retry
+            backoffs are judged due against the backend's clock, but never against a time
+            earlier than this (see the module doc). None: the backend's clock alone.
+    """
     writer = FencedWriter(backend, lease, may_write)
     try:
         execution = backend.executions.get(lease.execution_id)
@@ -55,7 +80,8 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
             known = ", ".join(registry.names()) or "none"
             return failure("UnknownWorkflow",
                            f"no workflow is registered as {execution.workflow!r} (registered: {known})")
-        ctx = WorkflowContext(writer, execution, backend.heap.steps(lease.execution_id), backend.clock)
+        ctx = WorkflowContext(writer, execution, backend.heap.steps(lease.execution_id), backend.clock,
+                              claimed_at)
         try:
             result = fn(ctx, json.loads(execution.input_json))
         except Suspend:
@@ -63,11 +89,11 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
         except StopDelivery:
             return LeaseLost()
         except RetryLater as exc:
-            return Retry(str(exc))
+            return Retry(exc.reason, storage_error=exc.storage_error)
         except ReplayDiverged as exc:
             return failure("ReplayDiverged", str(exc))
-        except StorageBusy as exc:
-            return Retry(str(exc))
+        except StorageError as exc:  # workflow code that called the ledger itself, outside a step
+            return unwound(writer, ctx) or storage_retry(exc)
         except Exception as exc:
             return unwound(writer, ctx) or Failed(json.dumps(error_info(exc)))
         ended = unwound(writer, ctx)
@@ -78,5 +104,5 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
         except (TypeError, ValueError) as exc:
             return failure("NonSerialisableResult", f"workflow {execution.workflow!r} returned a value that is not"
                            f" JSON-serialisable: {exc}")
-    except StorageBusy as exc:
-        return Retry(str(exc))
+    except StorageError as exc:  # the delivery's own reads
+        return storage_retry(exc)

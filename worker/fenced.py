@@ -4,8 +4,10 @@ A delivery writes with its lease's fencing token; the ledger refuses a stale tok
 asking the ledger at all, the door checks `may_write()`: in a child process that is the parent
 watch, which turns false the moment the supervisor stops being heard, so an orphaned or frozen
 child stops writing at once instead of waiting to be refused. After the first refusal the door
-stays shut: a holder whose lease is lost makes no further writes (RFC 002). A write that finds
-the database busy shuts it too, and the delivery ends as `Retry`.
+stays shut: a holder whose lease is lost makes no further writes (RFC 002). A call that fails in
+the ledger's storage (a busy database, a full disk, a corrupt file) shuts it too, and the
+delivery ends as `Retry` naming the kind of failure: a storage error is never a workflow's
+outcome.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from supervisor.errors import StorageBusy
+from supervisor.errors import StorageError
 from supervisor.values import ExecutionLease, HeapRecord, LeaseLost
 
 from .unwinding import RetryLater, StopDelivery
@@ -31,7 +33,7 @@ class FencedWriter:
         self.lease = lease
         self._may_write = may_write
         self.stopped_because: Optional[str] = None
-        self.busy_because: Optional[str] = None  # set once a write found the database busy
+        self.storage_failure: Optional[RetryLater] = None  # set by the first storage error
 
     @property
     def stopped(self) -> bool:
@@ -42,12 +44,19 @@ class FencedWriter:
             self.stopped_because = "the supervisor is no longer heard from"
         if self.stopped_because is not None:
             raise StopDelivery(self.stopped_because)
-        if self.busy_because is not None:
-            raise RetryLater(self.busy_because)
+        if self.storage_failure is not None:
+            raise self.retry_later()
 
-    def _busy(self, exc: StorageBusy) -> RetryLater:
-        self.busy_because = str(exc)
-        return RetryLater(self.busy_because)
+    def failed(self, exc: StorageError) -> RetryLater:
+        """Shut the door on a storage error met anywhere in the delivery; returns what unwinds
+        the workflow. The first failure is the one the delivery reports."""
+        if self.storage_failure is None:
+            self.storage_failure = RetryLater(str(exc), exc.kind)
+        return self.retry_later()
+
+    def retry_later(self) -> RetryLater:
+        """A fresh unwinding for the recorded storage failure (each raise gets its own traceback)."""
+        return RetryLater(self.storage_failure.reason, self.storage_failure.storage_error)
 
     def _lost(self, what: str) -> StopDelivery:
         self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
@@ -57,13 +66,8 @@ class FencedWriter:
 
     def write_step(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:
         """Record a step attempt; returns the recorded record (which may predate this call)."""
-        self._check()
-        try:
-            reply = self.backend.heap.write_step(
-                self.lease, step_key=step_key, step_attempt=attempt, done=done, step_response_json=response_json
-            )
-        except StorageBusy as exc:
-            raise self._busy(exc) from exc
+        reply = self.call(self.backend.heap.write_step, self.lease, step_key=step_key, step_attempt=attempt,
+                          done=done, step_response_json=response_json)
         if isinstance(reply, LeaseLost):
             raise self._lost(f"step {step_key!r}")
         return reply
@@ -74,13 +78,9 @@ class FencedWriter:
         self._check()
         try:
             return method(*args, **kwargs)
-        except StorageBusy as exc:
-            raise self._busy(exc) from exc
+        except StorageError as exc:
+            raise self.failed(exc) from exc
 
     def request_wake(self, at: int) -> None:
         """Unfenced in the ledger, but a stopped delivery asks for nothing more."""
-        self._check()
-        try:
-            self.backend.executions.request_wake(self.lease.execution_id, at)
-        except StorageBusy as exc:
-            raise self._busy(exc) from exc
+        self.call(self.backend.executions.request_wake, self.lease.execution_id, at)

@@ -6,7 +6,9 @@
     assert record.status == "completed"
 
 Timers and retry backoffs do not wait: whenever nothing is claimable, the fake clock jumps to
-the execution's next due time.
+the execution's next due time. A delivery that meets a storage error is released and delivered
+again, as a supervisor would; one that finds the ledger unusable (corrupt, say) raises
+`WorkflowStuck` naming the error instead of trying again.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tempfile
 from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
-from supervisor.errors import YieldstarError
+from supervisor.errors import StorageError, YieldstarError
 
 from .driver import run_delivery
 from .registry import Registry
@@ -37,7 +39,19 @@ class FakeClock:
 
 
 class WorkflowStuck(YieldstarError):
-    """Raised when an in-process run can make no progress: the execution waits for nothing due."""
+    """Raised when an in-process run can make no progress: the execution waits for nothing due,
+    or the ledger is unusable."""
+
+
+def _lasting(kind: str) -> bool:
+    """Whether the storage error of that `kind` needs an operator (`StorageError.transient`)."""
+    classes = [StorageError]
+    while classes:
+        cls = classes.pop()
+        if cls.kind == kind:
+            return not cls.transient
+        classes.extend(cls.__subclasses__())
+    return False
 
 
 def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execution_id: str = "test-execution",
@@ -46,7 +60,8 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
     """Admit `workflow` with `input` and deliver it until it is terminal; return its record.
 
     With no `backend`, a temporary SQLite file is used and removed afterwards. Deliveries that
-    reply `Retry` are released and tried again.
+    reply `Retry` are released and tried again; a `Retry` for an unusable ledger raises
+    `WorkflowStuck` with the storage error's kind and message.
     """
     if backend is None:
         clock = clock or FakeClock()
@@ -55,6 +70,7 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
                 return run_workflow(registry, workflow, input, execution_id=execution_id, backend=backend,
                                     clock=clock, max_deliveries=max_deliveries, lease_ms=lease_ms)
     backend.executions.admit(execution_id, workflow, json.dumps(input))
+    retried = ""
     for _ in range(max_deliveries):
         record = backend.executions.get(execution_id)
         if record.status in ("completed", "failed"):
@@ -68,11 +84,16 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
                 raise WorkflowStuck(f"execution {execution_id!r} is due at {ready}; pass a FakeClock to jump")
             clock.now = max(clock.now + 1, ready)
             continue
-        outcome = run_delivery(backend, leases[0], registry)
+        lease = leases[0]
+        outcome = run_delivery(backend, lease, registry, claimed_at=lease.expires_at - lease_ms)
         if isinstance(outcome, (Suspended, Completed, Failed)):
-            backend.executions.acknowledge(leases[0], outcome)
+            backend.executions.acknowledge(lease, outcome)
         elif isinstance(outcome, Retry):
-            backend.executions.release(leases[0])
+            if outcome.storage_error is not None and _lasting(outcome.storage_error):
+                raise WorkflowStuck(f"execution {execution_id!r} cannot go on: the ledger is unusable"
+                                    f" ({outcome.storage_error}): {outcome.reason}")
+            retried = f" (the last delivery asked to be retried: {outcome.reason})"
+            backend.executions.release(lease)
         elif isinstance(outcome, LeaseLost):  # pragma: no cover - nobody else holds leases here
             raise WorkflowStuck(f"execution {execution_id!r} lost its lease in an in-process run")
-    raise WorkflowStuck(f"execution {execution_id!r} was not terminal after {max_deliveries} deliveries")
+    raise WorkflowStuck(f"execution {execution_id!r} was not terminal after {max_deliveries} deliveries{retried}")

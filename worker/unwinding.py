@@ -17,11 +17,20 @@ class StopDelivery(BaseException):
 
 
 class RetryLater(BaseException):
-    """Raised inside a workflow when the database stayed busy: the delivery ends as `Retry`.
+    """Raised inside a workflow when the ledger's storage failed a call (busy past the timeout,
+    a full disk, an I/O error, a corrupt file): the delivery ends as `Retry` naming the kind.
 
-    A busy database says nothing about the workflow, so its code must not be able to catch it
-    as a step's error and take another path.
+    A storage failure says nothing about the workflow, so its code must not be able to catch
+    it as a step's error and take another path, nor record it as the workflow's outcome.
     """
+
+    def __init__(self, reason: str, storage_error: str):
+        super().__init__(reason, storage_error)
+        self.reason = reason
+        self.storage_error = storage_error  # the `StorageError.kind` that ended the delivery
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 class ReplayDiverged(BaseException):
