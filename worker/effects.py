@@ -45,6 +45,9 @@ class EffectsMixin:
         return self._step(key, perform, (), {}, retry)
 
     def _external_effect(self, key: str, effect_id: str, fn: Callable[[str], Any]) -> Any:
+        # The request is a step of its own, and its key is taken like any other: a step the
+        # workflow itself names `<key>#requested` is refused, instead of standing in for it.
+        requested = self._claim_key(f"{key}#requested")
         record = self._recorded.get(key)
         if record is not None:
             return self._replay(key, record)
@@ -55,7 +58,7 @@ class EffectsMixin:
             def request() -> bool:
                 fn(effect_id)
                 return True
-            self._recorded_step(f"{key}#requested", request)
+            self._recorded_step(requested, request)
             state = self._writer.call(effects.wait, effect_id, self.execution_id)
             if state.status != "settled":
                 self._suspend_waiting(f"effect {effect_id!r} to settle")
