@@ -261,7 +261,8 @@ def store_set(ctx, name: str, state_json: str) -> None:
 
 @main.command()
 @click.argument("app")
-@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Worker processes, one per concurrent delivery (at most 256).")
 @click.option("--lease-ms", type=click.IntRange(min=1), default=30_000, show_default=True)
 @click.option("--renew-ms", type=click.IntRange(min=1), default=None, help="Default: a third of --lease-ms.")
 @click.option("--heartbeat-ms", type=click.IntRange(min=1), default=None,
@@ -283,8 +284,8 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
     from .dispatcher import Supervisor, SupervisorConfig
 
     config = SupervisorConfig(
-        concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms or max(1, lease_ms // 3),
-        heartbeat_ms=heartbeat_ms or max(1, min(1000, lease_ms // 10)), heartbeat_misses=heartbeat_misses,
+        concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
+        heartbeat_misses=heartbeat_misses,
         poll_ms=poll_ms, grace_ms=grace_ms, durability=durability)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s yieldstar[%(process)d] %(message)s")

@@ -101,3 +101,7 @@ class LedgerGone(LedgerUnusable):
     """Raised when the ledger file was deleted or replaced, or this process may no longer write it."""
 
     kind = "gone"
+
+
+#: The kinds of storage error worth retrying (`StorageError.kind` of the transient branches).
+TRANSIENT_KINDS = frozenset(cls.kind for cls in (StorageError, StorageBusy, StorageUnavailable))

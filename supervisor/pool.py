@@ -4,7 +4,9 @@ Each child is a fresh interpreter (`python -m worker.child`), started by fork-an
 safe beside the supervisor's threads (a bare fork could copy a lock another thread holds), and
 which, unlike multiprocessing's `spawn`, never re-imports the supervisor's `__main__`. The child
 gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
-and then runs one delivery at a time.
+and then runs one delivery at a time. Nothing here waits for a child to load the app: the
+dispatcher reads each child's "ready" like any other message, beating the children that are
+ready while the others load.
 """
 
 from __future__ import annotations
@@ -80,22 +82,37 @@ class AppLoadFailed(YieldstarError):
 
 
 class DiedWhileStarting(AppLoadFailed):
-    """Raised when a child process ended before it reported whether it loaded the app."""
+    """Raised when child processes keep ending before they report whether they loaded the app."""
 
 
-# A worker killed by a signal while the pool first starts is started again, up to this many times
-# in all: a stray kill must not take the supervisor down, a worker that always crashes must.
+# Workers killed while starting are started again; this many such deaths in a row, before any
+# worker has loaded the app, stop the supervisor: a stray kill must not take it down, an app
+# whose import always crashes the interpreter must.
 START_ATTEMPTS = 3
+
+# At most this many children load the app at once: a start-up of hundreds of workers on a small
+# machine must not thrash, and the ones that are ready take deliveries while the rest load.
+MAX_STARTING = 8
+
+# One process per concurrent delivery: past a few hundred, a host runs out of memory (each
+# worker is an interpreter with the app loaded) long before it runs out of work. More
+# concurrency comes from more supervisors sharing the ledger.
+MAX_CONCURRENCY = 256
 
 
 @dataclass
 class Delivery:
-    """One lease being worked on by one child."""
+    """One lease being worked on, from its claim to the reply that ends it."""
 
     lease: ExecutionLease
     started: float  # time.monotonic() when handed to the child
-    lost: bool = False  # renewal found the lease lost
-    told_to_stop: bool = False  # the child was sent STOP for it
+    claimed_at: int  # the ledger time of the claim (ms)
+    lost: bool = False  # the ledger said the lease is no longer ours
+    renewing: bool = False  # a renewal is in flight
+    outcome: object = None  # once the child replied: what to acknowledge (or Retry: release)
+    ms: int = 0  # how long the child took
+    retry_at: float = 0.0  # after a storage error: when to try the acknowledgement again
+    failures: int = 0  # storage errors in a row on its acknowledgement or release
 
 
 @dataclass
@@ -105,7 +122,7 @@ class Child:
     pid: int
     delivery: Optional[Delivery] = None
     last_answer: float = field(default_factory=time.monotonic)
-    ready: bool = True  # False until a replacement reports that it loaded the app
+    ready: bool = False  # False until it reports that it loaded the app
     start_deadline: Optional[float] = None  # while not ready: when to give up on it
 
     @property
@@ -113,6 +130,7 @@ class Child:
         return self.delivery is not None
 
     def send(self, message: tuple) -> bool:
+        """False if the child's end of the pipe is gone (the child died or is dying)."""
         try:
             self.conn.send(message)
             return True
@@ -145,32 +163,28 @@ class Pool:
         self.children: list[Child] = []
 
     def start(self) -> None:
-        """Start every child at once, then wait for each to report that it loaded the app.
+        """Start the first children and return at once.
 
-        Only the first start waits: a replacement starts in the background (`replace`), since
-        loading an app can take seconds in which the other children must be heard and renewed.
-        A child killed by a signal before it reported (not one that failed to load the app) is
-        started again, as `replace` would after the start."""
-        launched = [self._launch() for _ in range(self.size)]
-        try:
-            for slot in range(self.size):
-                for attempt in range(1, START_ATTEMPTS + 1):
-                    try:
-                        self.children.append(self._await_ready(*launched[slot]))
-                        break
-                    except DiedWhileStarting as exc:
-                        dead, conn = launched[slot]
-                        if dead.exitcode is None or dead.exitcode >= 0 or attempt == START_ATTEMPTS:
-                            raise
-                        log.warning("%s; starting another", exc)
-                        dead.close()
-                        conn.close()
-                        launched[slot] = self._launch()
-        except BaseException:
-            for process, conn in launched:
-                process.kill()
-                process.join()
-            raise
+        Nothing here waits for a child: each reports that it loaded the app (or why it could
+        not) with a message the dispatcher reads like any other, and takes deliveries only
+        then, while the dispatcher beats the ones already ready and acts on stop signals.
+        `top_up` starts the rest as the first ones finish loading."""
+        self.top_up()
+
+    def top_up(self) -> int:
+        """Start children until the pool has `size` of them, at most MAX_STARTING loading at
+        once; returns how many were started."""
+        started = 0
+        loading = sum(1 for c in self.children if not c.ready)
+        while len(self.children) < self.size and loading < MAX_STARTING:
+            self.children.append(self._fresh())
+            loading += 1
+            started += 1
+        return started
+
+    def _fresh(self) -> Child:
+        process, conn = self._launch()
+        return Child(process, conn, process.pid, start_deadline=time.monotonic() + self.start_timeout_s)
 
     def _launch(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -189,22 +203,6 @@ class Pool:
             theirs.close()
         return ChildProcess(popen), Connection(ours.detach())
 
-    def _await_ready(self, process, parent_conn) -> Child:
-        if not parent_conn.poll(self.start_timeout_s):
-            process.kill()
-            process.join()
-            raise AppLoadFailed(f"a worker process did not start within {self.start_timeout_s:.0f} s")
-        try:
-            message = parent_conn.recv()
-        except EOFError:
-            process.join(5)
-            raise DiedWhileStarting(f"a worker process died while starting: {describe_exit(process)}") from None
-        error = self.load_error(message)
-        if error is not None:
-            process.join(5)
-            raise AppLoadFailed(error)
-        return Child(process, parent_conn, process.pid)
-
     def load_error(self, message: tuple) -> Optional[str]:
         """None if `message` is a child's report that it loaded the app, else what went wrong."""
         if message[0] != READY:
@@ -216,14 +214,16 @@ class Pool:
     def replace(self, child: Child) -> Child:
         """Kill `child` if it still runs, make sure it is gone, and start another in its place.
 
-        Returns at once: the new child is not `ready` until it reports that it loaded the app
-        (a message the dispatcher reads like any other) and takes no delivery before."""
+        Returns at once: the new child is not `ready` until it reports that it loaded the app."""
         self.reap(child)
-        process, conn = self._launch()
-        fresh = Child(process, conn, process.pid, ready=False,
-                      start_deadline=time.monotonic() + self.start_timeout_s)
+        fresh = self._fresh()
         self.children[self.children.index(child)] = fresh
         return fresh
+
+    def remove(self, child: Child) -> None:
+        """Kill `child` if it still runs, make sure it is gone, and run on without it."""
+        self.reap(child)
+        self.children.remove(child)
 
     @staticmethod
     def reap(child: Child) -> None:
@@ -231,6 +231,9 @@ class Pool:
         child.process.join()
         child.process.close()
         child.conn.close()
+
+    def ready(self) -> list[Child]:
+        return [c for c in self.children if c.ready]
 
     def idle(self) -> list[Child]:
         return [c for c in self.children if c.ready and not c.busy]
@@ -241,7 +244,7 @@ class Pool:
     def shutdown(self, *, kill: bool = False, timeout_s: float = 5.0) -> None:
         """Ask every child to exit (or kill them), and wait until each is gone."""
         for child in self.children:
-            if kill:
+            if kill or not child.ready:  # one still loading the app has nothing to finish
                 child.process.kill()
             else:
                 child.send(("exit",))

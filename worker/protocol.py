@@ -3,11 +3,18 @@
 Plain tuples, tag first: they are pickled on every delivery, so they stay small.
 
 parent -> child                          child -> parent
-("run", execution_id, token, expires)    ("ready", pid, error or None)   once, after loading the app
+("run", execution_id, token,            ("ready", pid, error or None)   once, after loading the app
+  expires, claimed_at)
 ("beat", expires or None)                ("alive",)                      answers every beat
 ("stop",)   the lease is lost: write     ("done", execution_id, token, outcome, ms)
             nothing more
 ("exit",)   finish and exit
+
+`claimed_at` is the ledger time (ms) of the claim that made the delivery: the child never reads
+a time earlier than that one when it decides whether a timer is due, so a child whose clock
+lags the one that decided the execution was claimable does not find the timer early and spin.
+A supervisor that finds a lease lost kills the child (it may be inside a step calling the
+outside world); "stop" remains for a delivery that must only stop writing.
 """
 
 RUN = "run"

@@ -28,6 +28,14 @@ GATE_TIMEOUT_S = 60.0
 IMPORT_DELAY_S = float(os.environ.get("SV_IMPORT_DELAY_S", "0"))
 if IMPORT_DELAY_S:
     time.sleep(IMPORT_DELAY_S)
+# Or each worker slower than the one before: the n-th import (counted in a file) takes n times
+# SV_IMPORT_STAGGER_S, so the first workers are ready long before the last.
+IMPORT_STAGGER_S = float(os.environ.get("SV_IMPORT_STAGGER_S", "0"))
+if IMPORT_STAGGER_S:
+    with open(os.environ["SV_IMPORT_COUNTER"], "a+") as counter:
+        counter.write("x")
+        counter.seek(0)
+        time.sleep(IMPORT_STAGGER_S * len(counter.read()))
 
 
 # -- step bodies --------------------------------------------------------------------------------

@@ -1,0 +1,151 @@
+"""Ledger calls off the dispatcher's thread: a thread that makes them, and a wake-up in `wait()`.
+
+The dispatcher loop beats its children, watches their pipes and decides what to claim; it must
+never stop to wait for the database, because a write lock held by another process, a full disk
+or a slow file system would then silence every heartbeat and make healthy children give up
+their deliveries. So every ledger call the loop wants made is put on a queue, a thread of its own
+(with a connection of its own) makes the calls in order, and each reply comes back as a value —
+the result, or the storage error that the call raised — through a wake-up descriptor that the
+loop waits on with its pipes (the shape of CPython's `concurrent.futures.process`, whose manager
+thread is woken by a `_ThreadWakeup`). The loop stays the only owner of delivery state: the thread
+touches nothing but its own queue and connection.
+
+    dispatcher loop --submit(Call)--> queue --> ledger thread --> backend.executions.<method>
+          ^                                           |
+          +--- wait() sees the wake-up fd <-- Reply --+
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import StorageError
+
+log = logging.getLogger("yieldstar.supervisor")
+
+
+class Wakeup:
+    """A pipe whose read end joins a `wait()` call; `wake()` may be called from any thread (and
+    from a signal handler, through `signal.set_wakeup_fd(wakeup.write_fd)`)."""
+
+    def __init__(self) -> None:
+        self._read, self.write_fd = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self.write_fd, False)
+
+    def fileno(self) -> int:
+        return self._read
+
+    def wake(self) -> None:
+        try:
+            os.write(self.write_fd, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already: the reader will look anyway
+
+    def drain(self) -> None:
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        for fd in (self._read, self.write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+@dataclass
+class Call:
+    """One ledger call: `backend.executions.<method>(*args, **kwargs)`; `about` is what the
+    caller needs to act on the reply (a delivery, a claim request)."""
+
+    method: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    about: Any = None
+
+
+@dataclass
+class Reply:
+    call: Call
+    value: Any = None
+    error: Optional[StorageError] = None
+
+
+class LedgerCalls:
+    """Makes ledger calls in submission order on a thread of its own; replies come back through
+    `replies()` once `fileno()` is readable.
+
+    Only storage errors become replies: any other exception is a bug in the caller (a bad
+    argument), and is raised again by `replies()` in the loop, where it ends the supervisor with
+    its traceback instead of being retried forever.
+    """
+
+    def __init__(self, backend, name: str):
+        """
+        Args:
+            backend: a backend of its own, used only by this thread from now on.
+            name: the thread's name, for stack dumps.
+        """
+        self.backend = backend
+        self._requests: "queue.SimpleQueue[Optional[Call]]" = queue.SimpleQueue()
+        self._replies: collections.deque = collections.deque()
+        self._wakeup = Wakeup()
+        self.pending = 0  # submitted and not yet replied to; touched by the loop only
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def fileno(self) -> int:
+        return self._wakeup.fileno()
+
+    def submit(self, call: Call) -> None:
+        self.pending += 1
+        self._requests.put(call)
+
+    def replies(self) -> list[Reply]:
+        self._wakeup.drain()
+        out = []
+        while self._replies:
+            reply = self._replies.popleft()
+            self.pending -= 1
+            if isinstance(reply, BaseException):
+                raise reply
+            out.append(reply)
+        return out
+
+    def _run(self) -> None:
+        executions = self.backend.executions
+        while True:
+            call = self._requests.get()
+            if call is None:
+                return
+            try:
+                self._replies.append(Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs)))
+            except StorageError as exc:
+                self._replies.append(Reply(call, error=exc))
+            except BaseException as exc:  # a bug: hand it to the loop, which raises it
+                self._replies.append(exc)
+            self._wakeup.wake()
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the thread once the calls already submitted are made, waiting at most `timeout`
+        seconds; True if it stopped (and its connection was closed). A thread still blocked in
+        the database is left behind (it is a daemon) with its connection open: closing a
+        connection under a running statement is not safe."""
+        self._requests.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("%s is still waiting for the database; leaving it", self._thread.name)
+            return False
+        self.backend.close()
+        self._wakeup.close()
+        return True

@@ -1,0 +1,250 @@
+"""Host faults on the supervisor's side: a full disk, a held write lock, a start-up storm, a lost
+lease mid-step, and shutdown while the database is busy (issue findings 3, 4, 5, 6 and 10).
+
+Real supervisors (`yieldstar supervise` subprocesses), real signals, a real SQLite file; the
+full-disk test fills a small tmpfs of its own for real (root only).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from supervisor.dispatcher import SupervisorConfig
+from supervisor.pool import MAX_CONCURRENCY
+
+from faults import (admit, cli, db, dump_on_hang, freeze, gone, ledger, read_log, supervisors, thaw, wait_gone,
+                    wait_until)
+from test_supervisor_faults import hold_input, outcomes, status, waiting
+
+pytestmark = pytest.mark.usefixtures("dump_on_hang")
+
+__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+
+
+@contextmanager
+def write_lock_held(db: Path):
+    """Another process's view of the ledger: its write lock, held until the block ends."""
+    conn = sqlite3.connect(str(db), timeout=30, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+def superseded(ledger) -> list:
+    return [r for e in ledger.executions.list() for r in ledger.executions.history(e.execution_id)
+            if r.ended_by == "superseded"]
+
+
+# -- finding 3 ------------------------------------------------------------------------------
+
+class DiskFullBursts:
+    """Fills a tmpfs to the last byte for `burst_s`, frees it, and again every `every_s`."""
+
+    def __init__(self, folder: Path, burst_s: float = 0.03, every_s: float = 0.1):
+        self.folder, self.burst_s, self.every_s = folder, burst_s, every_s
+        self.bursts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        filler = self.folder / "filler"
+        while not self._stop.wait(self.every_s):
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                while True:
+                    os.write(fd, b"\0" * 65536)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+            try:  # the last few bytes, so that not even one page fits
+                while True:
+                    os.write(fd, b"\0" * 512)
+            except OSError:
+                pass
+            self.bursts += 1
+            self._stop.wait(self.burst_s)
+            os.close(fd)
+            os.unlink(filler)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs to fill needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_finding_3_the_supervisor_survives_a_disk_that_keeps_filling_up(small_disk, supervisors):
+    db = small_disk / "ledger.db"
+    ids = [f"order-{i}" for i in range(60)]
+    for execution_id in ids:
+        admit(db, execution_id, "sv.noop3")
+    supervisor = supervisors.start(db, concurrency=2, lease_ms=3000, renew_ms=1000)
+    with DiskFullBursts(small_disk) as disk:
+        wait_until(lambda: disk.bursts >= 40, timeout=60, message="40 disk-full bursts")
+        assert supervisor.popen.poll() is None, supervisor.log()
+
+    from supervisor import open_backend
+
+    with open_backend(db) as ledger:
+        wait_until(lambda: all(status(ledger, e) == "completed" for e in ids), timeout=60,
+                   message="every execution to complete once the disk has room")
+    assert supervisor.popen.poll() is None, "the supervisor exited on a full disk"
+    assert "Traceback" not in supervisor.log()
+
+
+# -- finding 4 ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_finding_4_a_write_lock_held_past_the_heartbeat_tolerance_makes_no_worker_give_up(db, ledger, tmp_path,
+                                                                                          supervisors):
+    # Heartbeat tolerance 3 x 200 ms; the lock is held 3 s, well inside the 8 s lease. One
+    # delivery finishes while the lock is held, so its acknowledgement waits for the lock.
+    long = hold_input(tmp_path, hold_tokens=None)
+    finisher = {**hold_input(tmp_path, hold_tokens=[1]), "gate": str(tmp_path / "finish"),
+                "log": str(tmp_path / "finisher.log")}
+    for execution_id in ("long-1", "long-2"):
+        admit(db, execution_id, "sv.hold", long)
+    admit(db, "finisher", "sv.finish_late", finisher)
+    supervisor = supervisors.start(db, concurrency=3, lease_ms=8000, renew_ms=2000)
+    wait_until(lambda: len({e.execution_id for e in read_log(long["log"]) if e.event == "waiting"}) == 2)
+    wait_until(lambda: any(e.event == "waiting" for e in read_log(finisher["log"])))
+    workers = supervisor.workers()
+
+    with write_lock_held(db):
+        Path(finisher["gate"]).touch()  # its acknowledgement now queues behind the lock
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:  # the fault lasts 3 s; meanwhile nobody may give up
+            assert all(not gone(pid) for pid in workers), supervisor.log()
+            time.sleep(0.05)
+
+    Path(long["gate"]).touch()
+    for execution_id in ("long-1", "long-2", "finisher"):
+        wait_until(lambda: status(ledger, execution_id) == "completed", timeout=30)
+        assert outcomes(ledger, execution_id) == [(1, "acknowledged", "completed")]
+    assert superseded(ledger) == []
+    assert [e.token for e in read_log(long["log"]) if e.event == "waiting"] == [1, 1]  # no step ran twice
+    assert "lost its supervisor" not in supervisor.log()
+    assert supervisor.workers() == workers
+
+
+# -- finding 5 ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_finding_5_workers_of_a_slow_starting_pool_are_beaten_from_the_moment_each_is_ready(db, ledger, tmp_path,
+                                                                                            supervisors):
+    # The n-th worker takes n x 1 s to load the app: the first is ready 3 s before the last,
+    # five times its heartbeat tolerance. The lease (30 s) is far longer than the test may take.
+    ids = [f"early-{i}" for i in range(8)]
+    for execution_id in ids:
+        admit(db, execution_id, "sv.noop3")
+    env = {"SV_IMPORT_STAGGER_S": "1.0", "SV_IMPORT_COUNTER": str(tmp_path / "imports")}
+    started = time.monotonic()
+    supervisor = supervisors.start(db, concurrency=4, lease_ms=30_000, renew_ms=10_000, env=env)
+    wait_until(lambda: all(status(ledger, e) == "completed" for e in ids), timeout=20,
+               message="every execution to complete without waiting out a lease")
+    assert time.monotonic() - started < 20
+    for execution_id in ids:
+        assert outcomes(ledger, execution_id) == [(1, "acknowledged", "completed")]
+    assert "lost its supervisor" not in supervisor.log()
+    assert "mid-delivery" not in supervisor.log()
+
+
+@pytest.mark.timeout(60)
+def test_finding_5_a_stop_signal_is_honoured_while_the_pool_is_still_starting(db, supervisors):
+    supervisor = supervisors.start(db, concurrency=4, env={"SV_IMPORT_DELAY_S": "20"}, ready=False)
+    workers = wait_until(lambda: len(w := supervisor.workers()) == 4 and w, message="4 workers loading the app")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=5) == 0, supervisor.log()
+    wait_gone(workers, timeout=5)
+
+
+@pytest.mark.timeout(30)
+def test_finding_5_a_concurrency_past_the_bound_is_refused_with_a_clear_error(db):
+    result = cli(db, "supervise", "tests/apps/supervised_app.py", "--concurrency", "100000")
+    assert result.returncode == 2
+    assert f"at most {MAX_CONCURRENCY}" in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(ValueError, match=f"concurrency must be at most {MAX_CONCURRENCY}"):
+        SupervisorConfig(concurrency=MAX_CONCURRENCY + 1)
+
+
+# -- finding 6 ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_finding_6_a_lost_lease_frees_its_worker_at_once(db, ledger, tmp_path, supervisors):
+    # The first supervisor's workers tolerate 50 missed heartbeats, so that the worker is still
+    # mid-step when its supervisor, frozen past the lease, wakes up to find the lease taken over.
+    options = hold_input(tmp_path, hold_tokens=[1])
+    admit(db, "taken", "sv.hold", options)
+    first = supervisors.start(db, concurrency=1, extra=("--heartbeat-misses", "50"))
+    stale = wait_until(lambda: waiting(options["log"], 1)).pid
+    freeze(first.pid)  # the supervisor alone: its worker runs on in its step
+    second = supervisors.start(db, concurrency=1)
+    wait_until(lambda: status(ledger, "taken") == "completed", timeout=30, message="the takeover")
+    thaw(first.pid)
+    # Its next renewal finds the lease lost: the worker is killed, not left to run its step out
+    # (the gate never opens for token 1: left alone it would wait 60 s).
+    wait_gone([stale], timeout=5)
+    first.wait_log(f"token 1: the lease is lost; killing worker pid {stale}")
+    assert first.popen.poll() is None and second.popen.poll() is None
+    assert outcomes(ledger, "taken") == [(1, "superseded", None), (2, "acknowledged", "completed")]
+    first.wait_ready()  # and it was replaced
+
+
+# -- finding 10 -----------------------------------------------------------------------------
+
+def test_finding_10_a_config_with_only_a_short_lease_derives_its_renewal_and_heartbeat():
+    config = SupervisorConfig(lease_ms=3000)
+    assert (config.renew_ms, config.heartbeat_ms) == (1000, 300)
+    assert SupervisorConfig().renew_ms == 10_000 and SupervisorConfig().heartbeat_ms == 1000
+    with pytest.raises(ValueError, match="renew_ms"):
+        SupervisorConfig(lease_ms=3000, renew_ms=3000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_finding_10_a_second_stop_signal_while_the_database_is_busy_exits_cleanly(db, tmp_path, supervisors):
+    finisher = hold_input(tmp_path, hold_tokens=[1])
+    admit(db, "finisher", "sv.finish_late", finisher)
+    supervisor = supervisors.start(db, concurrency=1, lease_ms=8000, renew_ms=2000)
+    wait_until(lambda: any(e.event == "waiting" for e in read_log(finisher["log"])))
+    with write_lock_held(db):
+        Path(finisher["gate"]).touch()
+        wait_until(lambda: any(e.event == "finishing" for e in read_log(finisher["log"])))
+        supervisor.signal(signal.SIGTERM)
+        supervisor.wait_log("stopping: no new claims")
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=10) == 1, supervisor.log()
+    assert "Traceback" not in supervisor.log() and "Error" not in supervisor.log()
