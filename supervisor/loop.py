@@ -1,0 +1,507 @@
+"""The dispatcher loop: the supervisor's only thread that touches delivery state.
+
+Each turn of the loop is a few named steps — check for a stop, take the ledger's replies, claim,
+renew, beat, settle — and one `wait()` on everything that can need attention: each child's pipe
+and process sentinel, the nudge socket, the stop-signal wake-up and the wake-ups of the two
+ledger threads (`ledger_calls`). No step waits for the database: a call is submitted, and its
+reply is handled on a later turn, so a held write lock or a full disk delays claims and
+acknowledgements and never a heartbeat. Every step takes the time as an argument.
+
+A delivery's life: claimed (a `claim_due` reply) -> handed to an idle ready child (RUN; a child
+found dead gets nothing, and the lease is released at once) -> renewed while its child answers
+-> the child's DONE -> acknowledged or released (retried after a backoff while the database
+fails, renewed meanwhile) -> settled. A renewal that finds the lease lost kills the child: it
+may be inside a step calling the outside world, and a stale delivery must not hold a slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from multiprocessing.connection import wait
+from typing import Callable, Optional
+
+from worker.protocol import ALIVE, BEAT, DONE, RUN
+
+from .errors import TRANSIENT_KINDS, LedgerGone, LedgerUnusable, StorageError
+from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
+from .nudge import NudgeListener
+from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
+from .values import LeaseLost, Renewed, Retry
+
+log = logging.getLogger("yieldstar.supervisor")
+
+EXIT_STOPPED = 0
+EXIT_KILLED = 1  # a second stop request: children killed, leases left to expire
+EXIT_LEDGER_UNUSABLE = 5  # the ledger file is corrupt, gone, foreign or no longer ours
+
+# After a storage error, a call is made again after this backoff, doubling up to the maximum.
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+# How often the loop checks that the ledger file is still the one it opened.
+FILE_CHECK_S = 1.0
+
+
+def file_identity(path: str) -> Optional[tuple[int, int]]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+class DispatchLoop:
+    """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
+    seconds) as an argument and none blocks: waiting happens in `wait` alone."""
+
+    def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
+                 db_path: str, signals: Wakeup, stop_requests: Callable[[], int],
+                 nudges: Optional[NudgeListener] = None, until_idle: bool = False,
+                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None):
+        """
+        Args:
+            config: the `SupervisorConfig`.
+            stats: the `Stats` the loop counts into.
+            calls, renewals: the ledger threads (claims and settlements; renewals).
+            db_path: the ledger file, checked to still be the one opened.
+            signals: woken by the stop-signal handler; `stop_requests()` says how many came.
+            on_delivery: called after each delivery with (execution_id, token, outcome, ms).
+        """
+        self.cfg = config
+        self.stats = stats
+        self.pool = pool
+        self.calls = calls
+        self.renewals = renewals
+        self.nudges = nudges
+        self.until_idle = until_idle
+        self.db_path = db_path
+        self.file_identity = file_identity(db_path)
+        self.signals = signals
+        self.stop_requests = stop_requests
+        self.on_delivery = on_delivery
+        self.fatal: Optional[StorageError] = None
+        self.clock = calls.backend.clock
+        now = time.monotonic()
+        self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
+        self.claiming = False  # a claim is in flight
+        self.next_poll = now
+        self.claim_failures = 0
+        self.next_beat = now
+        self.next_renewal = now + self.cfg.renew_ms / 1000
+        self.next_file_check = now + FILE_CHECK_S
+        self.last_beat_at: Optional[float] = None
+        self.grace_deadline: Optional[float] = None
+        self.settle_deadline: Optional[float] = None  # after the grace period: how long releases may take
+        self.ending: dict[tuple[str, int], Delivery] = {}  # replied to by their child, not yet settled
+        self.start_deaths = 0  # children that died while loading the app, in a row
+        self.ever_ready = False
+        self.idle_checked = False  # until_idle: a next_ready_at is in flight
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        while True:
+            now = time.monotonic()
+            code = self.check_stop(now)
+            if code is not None:
+                return code
+            self.take_replies(now)
+            self.check_file(now)
+            if self.fatal is not None:
+                log.error("stopping: %s", self.fatal)
+                return EXIT_LEDGER_UNUSABLE
+            if self.idle_checked:
+                log.info("idle: nothing running and nothing due")
+                return EXIT_STOPPED
+            self.claim(now)
+            self.renew(now)
+            self.beat(now)
+            self.settle_due(now)
+            if self.grace_deadline is None:
+                self.pool.top_up()
+            self.wait(self.deadline(now))
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    def check_stop(self, now: float) -> Optional[int]:
+        """The exit code once the loop should end, else None."""
+        requests = self.stop_requests()
+        if requests > 1:
+            log.warning("second stop request: killing %d running deliveries", len(self.pool.busy()))
+            return EXIT_KILLED
+        if requests and self.grace_deadline is None:
+            self.grace_deadline = now + self.cfg.grace_ms / 1000
+            # Acknowledgements and releases wait on the database like any call; waiting for them
+            # is bounded by a lease past the grace period, after which they are moot (the leases
+            # expired).
+            self.settle_deadline = self.grace_deadline + max(self.cfg.lease_ms / 1000, 1.0)
+            log.info("stopping: no new claims; %d deliveries have %d ms to finish",
+                     len(self.pool.busy()), self.cfg.grace_ms)
+        if self.grace_deadline is None:
+            return None
+        if now >= self.grace_deadline and self.pool.busy():
+            self.release_unfinished(now)
+        if not self.pool.busy() and not self.ending and not self.claiming:
+            return EXIT_STOPPED
+        if self.settle_deadline is not None and now >= self.settle_deadline:
+            log.warning("stopping with %d deliveries not yet settled: the database is not answering;"
+                        " their leases are left to expire", len(self.ending))
+            return EXIT_STOPPED
+        return None
+
+    def release_unfinished(self, now: float) -> None:
+        """Grace is over: make sure the children still running are gone, then release their leases."""
+        for child in self.pool.busy():
+            delivery = child.delivery
+            self.pool.remove(child)  # killed and joined: it can write nothing more
+            log.info("execution %s token %d: grace period over; releasing it",
+                     delivery.lease.execution_id, delivery.lease.token)
+            self.end(delivery, Retry("the supervisor stopped"), now)
+
+    # -- ledger replies ----------------------------------------------------------------------
+
+    def take_replies(self, now: float) -> None:
+        for reply in self.calls.replies() + self.renewals.replies():
+            if reply.error is not None:
+                self.storage_error(reply)
+            handler = getattr(self, f"on_{reply.call.method}")
+            handler(reply, now)
+
+    def storage_error(self, reply: Reply) -> None:
+        error = reply.error
+        self.stats.storage_errors += 1
+        if not error.transient:
+            self.fatal = self.fatal or error
+        else:
+            log.warning("%s failed, will retry: %s", reply.call.method, error)
+
+    # -- claims ------------------------------------------------------------------------------
+
+    def claim(self, now: float) -> None:
+        if self.claiming or self.grace_deadline is not None:
+            return
+        if not (self.claim_wanted or now >= self.next_poll):
+            return
+        idle = self.pool.idle()
+        if not idle:
+            return
+        self.claiming, self.claim_wanted = True, False
+        self.next_poll = now + self.cfg.poll_ms / 1000
+        self.calls.submit(Call("claim_due", kwargs={"limit": len(idle), "duration": self.cfg.lease_ms},
+                               about=len(idle)))
+
+    def on_claim_due(self, reply: Reply, now: float) -> None:
+        self.claiming = False
+        if reply.error is not None:
+            self.claim_failures += 1
+            self.next_poll = now + _backoff(self.claim_failures, self.cfg.poll_ms / 1000)
+            return
+        self.claim_failures = 0
+        leases = reply.value
+        self.stats.claimed += len(leases)
+        idle = self.pool.idle() if self.grace_deadline is None else []
+        for lease in leases:
+            delivery = Delivery(lease, now, claimed_at=lease.expires_at - self.cfg.lease_ms)
+            child = idle.pop(0) if idle else None
+            if child is not None and self.hand_over(child, delivery, now):
+                continue
+            # No child for it (one died, or the supervisor is stopping): give it back at once
+            # instead of letting the execution wait out a whole lease.
+            self.end(delivery, Retry("no worker could take it"), now)
+        # A full batch means more may be waiting: claim again as soon as a child is free.
+        self.claim_wanted = len(leases) == reply.call.about
+        if not leases and (self.pool.idle() or self.until_idle):
+            self.calls.submit(Call("next_ready_at"))
+
+    def hand_over(self, child: Child, delivery: Delivery, now: float) -> bool:
+        lease = delivery.lease
+        child.delivery = delivery
+        child.last_answer = now
+        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at)):
+            return True
+        log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
+        child.delivery = None
+        self.stats.child_deaths += 1
+        self.replace(child)
+        return False
+
+    def on_next_ready_at(self, reply: Reply, now: float) -> None:
+        """When the next execution becomes claimable (a timer, a backoff, an expiry), so that an
+        idle supervisor wakes for it instead of waiting for its next poll."""
+        if reply.error is not None:
+            return
+        ready = reply.value
+        if ready is not None:
+            wait_s = max(0.005, (ready - self.clock()) / 1000)
+            self.next_poll = min(self.next_poll, now + wait_s)
+        elif self.until_idle and not self.pool.busy() and not self.ending and not self.claiming:
+            self.idle_checked = True
+
+    # -- renewals ------------------------------------------------------------------------------
+
+    def renew(self, now: float) -> None:
+        """Renew every lease of a delivery whose child answered recently, and of every delivery
+        whose acknowledgement is still on its way (a busy database must not lose it)."""
+        if now < self.next_renewal:
+            return
+        self.next_renewal = now + self.cfg.renew_ms / 1000
+        for delivery in self.renewable(now):
+            if not delivery.renewing and not delivery.lost:
+                delivery.renewing = True
+                self.renewals.submit(Call("renew", (delivery.lease,), {"duration": self.cfg.lease_ms}, about=delivery))
+
+    def renewable(self, now: float) -> list[Delivery]:
+        limit = self.cfg.silent_limit_s
+        running = [c.delivery for c in self.pool.children
+                   if c.delivery is not None and now - c.last_answer <= limit]
+        return running + list(self.ending.values())
+
+    def on_renew(self, reply: Reply, now: float) -> None:
+        delivery: Delivery = reply.call.about
+        delivery.renewing = False
+        if reply.error is not None:
+            return  # the lease has slack for the next round
+        if isinstance(reply.value, Renewed):
+            delivery.lease = reply.value.lease
+            return
+        child = self.child_of(delivery)
+        if child is None:
+            return  # it raced the acknowledgement of this delivery: the acknowledgement decides
+        delivery.lost = True
+        self.stats.lost += 1
+        log.warning("execution %s token %d: the lease is lost; killing worker pid %d so that it stops at once",
+                    delivery.lease.execution_id, delivery.lease.token, child.pid)
+        child.delivery = None
+        self.replace(child)
+
+    def child_of(self, delivery: Delivery) -> Optional[Child]:
+        return next((c for c in self.pool.children if c.delivery is delivery), None)
+
+    # -- heartbeats ------------------------------------------------------------------------------
+
+    def beat(self, now: float) -> None:
+        if now < self.next_beat:
+            return
+        self.next_beat = now + self.cfg.heartbeat_ms / 1000
+        limit = self.cfg.silent_limit_s
+        if self.last_beat_at is not None and now - self.last_beat_at > limit:
+            # This process itself was paused (SIGSTOP, an overloaded host): the children's
+            # silence is ours. Judge them from now on; renewals and the fence sort out leases.
+            log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at)
+            for child in self.pool.children:
+                child.last_answer = now
+        self.last_beat_at = now
+        for child in list(self.pool.children):
+            if not child.ready:
+                if now > child.start_deadline:
+                    log.error("worker pid %d did not load the app within %.0f s; replacing it",
+                              child.pid, self.pool.start_timeout_s)
+                    self.replace(child)
+                continue
+            delivery = child.delivery
+            if not child.send((BEAT, delivery.lease.expires_at if delivery else None)):
+                continue  # its death shows on its sentinel
+            if child.busy and now - child.last_answer > limit:
+                # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
+                # Kill it and leave its lease to expire.
+                log.warning("execution %s token %d: worker pid %d silent for %.1f s; killing and replacing it",
+                            delivery.lease.execution_id, delivery.lease.token, child.pid, now - child.last_answer)
+                self.stats.children_killed += 1
+                child.delivery = None
+                self.replace(child)
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def end(self, delivery: Delivery, outcome, now: float) -> None:
+        """A delivery's child is done with it: acknowledge its outcome, or release it."""
+        delivery.outcome = outcome
+        if isinstance(outcome, Retry) and outcome.storage_error not in (None, *TRANSIENT_KINDS):
+            self.fatal = self.fatal or LedgerUnusable(outcome.reason)
+        if isinstance(outcome, LeaseLost):
+            self.stats.lost += 1
+            self.settled(delivery, "lost")
+            return
+        self.ending[(delivery.lease.execution_id, delivery.lease.token)] = delivery
+        self.submit_settle(delivery)
+
+    def submit_settle(self, delivery: Delivery) -> None:
+        delivery.retry_at = float("inf")  # in flight
+        if isinstance(delivery.outcome, Retry):
+            self.calls.submit(Call("release", (delivery.lease,), about=delivery))
+        else:
+            self.calls.submit(Call("acknowledge", (delivery.lease, delivery.outcome), about=delivery))
+
+    def settle_due(self, now: float) -> None:
+        """Try again the acknowledgements and releases that a storage error held up."""
+        for delivery in self.ending.values():
+            if delivery.retry_at <= now:
+                self.submit_settle(delivery)
+
+    def on_acknowledge(self, reply: Reply, now: float) -> None:
+        self.on_settle(reply, now)
+
+    def on_release(self, reply: Reply, now: float) -> None:
+        self.on_settle(reply, now)
+
+    def on_settle(self, reply: Reply, now: float) -> None:
+        delivery: Delivery = reply.call.about
+        if reply.error is not None:
+            delivery.failures += 1
+            delivery.retry_at = now + _backoff(delivery.failures, BACKOFF_MIN_S)
+            return
+        del self.ending[(delivery.lease.execution_id, delivery.lease.token)]
+        outcome = delivery.outcome
+        if isinstance(reply.value, LeaseLost):
+            self.stats.lost += 1
+            status = "lost"
+        elif isinstance(outcome, Retry):
+            self.stats.released += 1
+            status = "released"
+            reason = outcome.reason.strip()
+            log.info("execution %s token %d asked to retry: %s", delivery.lease.execution_id, delivery.lease.token,
+                     reason.splitlines()[-1] if reason else "")
+        else:
+            setattr(self.stats, outcome.status, getattr(self.stats, outcome.status) + 1)
+            status = outcome.status
+        self.settled(delivery, status)
+        self.claim_wanted = True
+
+    def settled(self, delivery: Delivery, status: str) -> None:
+        lease = delivery.lease
+        log.info("delivery execution=%s token=%d outcome=%s duration_ms=%d",
+                 lease.execution_id, lease.token, status, delivery.ms)
+        if self.on_delivery is not None:
+            self.on_delivery(lease.execution_id, lease.token, status, delivery.ms)
+
+    # -- children ------------------------------------------------------------------------------
+
+    def receive(self, child: Child, now: float) -> None:
+        """Handle one message from a child."""
+        try:
+            message = child.conn.recv()
+        except (EOFError, OSError):
+            self.child_died(child)  # its end of the pipe closed: it exited or was killed
+            return
+        child.last_answer = now
+        if message[0] == ALIVE:
+            return
+        if not child.ready:
+            self.started(child, message)
+            return
+        if message[0] != DONE:
+            log.error("unexpected message from worker pid %d: %r", child.pid, message[:1])
+            return
+        _, execution_id, token, outcome, ms = message
+        delivery = child.delivery
+        child.delivery = None
+        self.claim_wanted = True
+        if delivery is None or delivery.lease.token != token or delivery.lease.execution_id != execution_id:
+            log.error("worker pid %d reported %s token %s, which it was not running", child.pid, execution_id, token)
+            return
+        delivery.ms = ms
+        self.end(delivery, outcome, now)
+
+    def started(self, child: Child, message: tuple) -> None:
+        """A child's first message: it loaded the app and may take deliveries, or it could not."""
+        error = self.pool.load_error(message)
+        if error is None:
+            child.ready, child.start_deadline = True, None
+            self.ever_ready = True
+            self.start_deaths = 0
+            self.claim_wanted = True
+            return
+        if not self.ever_ready:
+            raise AppLoadFailed(error)
+        # The app no longer loads (edited on disk?). A replacement would fail alike: run on with
+        # the children that remain, and stop only when none does.
+        log.error("%s\nrunning with 1 worker fewer", error)
+        self.pool.size -= 1
+        self.pool.remove(child)
+        if not self.pool.children:
+            raise AppLoadFailed(error)
+
+    def child_died(self, child: Child) -> None:
+        child.process.join(1)
+        delivery = child.delivery
+        self.stats.child_deaths += 1
+        if delivery is not None:
+            log.warning("execution %s token %d: worker pid %d %s mid-delivery; its lease is left to expire",
+                        delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process))
+        elif not child.ready:
+            log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process))
+            self.start_deaths += 1
+            if not self.ever_ready and self.start_deaths >= START_ATTEMPTS:
+                raise DiedWhileStarting(f"a worker process died while starting, {self.start_deaths} times in a row"
+                                        f" (last: {describe_exit(child.process)})")
+        else:
+            log.warning("idle worker pid %d %s; replacing it", child.pid, describe_exit(child.process))
+        child.delivery = None
+        self.replace(child)
+
+    def replace(self, child: Child) -> None:
+        try:
+            self.pool.replace(child)
+        except OSError as exc:
+            log.error("could not replace a worker: %s", exc)
+            self.pool.children.remove(child)
+
+    # -- the file ------------------------------------------------------------------------------
+
+    def check_file(self, now: float) -> None:
+        """The ledger must still be the file this supervisor opened: one deleted or replaced
+        under it would take every write of its workers to a file nobody else reads."""
+        if now < self.next_file_check:
+            return
+        self.next_file_check = now + FILE_CHECK_S
+        if file_identity(self.db_path) != self.file_identity:
+            self.fatal = self.fatal or LedgerGone(
+                f"the ledger {self.db_path} was deleted or replaced while in use; restore it, then restart")
+
+    # -- waiting ---------------------------------------------------------------------------------
+
+    def deadline(self, now: float) -> float:
+        deadlines = [self.next_beat, self.next_file_check]
+        if self.grace_deadline is None and self.pool.idle() and not self.claiming:
+            deadlines.append(self.next_poll)
+        elif self.grace_deadline is not None:
+            deadlines += [self.grace_deadline, self.settle_deadline]
+        if any(c.delivery is not None and not c.delivery.lost for c in self.pool.children) or self.ending:
+            deadlines.append(self.next_renewal)
+        deadlines += [d.retry_at for d in self.ending.values()]
+        return min(deadlines)
+
+    def wait(self, deadline: float) -> None:
+        waitables: list = [self.calls, self.renewals, self.signals]
+        if self.nudges is not None:
+            waitables.append(self.nudges)
+        owners: list[tuple[object, Child]] = []  # who each waitable belonged to when we waited
+        for child in self.pool.children:
+            owners.append((child.conn, child))  # a child's death also shows here, as end of file
+            if child.process.sentinel is not None:
+                owners.append((child.process.sentinel, child))
+        waitables += [waitable for waitable, _ in owners]
+        for ready in wait(waitables, timeout=max(0.0, deadline - time.monotonic())):
+            now = time.monotonic()
+            if ready is self.nudges:
+                self.nudges.drain()
+                self.claim_wanted = True
+                continue
+            if ready is self.signals:
+                self.signals.drain()
+                continue
+            if ready is self.calls or ready is self.renewals:
+                continue  # replies are taken at the top of the loop
+            # Look the owner up as of the wait: a sentinel is a plain fd number, and the child
+            # that replaced a dead one earlier in this round may have been given the same one.
+            child = next((c for waitable, c in owners if waitable is ready), None)
+            if child is None or not any(c is child for c in self.pool.children):
+                continue  # replaced earlier in this round
+            if ready is child.conn:
+                self.receive(child, now)
+            else:
+                self.child_died(child)
+
+
+def _backoff(failures: int, first_s: float) -> float:
+    return min(BACKOFF_MAX_S, first_s * 2 ** min(failures - 1, 16))
