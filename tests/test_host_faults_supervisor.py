@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import open_backend
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.pool import MAX_CONCURRENCY
 
@@ -113,8 +115,6 @@ def test_finding_3_the_supervisor_survives_a_disk_that_keeps_filling_up(small_di
         wait_until(lambda: disk.bursts >= 40, timeout=60, message="40 disk-full bursts")
         assert supervisor.popen.poll() is None, supervisor.log()
 
-    from supervisor import open_backend
-
     with open_backend(db) as ledger:
         wait_until(lambda: all(status(ledger, e) == "completed" for e in ids), timeout=60,
                    message="every execution to complete once the disk has room")
@@ -179,6 +179,48 @@ def test_finding_5_workers_of_a_slow_starting_pool_are_beaten_from_the_moment_ea
         assert outcomes(ledger, execution_id) == [(1, "acknowledged", "completed")]
     assert "lost its supervisor" not in supervisor.log()
     assert "mid-delivery" not in supervisor.log()
+
+
+@pytest.mark.timeout(60)
+def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(db, ledger):
+    """The loop's claim step, driven by hand: the only idle worker died (its pipe is closed) just
+    before a claim's reply came back. Its lease is released at once, not left to run out."""
+    from multiprocessing.connection import Connection
+
+    from faults import APP
+    from supervisor.dispatcher import Stats
+    from supervisor.ledger_calls import Call, LedgerCalls, Reply, Wakeup
+    from supervisor.loop import DispatchLoop
+    from supervisor.pool import Child, ChildProcess, Pool
+
+    admit(db, "orphaned", "sv.noop3")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.close()
+    pool = Pool(1, app=APP, db_path=str(db), durability="normal", heartbeat_s=0.2, misses=3)
+    pool.children.append(Child(ChildProcess(dead), Connection(ours.detach()), dead.pid, ready=True))
+    calls = LedgerCalls(open_backend(db), "test-calls")
+    renewals = LedgerCalls(open_backend(db), "test-renewals")
+    config = SupervisorConfig(concurrency=1, lease_ms=30_000)
+    loop = DispatchLoop(config, Stats(), pool, calls, renewals, db_path=str(db), signals=Wakeup(),
+                        stop_requests=lambda: 0)
+    try:
+        (lease,) = ledger.executions.claim_due(limit=1, duration=config.lease_ms)
+        loop.on_claim_due(Reply(Call("claim_due", about=1), [lease]), time.monotonic())
+        assert dead.pid not in [c.pid for c in pool.children]  # replaced by a fresh worker
+
+        def released():
+            loop.take_replies(time.monotonic())
+            return [h.ended_by for h in ledger.executions.history("orphaned")] == ["released"]
+
+        wait_until(released, timeout=10, message="the lease to be released")
+        record = ledger.executions.get("orphaned")
+        assert (record.status, record.unacknowledged_deliveries) == ("admitted", 1)
+    finally:
+        pool.shutdown(kill=True)
+        calls.close()
+        renewals.close()
 
 
 @pytest.mark.timeout(60)
