@@ -81,6 +81,7 @@ class DispatchLoop:
         self.stop_requests = stop_requests
         self.on_delivery = on_delivery
         self.fatal: Optional[StorageError] = None
+        self.failing: dict[str, int] = {}  # storage errors in a row, by ledger method
         self.clock = calls.backend.clock
         now = time.monotonic()
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
@@ -163,18 +164,26 @@ class DispatchLoop:
 
     def take_replies(self, now: float) -> None:
         for reply in self.calls.replies() + self.renewals.replies():
-            if reply.error is not None:
-                self.storage_error(reply)
+            self.count_failures(reply)
             handler = getattr(self, f"on_{reply.call.method}")
             handler(reply, now)
 
-    def storage_error(self, reply: Reply) -> None:
-        error = reply.error
+    def count_failures(self, reply: Reply) -> None:
+        """Log the first storage error of a run of them, and the call that ends the run: a disk
+        that stays full for a minute is two lines per kind of call, not thousands."""
+        method, error = reply.call.method, reply.error
+        failing = self.failing.get(method, 0)
+        if error is None:
+            if failing:
+                log.warning("%s succeeded again after %d failed attempts", method, failing)
+                del self.failing[method]
+            return
         self.stats.storage_errors += 1
+        self.failing[method] = failing + 1
         if not error.transient:
             self.fatal = self.fatal or error
-        else:
-            log.warning("%s failed, will retry: %s", reply.call.method, error)
+        elif not failing:
+            log.warning("%s failed, will retry: %s", method, error)
 
     # -- claims ------------------------------------------------------------------------------
 
