@@ -324,3 +324,20 @@ def ledger(db):
     """The test's own view of the ledger (one connection, kept open while the test polls it)."""
     with open_backend(db) as backend:
         yield backend
+
+
+def damage_table(db, table: str) -> None:
+    """Overwrite the first page of `table` (its root: for a small table, all of its rows) with
+    garbage, in the file itself, as a failing disk would. Close every connection first, so the
+    WAL is checkpointed into the file."""
+    conn = sqlite3.connect(str(db))
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               (table,)).fetchone()
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    finally:
+        conn.close()
+    with open(db, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(b"\xa5" * page_size)

@@ -25,8 +25,8 @@ from supervisor import open_backend
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.pool import MAX_CONCURRENCY
 
-from faults import (admit, cli, db, dump_on_hang, freeze, gone, ledger, read_log, supervisors, thaw, wait_gone,
-                    wait_until)
+from faults import (admit, cli, damage_table, db, dump_on_hang, freeze, gone, ledger, read_log, supervisors, thaw,
+                    wait_gone, wait_until)
 from test_supervisor_faults import hold_input, outcomes, status, waiting
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -293,3 +293,36 @@ def test_finding_10_a_second_stop_signal_while_the_database_is_busy_exits_cleanl
         supervisor.signal(signal.SIGTERM)
         assert supervisor.wait(timeout=10) == 1, supervisor.log()
     assert "Traceback" not in supervisor.log() and "Error" not in supervisor.log()
+
+
+# -- a file that can no longer be used -------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_corrupt_page_stops_the_supervisor_with_a_message_instead_of_retrying_forever(db, tmp_path,
+                                                                                        supervisors):
+    # The execution records a step, then waits on a timer; while it waits, the steps table's page
+    # is damaged. Its next delivery cannot read its steps: that is corruption, not a busy database.
+    admit(db, "damaged", "sv.nap", {"seconds": 2, "log": str(tmp_path / "effects.log")})
+    first = supervisors.start(db, concurrency=1)
+    first.wait_log("delivery execution=damaged token=1 outcome=suspended")
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0
+    damage_table(db, "steps")
+    second = supervisors.start(db, concurrency=1)
+    assert second.wait(timeout=30) == 5, second.log()
+    log = second.log()
+    assert "malformed" in log and str(db) in log and "integrity_check" in log
+    assert log.count("delivery execution=damaged") <= 1  # not released and retried on and on
+    assert "Traceback" not in log
+
+
+@pytest.mark.timeout(60)
+def test_a_ledger_deleted_under_a_running_supervisor_stops_it_with_exit_code_5(db, supervisors):
+    admit(db, "first", "sv.noop3")
+    supervisor = supervisors.start(db, concurrency=1)
+    supervisor.wait_log("delivery execution=first token=1 outcome=completed")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    assert supervisor.wait(timeout=10) == 5, supervisor.log()
+    assert f"the ledger {db} was deleted or replaced" in supervisor.log()
