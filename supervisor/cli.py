@@ -2,6 +2,10 @@
 
 Exit codes: 0 success; 1 the execution asked for is unknown (`get`, `steps`, `history`, `wake`);
 2 bad input or a database error (the message says which), printed on stderr without a traceback.
+A command that only reads (`get`, `ls`, `steps`, `history`, `store ls`, `store get`), and `wake`,
+which needs an execution that exists, never creates a ledger: on a path with no file it prints
+"yieldstar: no ledger at PATH" and exits 2, like any other bad `--db`. `supervise` has its own
+exit codes (see `supervisor.dispatcher`).
 """
 
 from __future__ import annotations
@@ -58,17 +62,18 @@ def handles_errors(fn: Callable) -> Callable:
             fail(str(exc))
         except OSError as exc:
             fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
-        except Exception as exc:  # sqlite3.DatabaseError and the like: a message, not a traceback
+        except Exception as exc:  # a bug (storage failures are YieldstarErrors): still one line, no traceback
             fail(f"{type(exc).__name__}: {exc}")
 
     return wrapper
 
 
-def backend_of(ctx: click.Context):
+def backend_of(ctx: click.Context, *, create: bool = True):
+    """The ledger named by --db; with `create=False`, a missing one raises `NoLedger`."""
     path = ctx.obj["db"]
     if os.path.isdir(path):
         raise ValueError(f"--db {path} is a folder, not a database file")
-    return open_backend(path)
+    return open_backend(path, create=create)
 
 
 def parse_json_option(name: str, text: str) -> str:
@@ -111,7 +116,7 @@ def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None
 @handles_errors
 def get(ctx, execution_id: str, as_json_: bool) -> None:
     """Show one execution."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         record = backend.executions.get(execution_id)
     if record is None:
         fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
@@ -130,7 +135,7 @@ def get(ctx, execution_id: str, as_json_: bool) -> None:
 @handles_errors
 def list_executions(ctx, status: str | None, limit: int | None, as_json_: bool) -> None:
     """List executions, newest first."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         records = backend.executions.list(status=status, limit=limit)
     if as_json_:
         click.echo(json.dumps([as_json(r) for r in records]))
@@ -147,7 +152,7 @@ def list_executions(ctx, status: str | None, limit: int | None, as_json_: bool) 
 @handles_errors
 def steps(ctx, execution_id: str, as_json_: bool) -> None:
     """Show the recorded steps of one execution, in the order written."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         if backend.executions.get(execution_id) is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         records = backend.heap.steps(execution_id)
@@ -165,7 +170,7 @@ def steps(ctx, execution_id: str, as_json_: bool) -> None:
 @handles_errors
 def history(ctx, execution_id: str, as_json_: bool) -> None:
     """Show the lease history of one execution: one row per delivery."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         if backend.executions.get(execution_id) is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         records = backend.executions.history(execution_id)
@@ -185,7 +190,7 @@ def history(ctx, execution_id: str, as_json_: bool) -> None:
 @handles_errors
 def wake(ctx, execution_id: str, at: int | None) -> None:
     """Request a wake of one execution."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         backend.executions.request_wake(execution_id, backend.clock() if at is None else at)
 
 
@@ -217,7 +222,7 @@ def store() -> None:
 @handles_errors
 def store_list(ctx) -> None:
     """List every store with its version."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         for state in backend.stores.list():
             click.echo(f"{state.name}\tversion={state.version}\t{state.state_json}")
 
@@ -228,7 +233,7 @@ def store_list(ctx) -> None:
 @handles_errors
 def store_get(ctx, name: str) -> None:
     """Print one store's state as JSON; exit 1 if there is no such store."""
-    with backend_of(ctx) as backend:
+    with backend_of(ctx, create=False) as backend:
         state = backend.stores.get(name)
     if state is None:
         fail(f"no store {name!r}", EXIT_UNKNOWN)

@@ -10,6 +10,19 @@ Two rules run through every method:
   fencing token alone, checked atomically with the write.
 - **A lost lease is a reply, not an error.** A fenced call from a stale holder returns
   `LeaseLost` and changes nothing. Bad arguments raise `ValueError` and change nothing.
+
+What every call raises. Besides the `ValueError`s (`InvalidArgument` and its branches) a call
+documents under `Raises:`, any call may raise one of the `StorageError` branches of
+`supervisor.errors`, and never a database driver's own exception; its transaction was rolled
+back:
+
+- `StorageBusy` (the database stayed locked past the busy timeout) and `StorageUnavailable`
+  (disk full, an I/O error, out of memory) are transient: the same call may succeed later, and
+  a fenced or idempotent call may simply be repeated.
+- `LedgerUnusable` is lasting, until an operator acts on its message: `StorageCorrupt` (the
+  message names the file and how to check and restore it), `LedgerGone` (the file was deleted
+  or moved, or may no longer be written), and, when a backend is opened, `NotALedger`,
+  `SchemaTooNew`, `UnsafeLedgerFile` and `NoLedger`.
 """
 
 from __future__ import annotations
@@ -45,7 +58,10 @@ class ExecutionClient(abc.ABC):
         """Create the execution: status `admitted`, due at `now`, token 0.
 
         Admitting an existing id with the same workflow and input (compared as JSON values)
-        returns the stored record unchanged; with a different one raises `ExecutionConflict`.
+        returns the stored record unchanged.
+
+        Raises:
+            ExecutionConflict: the id was admitted with a different workflow or input.
         """
 
     @abc.abstractmethod
@@ -63,7 +79,9 @@ class ExecutionClient(abc.ABC):
 
         Terminal executions ignore it. With no live lease, `due_at = min(due_at, at)`. During a
         live lease the wake is kept for after that delivery and makes nothing claimable now.
-        Raises `UnknownExecution` for an id never admitted.
+
+        Raises:
+            UnknownExecution: the id was never admitted.
         """
 
     @abc.abstractmethod
@@ -177,7 +195,12 @@ class StoreClient(abc.ABC):
         """Idempotent by receipt: apply `change(state) -> (new_state, result)` and record the
         result under (store, execution, step key), in one transaction. If the receipt exists,
         nothing is applied and the recorded result is returned (`applied=False`). A change that
-        raises `NoMatch` commits nothing and returns None. Wakes the store's waiters."""
+        raises `NoMatch` commits nothing and returns None. Wakes the store's waiters.
+
+        Raises:
+            InvalidArgument: the store does not exist (create it with `get_or_create` first).
+            Anything else `change` raises, unchanged; nothing was committed.
+        """
 
     @abc.abstractmethod
     def put(self, name: str, item_json: str) -> StoreState:

@@ -348,8 +348,9 @@ def yieldstar(db, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(60)
 def test_yieldstar_store_ls_get_put_and_set_read_and_write_stores(tmp_path):
     db = tmp_path / "ledger.db"
-    empty = yieldstar(db, "store", "ls")
-    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+    missing = yieldstar(db, "store", "ls")  # reading never creates a ledger
+    assert (missing.returncode, missing.stdout, missing.stderr) == (2, "", f"yieldstar: no ledger at {db}\n")
+    assert not db.exists()
 
     put = yieldstar(db, "store", "put", "mail", '{"to": "alice"}')
     assert (put.returncode, json.loads(put.stdout)) == (0, [{"to": "alice"}])

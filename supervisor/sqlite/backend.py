@@ -1,27 +1,61 @@
-"""`SqliteBackend`: one connection to a ledger file, and the clients that share it."""
+"""`SqliteBackend`: one connection to a ledger file, and the clients that share it.
+
+Opening a ledger writes nothing until the file is known to be one (see `SqliteBackend._open`).
+
+The default clock is the wall clock. For chaos runs only, the environment variable
+`YIELDSTAR_CHAOS_CLOCK_SKEW_MS` (an int, in ms, may be negative) is added to it, so that one
+process's ledger clock can run ahead of or behind another's on the same host; it is read once,
+when a backend is opened, and a value that is not an int raises `ValueError` naming it. Never
+set it outside a chaos run: leases and timers follow the skewed clock.
+"""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
 from ..nudge import nudge
-from .connection import Connection
+from . import files
+from .connection import BUSY_TIMEOUT_MS, MEMORY, Connection, check_durability, patiently, probe
 from .executions import SqliteExecutionClient
 from .effects import SqliteEffectClient
 from .heap import SqliteHeapClient
 from .starts import SqliteStartClient
 from .stores import SqliteStoreClient
-from .schema import NotALedger, migrate
+from .schema import SCHEMA_VERSION, migrate, recognise
+
+CHAOS_CLOCK_SKEW = "YIELDSTAR_CHAOS_CLOCK_SKEW_MS"
 
 
 def wall_clock() -> int:
     """Milliseconds since the Unix epoch."""
     return time.time_ns() // 1_000_000
+
+
+def chaos_clock_skew() -> int:
+    """The skew (ms) a chaos run asks the default clock to add, from the environment; 0 unless set."""
+    text = os.environ.get(CHAOS_CLOCK_SKEW, "").strip()
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgument(f"{CHAOS_CLOCK_SKEW} must be an int number of milliseconds, got {text!r}") from None
+
+
+def default_clock() -> Callable[[], int]:
+    """The wall clock, skewed by `YIELDSTAR_CHAOS_CLOCK_SKEW_MS` when a chaos run sets it."""
+    skew = chaos_clock_skew()
+    if not skew:
+        return wall_clock
+
+    def skewed_wall_clock() -> int:
+        return wall_clock() + skew
+
+    return skewed_wall_clock
 
 
 def default_redelivery_delay(n: int) -> int:
@@ -54,38 +88,80 @@ def _checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
 
 
 class SqliteBackend:
-    """A ledger on one SQLite file. Any number of processes may open the same file at once."""
+    """A ledger on one SQLite file. Any number of processes may open the same file at once.
+
+    Raises (when opening):
+        NoLedger: there is no file at `path` and `create` is False.
+        UnsafeLedgerFile: the file, its -wal, -shm or -journal is a symlink, another user's, or
+            open to other users.
+        NotALedger: the file is not an SQLite database, or one that Yieldstar did not make.
+        SchemaTooNew: a newer Yieldstar made it.
+        LedgerGone: this user may not open or write the file.
+        StorageBusy, StorageUnavailable: transient; opening again later may succeed.
+    """
 
     def __init__(self, path, *, clock: Optional[Callable[[], int]] = None,
-                 redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal"):
+                 redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal",
+                 create: bool = True):
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidArgument(f"path must be a str or os.PathLike, not {type(path).__name__}")
         if clock is not None and not callable(clock):
             raise InvalidArgument(f"clock must be callable, not {type(clock).__name__}")
-        self.clock = clock or wall_clock
+        arguments.boolean("create", create)
+        check_durability(durability)
+        self.clock = clock or default_clock()
         self.redelivery_delay = _checked_delay(redelivery_delay or default_redelivery_delay)
         self.path = os.fspath(path)
         self.durability = durability
-        try:
-            self._conn = Connection(self.path, durability=durability,
-                                    functions=[("yieldstar_delay", 1, self.redelivery_delay)])
-        except sqlite3.DatabaseError as exc:
-            raise NotALedger(f"{self.path} is not a Yieldstar ledger: {exc}") from exc
-        try:
-            with self._conn.write() as db:
-                migrate(db)
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise NotALedger(f"{self.path} is not a Yieldstar ledger: {exc}") from exc
-        except BaseException:
-            self._conn.close()
-            raise
+        self._conn = self._open(create)
         announce = self._announce_due
         self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce)
         self.heap = SqliteHeapClient(self._conn, self._clock)
         self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
         self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
         self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
+
+    def _open(self, create: bool) -> Connection:
+        """Open the ledger in steps, none of which writes before the file is known to be one.
+
+        1. Check the file and its companions, creating an empty owner-only file when missing.
+        2. Recognise the schema on a read-only connection: an SQLite file Yieldstar did not
+           make is refused unchanged.
+        3. Connect, switch to WAL unless the file is already, and create or migrate the
+           schema only if it is not current (an open of a current ledger takes no write lock).
+        Steps that meet a busy file are repeated until the busy timeout has passed.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        version = 0
+        if self.path != MEMORY:
+            files.check_ledger_file(self.path, create=create)
+            version = patiently(lambda: probe(self.path, self._recognise), deadline=deadline)
+        functions = [("yieldstar_delay", 1, self.redelivery_delay)]
+        conn = patiently(lambda: Connection(self.path, durability=self.durability, functions=functions),
+                         deadline=deadline)
+        try:
+            if version is None:  # only a writer can read the file: recognise it on this one
+                version = patiently(lambda: self._recognise_on(conn), deadline=deadline)
+            patiently(conn.use_wal, deadline=deadline)
+            if version < SCHEMA_VERSION:
+                patiently(lambda: self._migrate(conn), deadline=deadline)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _recognise(self, db) -> int:
+        return recognise(db, self.path)
+
+    def _recognise_on(self, conn: Connection) -> int:
+        with conn.read() as db:
+            return recognise(db, self.path)
+
+    def _migrate(self, conn: Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return  # another process opening the file at the same time created the schema
+        with conn.write() as db:
+            migrate(db, self.path)
 
     def _announce_due(self) -> None:
         nudge(self.path)
@@ -110,6 +186,8 @@ class SqliteBackend:
         return f"SqliteBackend({self.path!r})"
 
 
-def open_backend(path, *, clock=None, redelivery_delay=None, durability="normal") -> SqliteBackend:
-    """Open (creating when missing) the ledger at `path`. See SPEC section 3."""
-    return SqliteBackend(path, clock=clock, redelivery_delay=redelivery_delay, durability=durability)
+def open_backend(path, *, clock=None, redelivery_delay=None, durability="normal", create=True) -> SqliteBackend:
+    """Open the ledger at `path`, creating it when missing unless `create` is False (then a
+    missing file raises `NoLedger("no ledger at PATH")` and nothing is created). See SPEC
+    section 3, and `SqliteBackend` for what opening raises."""
+    return SqliteBackend(path, clock=clock, redelivery_delay=redelivery_delay, durability=durability, create=create)

@@ -1,67 +1,224 @@
-"""One SQLite connection, its pragmas, and the single way to run a write transaction.
+"""One SQLite connection, its pragmas, the single way to run a write transaction, and the one
+place where SQLite's errors become Yieldstar's.
 
 Every read-modify-write goes through `Connection.write()`: `BEGIN IMMEDIATE` takes the
 database's write lock up front, so two processes can never both read a row and then both
 update it; an exception rolls back, and a normal exit commits. Single-statement fenced writes
 (`renew`, `write_step`) are atomic on their own and run through `Connection.execute()`.
+
+Errors. Every `sqlite3` error raised while opening the file, by a statement, or by a
+transaction's BEGIN or COMMIT leaves this module as a `StorageError` branch
+(`supervisor.errors`), chosen by SQLite's primary result code, with a message that names the
+file (and, for a lasting error, says what to do):
+
+    SQLITE_BUSY, SQLITE_LOCKED                              StorageBusy         transient
+    SQLITE_FULL, _IOERR, _NOMEM, _CANTOPEN, _PROTOCOL       StorageUnavailable  transient
+    SQLITE_CORRUPT                                          StorageCorrupt      lasting
+    SQLITE_NOTADB                                           NotALedger          lasting
+    SQLITE_READONLY, _PERM, _AUTH                           LedgerGone          lasting
+
+A call that fails leaves no transaction open (a failed COMMIT is rolled back), so the connection
+stays usable and the same call may succeed once a transient fault clears. Any other
+`sqlite3.Error` — `ProgrammingError` (a call on a closed backend), `InterfaceError`, a
+constraint or syntax error — is a mistake in the calling code, not a storage failure: it
+propagates unchanged, and nothing should catch it.
+
+Opening. Switching a file to WAL needs an exclusive lock, and SQLite reports some lock
+conflicts at once instead of calling the busy handler (two connections that each hold a shared
+lock and both want to write: one of them must give way). So the steps that open a ledger run
+under `patiently()`, which repeats a step that met a busy file, with a short random backoff,
+until the busy timeout has passed: any number of processes may open one new file at once.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import shlex
 import sqlite3
 import threading
+import time
+import urllib.parse
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, NoReturn, Optional, Sequence, TypeVar
 
-from ..errors import InvalidArgument, StorageBusy
+from ..errors import (
+    InvalidArgument,
+    LedgerGone,
+    NotALedger,
+    StorageBusy,
+    StorageCorrupt,
+    StorageError,
+    StorageUnavailable,
+)
+
+T = TypeVar("T")
 
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 BUSY_TIMEOUT_MS = 15_000
+MEMORY = ":memory:"
+
+# SQLite's primary result codes that are storage failures (https://sqlite.org/rescode.html).
+SQLITE_PERM, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_NOMEM, SQLITE_READONLY = 3, 5, 6, 7, 8
+SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_PROTOCOL = 10, 11, 13, 14, 15
+SQLITE_AUTH, SQLITE_NOTADB = 23, 26
+# Extended: the file was unlinked or renamed while open (SQLite checks before each write).
+SQLITE_READONLY_DBMOVED = SQLITE_READONLY | (4 << 8)
+
+# Pythons before 3.11 give no result code: SQLite's own message for each, first match wins.
+_CODE_BY_MESSAGE = (
+    ("database is locked", SQLITE_BUSY), ("is locked", SQLITE_LOCKED),
+    ("database or disk is full", SQLITE_FULL), ("disk I/O error", SQLITE_IOERR), ("out of memory", SQLITE_NOMEM),
+    ("unable to open database file", SQLITE_CANTOPEN), ("locking protocol", SQLITE_PROTOCOL),
+    ("malformed", SQLITE_CORRUPT), ("file is not a database", SQLITE_NOTADB),
+    ("readonly database", SQLITE_READONLY), ("access permission denied", SQLITE_PERM),
+    ("authorization denied", SQLITE_AUTH),
+)
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
+def result_code(exc: sqlite3.Error) -> Optional[int]:
+    """SQLite's (extended) result code for `exc`, or None when SQLite did not raise it."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code
     text = str(exc)
-    return "locked" in text or "busy" in text
+    return next((code for fragment, code in _CODE_BY_MESSAGE if fragment in text), None)
 
 
-def _create_private(path: str) -> None:
-    """Create the database file readable and writable by its owner only.
+def storage_error(exc: sqlite3.Error, path: str) -> Optional[StorageError]:
+    """The contract error for `exc` met on the ledger at `path`; None for a programming error."""
+    code = result_code(exc)
+    if code is None:
+        return None
+    primary = code & 0xFF
+    quoted = shlex.quote(path)
+    if primary in (SQLITE_BUSY, SQLITE_LOCKED):
+        return StorageBusy(f"the ledger {path} is locked by another process: {exc} (busy timeout {BUSY_TIMEOUT_MS} ms)")
+    if primary == SQLITE_FULL:
+        return StorageUnavailable(f"the ledger {path} cannot grow: {exc}; free some disk space")
+    if primary == SQLITE_IOERR:
+        return StorageUnavailable(f"an I/O error on the ledger {path}: {exc}; check the disk and its file system")
+    if primary == SQLITE_NOMEM:
+        return StorageUnavailable(f"out of memory while using the ledger {path}: {exc}")
+    if primary in (SQLITE_CANTOPEN, SQLITE_PROTOCOL):
+        return StorageUnavailable(f"SQLite cannot open or lock the ledger {path} or its -wal/-shm files: {exc}")
+    if primary == SQLITE_CORRUPT:
+        return StorageCorrupt(
+            f"the ledger {path} is corrupt ({exc}): stop every process using it; check it with"
+            f" `sqlite3 {quoted} 'PRAGMA integrity_check'`; restore it from a backup, or recover what can be"
+            f" read with `sqlite3 {quoted} .recover`")
+    if primary == SQLITE_NOTADB:
+        return NotALedger(f"{path} is not a Yieldstar ledger: {exc}; check the path")
+    if code == SQLITE_READONLY_DBMOVED:
+        return LedgerGone(f"the ledger {path} was deleted or moved while in use ({exc}): stop every process"
+                          f" using it, and put the file back or start on a new one")
+    if primary in (SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH):
+        return LedgerGone(f"the ledger {path} can no longer be written ({exc}): check the owner and mode of"
+                          f" {quoted} and its -wal and -shm files (`ls -l {quoted}*`) and that the disk is writable")
+    return None
 
-    SQLite gives the -wal and -shm files it creates later the same permissions.
+
+def patiently(step: Callable[[], T], *, deadline: float) -> T:
+    """Run an opening step, again while it meets a busy file, until `deadline` (monotonic s)."""
+    pause = 0.001
+    while True:
+        try:
+            return step()
+        except StorageBusy:
+            if time.monotonic() + pause >= deadline:
+                raise
+        time.sleep(random.uniform(0, pause))  # apart, so that the openers do not collide again
+        pause = min(pause * 2, 0.05)
+
+
+def probe(path: str, look: Callable[[sqlite3.Connection], T]) -> Optional[T]:
+    """Run `look(db)` in one read transaction on a read-only connection of its own.
+
+    A read-only connection cannot change the file: unlike a writer, it neither rolls back a hot
+    journal nor checkpoints a WAL when it closes, so a file is looked at before anything may
+    write to it. Returns None when only a writer can read the file (a transaction that another
+    program left half-done, which SQLite's recovery must roll back first).
     """
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    os.close(fd)
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as exc:
+        _raise_mapped(exc, path)
+    try:
+        db.execute("BEGIN")
+        return look(db)
+    except sqlite3.Error as exc:
+        code = result_code(exc)
+        if code is not None and code & 0xFF == SQLITE_READONLY and code != SQLITE_READONLY_DBMOVED:
+            return None
+        _raise_mapped(exc, path)
+    finally:
+        db.close()  # ends the read transaction too
+
+
+def _raise_mapped(exc: sqlite3.Error, path: str) -> NoReturn:
+    """Raise the contract error for `exc` (caused by it), or `exc` itself for a programming error."""
+    error = storage_error(exc, path)
+    if error is None:
+        raise exc
+    raise error from exc
+
+
+def check_durability(durability: Any) -> str:
+    if not isinstance(durability, str) or durability not in DURABILITY:
+        raise InvalidArgument(f"durability must be one of {sorted(DURABILITY)}, got {durability!r}")
+    return durability
+
+
+class Rows:
+    """The rows of one statement, fetched while the connection's lock was held: a failure while
+    stepping through them is a contract error too, and no other thread's statement interleaves."""
+
+    __slots__ = ("_rows", "_next", "rowcount")
+
+    def __init__(self, rows: list, rowcount: int):
+        self._rows, self._next, self.rowcount = rows, 0, rowcount
+
+    def fetchone(self) -> Optional[tuple]:
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
+
+    def fetchall(self) -> list:
+        rest, self._next = self._rows[self._next:], len(self._rows)
+        return rest
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self.fetchall())
 
 
 class Connection:
-    """A thread-safe wrapper around one `sqlite3.Connection` in autocommit mode."""
+    """A thread-safe wrapper around one `sqlite3.Connection` in autocommit mode.
+
+    It only connects and sets per-connection pragmas, which write nothing; the file's checks,
+    its journal mode and its schema are `SqliteBackend`'s opening steps.
+    """
 
     def __init__(self, path: str, *, durability: str = "normal", functions: Sequence[tuple[str, int, Callable]] = ()):
-        if durability not in DURABILITY:
-            raise InvalidArgument(f"durability must be one of {sorted(DURABILITY)}, got {durability!r}")
+        check_durability(durability)
         self.path = os.fspath(path)
-        if self.path != ":memory:":
-            _create_private(self.path)
         self._lock = threading.RLock()
-        self._conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
-        )
-        for name, nargs, fn in functions:
-            self._conn.create_function(name, nargs, fn, deterministic=True)
-        with self._busy(), self._closing_on_error():
+        try:
+            self._conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+        except sqlite3.Error as exc:
+            _raise_mapped(exc, self.path)
+        try:
+            for name, nargs, fn in functions:
+                self._conn.create_function(name, nargs, fn, deterministic=True)
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {DURABILITY[durability]}")
             self._conn.execute("PRAGMA foreign_keys = ON")
-
-    @contextmanager
-    def _closing_on_error(self) -> Iterator[None]:
-        try:
-            yield
+        except sqlite3.Error as exc:
+            self._conn.close()
+            _raise_mapped(exc, self.path)
         except BaseException:
             self._conn.close()
             raise
@@ -70,48 +227,76 @@ class Connection:
     def raw(self) -> sqlite3.Connection:
         return self._conn
 
-    @contextmanager
-    def _busy(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
-                raise StorageBusy(f"database {self.path} is locked by another process: {exc}") from exc
-            raise
-
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """Run the block in one `BEGIN IMMEDIATE` transaction: commit on success, else roll back."""
-        with self._lock, self._busy():
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
-        """Run the block in one read transaction, so its statements see one snapshot."""
-        with self._lock, self._busy():
-            self._conn.execute("BEGIN")
-            try:
-                yield self._conn
-            finally:
-                self._conn.execute("COMMIT")
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        """One statement, atomic on its own."""
-        # On every fenced write: a plain try costs less than entering `_busy()`.
+    def use_wal(self) -> None:
+        """Put the file in WAL mode, unless it is already (the switch takes an exclusive lock)."""
+        if self.path == MEMORY:
+            return
         with self._lock:
             try:
-                return self._conn.execute(sql, params)
-            except sqlite3.OperationalError as exc:
-                if _is_busy(exc):
-                    raise StorageBusy(f"database {self.path} is locked by another process: {exc}") from exc
+                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            except sqlite3.Error as exc:
+                _raise_mapped(exc, self.path)
+        if mode != "wal":
+            raise StorageUnavailable(f"SQLite could not put the ledger {self.path} in WAL mode (it stayed {mode})")
+
+    def write(self) -> ContextManager[sqlite3.Connection]:
+        """Run the block in one `BEGIN IMMEDIATE` transaction: commit on success, else roll back."""
+        return self._transaction("BEGIN IMMEDIATE")
+
+    def read(self) -> ContextManager[sqlite3.Connection]:
+        """Run the block in one read transaction, so its statements see one snapshot."""
+        return self._transaction("BEGIN")
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._conn.execute(begin)
+            except sqlite3.Error as exc:
+                _raise_mapped(exc, self.path)
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                self._roll_back()
+                _raise_mapped(exc, self.path)
+            except BaseException:
+                self._roll_back()
                 raise
+            self._commit()
+
+    def _commit(self) -> None:
+        try:
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # SQLite keeps the transaction open after some failed COMMITs (a busy one) and rolls
+            # it back itself after others (disk full, I/O error): either way none is left open.
+            self._roll_back()
+            _raise_mapped(exc, self.path)
+
+    def _roll_back(self) -> None:
+        """End the open transaction, if SQLite has not already; the caller reports the error."""
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite still ends the transaction; the error that led here is the one to report
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        """One statement, atomic on its own; its rows are fetched at once."""
+        # On every fenced write: a plain try costs less than a context manager.
+        with self._lock:
+            try:
+                cursor = self._conn.execute(sql, params)
+                return Rows(cursor.fetchall(), cursor.rowcount)
+            except sqlite3.Error as exc:
+                _raise_mapped(exc, self.path)
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            try:
+                self._conn.close()
+            except sqlite3.Error as exc:
+                _raise_mapped(exc, self.path)

@@ -1,16 +1,16 @@
 """The database schema, its version, and the migrations that bring an older file up to date.
 
-The version lives in SQLite's `user_version` pragma. `migrate()` runs inside one
-`BEGIN IMMEDIATE` transaction, so several processes opening a new file at once create the
-schema exactly once. Each table's statements live in the module that owns the table
+The version lives in SQLite's `user_version` pragma. `recognise()` reads it, and the tables,
+before anything writes to a file, so that an SQLite file Yieldstar did not make is refused
+untouched. `migrate()` runs inside one `BEGIN IMMEDIATE` transaction, so several processes
+opening a new file at once create the schema exactly once. Each table's statements live in the module that owns the table
 (`executions.py`, `heap.py`, ...); this module only creates them.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
-
-import sqlite_utils
 
 from ..errors import NotALedger, SchemaTooNew
 
@@ -126,23 +126,60 @@ MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-TABLES = ("executions", "lease_history", "steps", "waiters", "starts", "effects", "stores", "store_receipts")
+_CREATE_TABLE = re.compile(r"\s*CREATE TABLE (\w+)")
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring the schema to SCHEMA_VERSION; call inside a write transaction."""
+def tables_at(version: int) -> set[str]:
+    """The tables a ledger of schema `version` has."""
+    return {match.group(1) for statements in MIGRATIONS[:version] for statement in statements
+            if (match := _CREATE_TABLE.match(statement))}
+
+
+# Every object but SQLite's own (sqlite_sequence, sqlite_stat1, ...).
+OBJECTS = r"SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite\_%' ESCAPE '\'"
+
+
+def recognise(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of the file at `path`, read without writing anything.
+
+    A file with version 0 is new only if it holds nothing at all; a version this Yieldstar
+    knows must come with that version's tables.
+
+    Raises:
+        NotALedger: the file is an SQLite database that Yieldstar did not make.
+        SchemaTooNew: a newer Yieldstar made it.
+    """
     version = conn.execute("PRAGMA user_version").fetchone()[0]
+    objects = conn.execute(OBJECTS).fetchall()
+    tables = {name for kind, name in objects if kind == "table"}
+    if version == 0:
+        if objects:
+            shown = ", ".join(sorted(name for _, name in objects)[:5])
+            raise NotALedger(f"{path} is not a Yieldstar ledger: it is an SQLite database holding {shown}"
+                             f"{', ...' if len(objects) > 5 else ''}, which Yieldstar did not create")
+        return version
     if version > SCHEMA_VERSION:
-        raise SchemaTooNew(
-            f"the database has schema version {version}; this Yieldstar understands up to {SCHEMA_VERSION}"
-        )
-    if version == 0 and sqlite_utils.Database(conn).table_names():
-        raise NotALedger("the file already holds tables that Yieldstar did not create; refusing to use it")
+        if not tables_at(1) <= tables:
+            raise NotALedger(f"{path} is not a Yieldstar ledger: its schema version is {version} and it lacks"
+                             f" Yieldstar's tables")
+        raise SchemaTooNew(f"{path} has schema version {version}, from a newer Yieldstar; this one understands up"
+                           f" to version {SCHEMA_VERSION}: upgrade Yieldstar to use it")
+    missing = tables_at(version) - tables
+    if missing:
+        raise NotALedger(f"{path} is not a Yieldstar ledger: it has schema version {version} but lacks the tables"
+                         f" {', '.join(sorted(missing))}")
+    return version
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Bring the schema to SCHEMA_VERSION; call inside a write transaction.
+
+    The version is read again under the write lock: another process may have migrated the file
+    since it was recognised.
+    """
+    version = recognise(conn, path)
     for statements in MIGRATIONS[version:]:
         for statement in statements:
             conn.execute(statement)
     if version != SCHEMA_VERSION:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    missing = set(TABLES) - set(sqlite_utils.Database(conn).table_names())
-    if missing:
-        raise NotALedger(f"the file has schema version {version} but lacks the tables {', '.join(sorted(missing))}")

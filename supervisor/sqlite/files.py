@@ -1,0 +1,150 @@
+"""The ledger's files on disk, checked before SQLite opens them.
+
+A ledger decides which side effects happen, so Yieldstar uses only files that nobody else could
+have written, and never writes to a file it did not make:
+
+- The ledger is created owner-only (0600) with `O_CREAT | O_EXCL | O_NOFOLLOW`: a symlink at the
+  path, even a dangling one, is refused and nothing is created where it points. SQLite gives
+  the `-wal`, `-shm` and `-journal` files it creates later the ledger's own mode.
+- The ledger and its `-wal`, `-shm` and `-journal` files are refused (`UnsafeLedgerFile`) when
+  one is a symlink, belongs to another user, or has any group or other permission bit; the
+  message says how to fix it.
+- A file that does not begin with SQLite's header is refused (`NotALedger`) before SQLite reads
+  it. Whether an SQLite file is a Yieldstar ledger is decided next, by the connection, on a
+  read-only connection (`schema.recognise`).
+
+The folder is trusted: whoever may rename files in it could swap a file after these checks, so
+keep a ledger in a folder that only its owner can write.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import shlex
+import stat
+
+from ..errors import LedgerGone, NoLedger, NotALedger, StorageUnavailable, UnsafeLedgerFile
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+COMPANIONS = ("-wal", "-shm", "-journal")
+OWNER_ONLY = 0o600
+
+
+def check_ledger_file(path: str, *, create: bool) -> None:
+    """Check the ledger at `path` and its companion files; create an empty one when missing.
+
+    An empty file is a new ledger (nobody wrote a schema into it yet) unless `create` is False.
+
+    Raises:
+        NoLedger: there is no file at `path` and `create` is False (or its folder is missing).
+        UnsafeLedgerFile: the ledger or a companion is a symlink, another user's, or open to others.
+        NotALedger: the path is not a regular file, or the file is not an SQLite database.
+        LedgerGone: this user may not open or create the file.
+        StorageUnavailable: the file system failed (disk full, I/O error, too many open files).
+    """
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                raise NoLedger(f"no ledger at {path}") from None
+            _create(path)
+            continue  # opened like any other, in case another process got there first
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _symlink(path) from None
+            raise _os_error(path, exc) from None
+        try:
+            _check_owner_and_mode(path, os.fstat(fd), "the ledger", ledger=True)
+            first = os.pread(fd, len(SQLITE_HEADER), 0)
+        except OSError as exc:
+            raise _os_error(path, exc) from None
+        finally:
+            os.close(fd)
+        break
+    for suffix in COMPANIONS:
+        companion = path + suffix
+        try:
+            st = os.lstat(companion)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _os_error(companion, exc) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise _symlink(companion)
+        _check_owner_and_mode(companion, st, f"the ledger's {suffix[1:]} file")
+    if first and first != SQLITE_HEADER:
+        # A file being created by SQLite elsewhere reads empty until its first page is whole:
+        # the size grows only after the bytes are in place.
+        raise NotALedger(f"{path} is not a Yieldstar ledger: it is not an SQLite database file; check the path")
+    if not first and not create:
+        raise NoLedger(f"no ledger at {path} (the file is empty)")
+
+
+def _create(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OWNER_ONLY)
+    except FileExistsError:
+        return  # another process created it, or a symlink is there: the caller looks again
+    except FileNotFoundError:
+        raise NoLedger(f"no ledger at {path}: the folder {os.path.dirname(path) or '.'} does not exist") from None
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    try:
+        os.fchmod(fd, OWNER_ONLY)  # exactly 0600, whatever the umask took away
+    finally:
+        os.close(fd)
+
+
+def _check_owner_and_mode(path: str, st: os.stat_result, what: str, *, ledger: bool = False) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        if ledger:
+            raise NotALedger(f"{path} is not a Yieldstar ledger: it is not a regular file")
+        raise UnsafeLedgerFile(f"{what} {path} is not a regular file; remove it if no Yieldstar process is running")
+    me = os.geteuid()
+    quoted = shlex.quote(path)
+    if st.st_uid != me:
+        raise UnsafeLedgerFile(
+            f"{what} {path} belongs to {_user(st.st_uid)}, not to {_user(me)} who runs Yieldstar: its owner could"
+            f" have written anything into it. Run Yieldstar as its owner, or, if you trust its contents, take it"
+            f" over: chown {_name(me)} {quoted} && chmod 600 {quoted}")
+    loose = stat.S_IMODE(st.st_mode) & 0o077
+    if loose:
+        raise UnsafeLedgerFile(
+            f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: other users could read or change it. If you"
+            f" trust its contents, make it owner-only: chmod 600 {quoted}")
+
+
+def _symlink(path: str) -> UnsafeLedgerFile:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return UnsafeLedgerFile(
+        f"{path} is a symbolic link (to {target}); Yieldstar does not follow links to its ledger files:"
+        f" give the real path, or replace the link by the file")
+
+
+def _os_error(path: str, exc: OSError) -> Exception:
+    """The contract error for an OSError met while checking or creating `path`."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return LedgerGone(f"cannot open {path}: {reason}; check the permissions of the file and its folder")
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return NoLedger(f"no ledger at {path} ({reason})")
+    if exc.errno == errno.EISDIR:
+        return NotALedger(f"{path} is not a Yieldstar ledger: it is a folder")
+    return StorageUnavailable(f"cannot open {path}: {reason}")
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _user(uid: int) -> str:
+    return f"{_name(uid)} (uid {uid})"
