@@ -64,10 +64,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
         message = tasks.get()
         if message is None:
             break
-        # ("run", execution_id, token, expires_at, claimed_at); a supervisor that predates
-        # claimed_at sends four fields.
-        execution_id, token, expires_at = message[1:4]
-        claimed_at = message[4] if len(message) > 4 else None
+        _, execution_id, token, expires_at, claimed_at = message
         lease = ExecutionLease(execution_id, token, expires_at)
         current["token"] = token
         started = time.monotonic()
