@@ -19,7 +19,7 @@ import tempfile
 from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
-from supervisor.errors import StorageError, YieldstarError
+from supervisor.errors import TRANSIENT_KINDS, YieldstarError
 
 from .driver import run_delivery
 from .registry import Registry
@@ -41,17 +41,6 @@ class FakeClock:
 class WorkflowStuck(YieldstarError):
     """Raised when an in-process run can make no progress: the execution waits for nothing due,
     or the ledger is unusable."""
-
-
-def _lasting(kind: str) -> bool:
-    """Whether the storage error of that `kind` needs an operator (`StorageError.transient`)."""
-    classes = [StorageError]
-    while classes:
-        cls = classes.pop()
-        if cls.kind == kind:
-            return not cls.transient
-        classes.extend(cls.__subclasses__())
-    return False
 
 
 def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execution_id: str = "test-execution",
@@ -89,7 +78,7 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
         if isinstance(outcome, (Suspended, Completed, Failed)):
             backend.executions.acknowledge(lease, outcome)
         elif isinstance(outcome, Retry):
-            if outcome.storage_error is not None and _lasting(outcome.storage_error):
+            if outcome.storage_error not in (None, *TRANSIENT_KINDS):
                 raise WorkflowStuck(f"execution {execution_id!r} cannot go on: the ledger is unusable"
                                     f" ({outcome.storage_error}): {outcome.reason}")
             retried = f" (the last delivery asked to be retried: {outcome.reason})"
