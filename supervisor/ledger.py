@@ -21,8 +21,11 @@ back:
   a fenced or idempotent call may simply be repeated.
 - `LedgerUnusable` is lasting, until an operator acts on its message: `StorageCorrupt` (the
   message names the file and how to check and restore it), `LedgerGone` (the file was deleted
-  or moved, or may no longer be written), and, when a backend is opened, `NotALedger`,
+  or replaced, or may no longer be written), and, when a backend is opened, `NotALedger`,
   `SchemaTooNew`, `UnsafeLedgerFile` and `NoLedger`.
+
+Calling a backend after `close()` is a programming error, not a storage failure, and raises
+what the driver raises for it.
 """
 
 from __future__ import annotations

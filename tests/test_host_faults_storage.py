@@ -369,6 +369,26 @@ def test_finding_9_e_a_corrupt_page_is_reported_as_corruption_naming_the_file(tm
             assert not ledger.connection.raw.in_transaction
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_ledger_deleted_or_replaced_while_in_use_is_reported_as_gone(tmp_path, monkeypatch, how):
+    path = tmp_path / "ledger.db"
+    with open_backend(path) as ledger:
+        ledger.executions.admit("order-1", "charge")
+        monkeypatch.chdir(tmp_path.parent)  # the check does not depend on the working folder
+        assert ledger.executions.admit("order-2", "charge").status == "admitted"
+        if how == "deleted":
+            path.unlink()
+        else:
+            make_ledger(tmp_path / "other.db")
+            (tmp_path / "other.db").rename(path)
+
+        with pytest.raises(errors.LedgerGone) as raised:
+            ledger.executions.admit("order-3", "charge")
+
+        assert str(path) in str(raised.value) and how in str(raised.value)
+        assert raised.value.transient is False and raised.value.kind == "gone"
+
+
 # -- a full disk ---------------------------------------------------------------------------------
 
 

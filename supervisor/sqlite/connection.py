@@ -17,6 +17,10 @@ file (and, for a lasting error, says what to do):
     SQLITE_NOTADB                                           NotALedger          lasting
     SQLITE_READONLY, _PERM, _AUTH                           LedgerGone          lasting
 
+SQLite does not notice that the file was deleted or replaced while open (in WAL mode it writes on
+into the unlinked file), so each write transaction first checks that the path still names the
+file it opened, and raises `LedgerGone` if not.
+
 A call that fails leaves no transaction open (a failed COMMIT is rolled back), so the connection
 stays usable and the same call may succeed once a transient fault clears. Any other
 `sqlite3.Error` — `ProgrammingError` (a call on a closed backend), `InterfaceError`, a
@@ -222,6 +226,26 @@ class Connection:
         except BaseException:
             self._conn.close()
             raise
+        # What each write transaction checks the path against (see the module docstring); an
+        # absolute path, so that a chdir changes nothing.
+        self._file = None if self.path == MEMORY else os.path.abspath(self.path)
+        self._identity = None if self._file is None else self._file_identity()
+
+    def _file_identity(self) -> Optional[tuple[int, int]]:
+        try:
+            st = os.stat(self._file, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return self._identity  # cannot tell (the folder's permissions): SQLite reports what matters
+        return st.st_dev, st.st_ino
+
+    def _check_file(self) -> None:
+        if self._identity is not None and self._file_identity() != self._identity:
+            raise LedgerGone(
+                f"the ledger {self.path} was deleted or replaced while in use: whatever was written since went"
+                f" into a file nobody can open. Stop every process using it; then restore the file, or start"
+                f" them on a new one")
 
     @property
     def raw(self) -> sqlite3.Connection:
@@ -243,15 +267,17 @@ class Connection:
 
     def write(self) -> ContextManager[sqlite3.Connection]:
         """Run the block in one `BEGIN IMMEDIATE` transaction: commit on success, else roll back."""
-        return self._transaction("BEGIN IMMEDIATE")
+        return self._transaction("BEGIN IMMEDIATE", check_file=True)
 
     def read(self) -> ContextManager[sqlite3.Connection]:
         """Run the block in one read transaction, so its statements see one snapshot."""
-        return self._transaction("BEGIN")
+        return self._transaction("BEGIN", check_file=False)
 
     @contextmanager
-    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, begin: str, *, check_file: bool) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            if check_file:
+                self._check_file()
             try:
                 self._conn.execute(begin)
             except sqlite3.Error as exc:
