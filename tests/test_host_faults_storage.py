@@ -311,6 +311,33 @@ def test_a_newer_schema_is_refused_naming_the_file(tmp_path):
     assert str(path) in str(refused.value) and "upgrade" in str(refused.value)
 
 
+HALF_DONE = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size = 2")  # the transaction spills into the file: its journal is hot
+conn.execute("BEGIN")
+for i in range(2000):
+    conn.execute("INSERT INTO stores VALUES (?, ?, 1, 0, 0)", (f"store-{i}", "x" * 500))
+os._exit(0)  # dies mid-transaction
+"""
+
+
+def test_a_ledger_left_with_a_half_done_transaction_by_a_killed_process_still_opens(tmp_path):
+    """A read-only look cannot roll back a hot journal; the writer that opens next does."""
+    path = tmp_path / "ledger.db"
+    make_ledger(path, executions=2)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    conn.close()
+    subprocess.run([sys.executable, "-c", HALF_DONE, str(path)], check=True, timeout=60)
+    assert (tmp_path / "ledger.db-journal").stat().st_size > 0
+
+    with open_backend(path) as ledger:
+        assert [r.execution_id for r in ledger.executions.list()] == ["order-1", "order-0"]
+        assert ledger.stores.list() == []
+        assert ledger.connection.raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
 @pytest.mark.timeout(90)
 def test_finding_9_d_read_only_commands_on_a_missing_path_create_nothing_and_say_no_ledger_at(tmp_path):
     path = tmp_path / "mistyped.db"
