@@ -22,7 +22,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Callable, Optional
 
-from worker.protocol import ALIVE, BEAT, DONE, RUN
+from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
 
 from .errors import TRANSIENT_KINDS, LedgerGone, LedgerUnusable, StorageError
 from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
@@ -414,6 +414,9 @@ class DispatchLoop:
     def started(self, child: Child, message: tuple) -> None:
         """A child's first message: it loaded the app and may take deliveries, or it could not."""
         error = self.pool.load_error(message)
+        if message[0] == READY and message[3] is not None:
+            self.fatal = self.fatal or LedgerUnusable(error)
+            return
         if error is None:
             child.ready, child.start_deadline = True, None
             self.ever_ready = True

@@ -207,6 +207,8 @@ class Pool:
         """None if `message` is a child's report that it loaded the app, else what went wrong."""
         if message[0] != READY:
             return f"a worker process sent {message[0]!r} before reporting that it loaded the app"
+        if message[3] is not None:  # the ledger, not the app: the message says what to do
+            return message[2]
         if message[2] is not None:
             return f"a worker process could not load the app {self._args[0]!r}:\n{message[2]}"
         return None

@@ -326,3 +326,17 @@ def test_a_ledger_deleted_under_a_running_supervisor_stops_it_with_exit_code_5(d
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     assert supervisor.wait(timeout=10) == 5, supervisor.log()
     assert f"the ledger {db} was deleted or replaced" in supervisor.log()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_finds_the_ledger_unsafe_stops_the_supervisor_instead_of_passing_for_a_broken_app(
+        db, supervisors):
+    # Someone opens the file to everyone while a supervisor runs; the next worker it starts
+    # refuses the file, and the supervisor stops with it rather than with "cannot load the app".
+    supervisor = supervisors.start(db, concurrency=1)
+    (worker,) = supervisor.workers()
+    os.chmod(db, 0o666)
+    os.kill(worker, signal.SIGKILL)
+    assert supervisor.wait(timeout=20) == 5, supervisor.log()
+    log = supervisor.log()
+    assert "could not load the app" not in log and "chmod" in log, log

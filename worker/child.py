@@ -26,7 +26,7 @@ from supervisor.values import ExecutionLease, Retry
 
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
-from .protocol import DONE, EXIT_APP_FAILED, EXIT_OK, READY
+from .protocol import DONE, EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, READY
 from .registry import load_app
 
 
@@ -53,12 +53,12 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
     watch = ParentWatch(conn, parent_pid, parent_started, heartbeat_s, misses, tasks, on_stop)
     try:
         registry = load_app(app)
-        backend = open_backend(db_path, durability=durability)
     except BaseException:
-        conn.send((READY, os.getpid(), traceback.format_exc()))
+        conn.send((READY, os.getpid(), traceback.format_exc(), None))
         os._exit(EXIT_APP_FAILED)
+    backend = _open_ledger(conn, db_path, durability)
     watch.start()
-    watch.send((READY, os.getpid(), None))
+    watch.send((READY, os.getpid(), None, None))
 
     while True:
         message = tasks.get()
@@ -82,6 +82,23 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
         watch.send((DONE, execution_id, token, outcome, int((time.monotonic() - started) * 1000)))
     backend.close()
     os._exit(EXIT_OK)
+
+
+def _open_ledger(conn, db_path: str, durability: str):
+    """The child's own connection. A transient storage error (a full disk, a lock held while the
+    file is created) is waited out: it says nothing about the app, and a supervisor gives up on a
+    child that does not start within its start timeout anyway. A lasting one is reported as what
+    it is, so that the supervisor stops with it instead of taking it for a broken app."""
+    delay = 0.05
+    while True:
+        try:
+            return open_backend(db_path, durability=durability)
+        except StorageError as exc:
+            if not exc.transient:
+                conn.send((READY, os.getpid(), str(exc), exc.kind))
+                os._exit(EXIT_LEDGER_UNUSABLE)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def main(argv: list[str]) -> None:
