@@ -443,7 +443,7 @@ class DispatchLoop:
         elif not child.ready:
             log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process))
             self.start_deaths += 1
-            if not self.ever_ready and self.start_deaths >= START_ATTEMPTS:
+            if not self.ever_ready and self.start_deaths >= START_ATTEMPTS * self.pool.size:
                 raise DiedWhileStarting(f"a worker process died while starting, {self.start_deaths} times in a row"
                                         f" (last: {describe_exit(child.process)})")
         else:

@@ -85,9 +85,9 @@ class DiedWhileStarting(AppLoadFailed):
     """Raised when child processes keep ending before they report whether they loaded the app."""
 
 
-# Workers killed while starting are started again; this many such deaths in a row, before any
-# worker has loaded the app, stop the supervisor: a stray kill must not take it down, an app
-# whose import always crashes the interpreter must.
+# Workers killed while starting are started again; this many such deaths in a row per worker,
+# before any worker has loaded the app, stop the supervisor: a stray kill must not take it down,
+# an app whose import always crashes the interpreter must.
 START_ATTEMPTS = 3
 
 # At most this many children load the app at once: a start-up of hundreds of workers on a small
