@@ -12,16 +12,22 @@ import json
 import os
 import random
 import sqlite3
+import subprocess
+import sys
 
 import psutil
 import pytest
 
-from supervisor import Completed, open_backend
-from supervisor.chaos import ChaosConfig, FaultKind, check, parse_kinds, run_chaos, summary_lines
+from faults import wait_until
+from supervisor import Completed, Failed, Suspended, open_backend
+from supervisor.chaos import ALL_KINDS, ChaosConfig, FaultKind, check, parse_kinds, run_chaos, summary_lines
 from supervisor.chaos.checker import main as checker_main
+from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
+from supervisor.chaos.capabilities import applicable_kinds
 from supervisor.chaos.workload import plan_workload
-from worker.chaos_app import COUNTER, STEP_LOG, digest, external_shard
+from supervisor.errors import InvalidArgument, StorageError
+from worker.chaos_app import COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500
 
@@ -199,6 +205,266 @@ def test_lost_store_updates_and_stuck_executions_are_caught(ledger):
     assert not result.all_terminal and not result.ok
 
 
+# -- failures, takeovers, shared ids, clocks ---------------------------------------------------
+
+def error_json(type_: str, message: str) -> str:
+    return json.dumps({"type": type_, "message": message, "traceback": None})
+
+
+def fail(ledger: Ledger, eid: str, plan: list, error: str, *, fail_on_purpose: bool = False) -> None:
+    ledger.backend.executions.admit(eid, "chaos.mixed", json.dumps({"dir": ledger.folder, "plan": plan,
+                                                                    "fail": fail_on_purpose}))
+    lease = ledger.claim()
+    for key, step_error in (() if not plan or plan[0][0] != "retry" else [(plan[0][1], plan[0])]):
+        ledger.backend.heap.write_step(lease, step_key=key, step_attempt=1, done=True, step_response_json=json.dumps(
+            {"error": {"type": "RetryableError", "message": f"flaky step {key} (token 1)"}, "retry_at": None}))
+    assert ledger.backend.executions.acknowledge(lease, Failed(error)).status == "failed"
+
+
+def planned_failures(ledger: Ledger) -> None:
+    """The failures chaos.mixed has on purpose: a deliberate one, and a flaky step out of retries."""
+    fail(ledger, "f1", [["run", "a", 0]], error_json("ChaosFailure", "deliberate failure (token 1)"),
+         fail_on_purpose=True)
+    fail(ledger, "f2", [["retry", "r", 0, 0.4, 3, 0.1]], error_json(
+        "ChaosFailure", "step 'r' failed after 3 attempt(s): RetryableError: flaky step r (token 1) (token 1)"))
+
+
+def test_planned_failures_are_not_infrastructure_failures(ledger):
+    planned_failures(ledger)
+    result = ledger.check()
+    assert result.violations == []
+    assert result.figures["failures"] == {"failed": 2, "planned": 2, "step_errors": 1}
+
+
+def test_an_execution_failed_by_the_storage_is_caught(ledger):
+    planned_failures(ledger)
+    # A full disk reported as the workflow's outcome, in each of the shapes it can take.
+    fail(ledger, "s1", [["run", "a", 0]], error_json("StorageUnavailable", "database or disk is full"))
+    fail(ledger, "s2", [["run", "a", 0]], error_json("OperationalError", "disk I/O error"))
+    fail(ledger, "s3", [["inc", "i"]], error_json("ChaosFailure", "step 'i' failed after 1 attempt(s):"
+                                                  " StorageBusy: database is locked (token 1)"))
+    fail(ledger, "s4", [["run", "a", 0]], error_json("ChaosFailure", "deliberate failure (token 1)"))  # not asked for
+    fail(ledger, "s5", [["run", "a", 0]], error_json("ReplayDiverged", "the workflow took another path"))
+    result = ledger.check()
+    assert kinds(result) == {"failed_by_infrastructure", "outcome_token"}  # s1, s2, s5 name no token either
+    found = [v for v in result.violations if v.kind == "failed_by_infrastructure"]
+    assert sorted(v.execution_id for v in found) == ["s1", "s2", "s3", "s4", "s5"]
+    assert "names the storage" in next(v.detail for v in found if v.execution_id == "s1")
+    assert result.figures["failures"]["planned"] == 2
+
+
+def test_a_storage_error_recorded_as_a_step_error_is_caught(ledger):
+    ledger.admit("e1", [["effect", "pay", 0, 0]])
+    lease = ledger.claim()
+    ledger.backend.heap.write_step(lease, step_key="pay", step_attempt=1, done=False, step_response_json=json.dumps(
+        {"error": {"type": "StorageUnavailable", "message": "database or disk is full"}, "retry_at": 1}))
+    ledger.complete(lease, {})
+    result = ledger.check()
+    assert kinds(result) == {"failed_by_infrastructure"}
+    assert "step pay attempt 1 recorded StorageUnavailable" in result.violations[0].detail
+
+
+def fleet(ledger: Ledger, *supervisors: tuple) -> None:
+    """The fleet journal and config.json of a run: `(number, pid, skew_ms)` per supervisor."""
+    with open(os.path.join(ledger.folder, "supervisors.jsonl"), "w") as f:
+        for number, pid, skew in supervisors:
+            f.write(json.dumps({"event": "start", "number": number, "pid": pid, "at_ms": 0, "skew_ms": skew}) + "\n")
+    with open(os.path.join(ledger.folder, "config.json"), "w") as f:
+        json.dump({"lease_ms": LEASE, "renew_ms": 300}, f)
+
+
+def fault(ledger: Ledger, kind: str, at_ms: int, *, step=None, **params) -> None:
+    target = {"supervisor": 1, "supervisor_pid": os.getpid(), "worker_pid": params.pop("worker_pid", 4242),
+              "pid": params.pop("holder_pid", None)}
+    with open(os.path.join(ledger.folder, "faults.jsonl"), "a") as f:
+        f.write(json.dumps({"kind": kind, "at_s": 0, "at_ms": at_ms, "target": target, "step": step,
+                            "params": params}) + "\n")
+
+
+def hold_lock(ledger: Ledger, start_ms: int, end_ms: int, pid: int = 77) -> None:
+    fault(ledger, "hold_write_lock", start_ms - 50, holder_pid=pid, seconds=(end_ms - start_ms) / 1000)
+    os.makedirs(os.path.join(ledger.folder, "logs"), exist_ok=True)
+    with open(os.path.join(ledger.folder, "logs", "lock-holders.log"), "a") as f:
+        f.write(f"held {pid} {start_ms * 1_000_000}\nreleased {pid} {end_ms * 1_000_000}\n")
+
+
+def takeover(ledger: Ledger):
+    """`sound_history` (token 1, claimed at 1_000_000 and never renewed, is superseded: its lease
+    expired at 1_001_500) under a one-supervisor fleet; the checker's verdict on it."""
+    sound_history(ledger)
+    fleet(ledger, (1, os.getpid(), 0))
+    return ledger.check()
+
+
+def test_a_lease_lost_by_a_live_holder_is_caught(ledger):
+    result = takeover(ledger)
+    assert kinds(result) == {"superseded_while_alive"}
+    assert "token 1 of supervisor 1" in result.violations[0].detail
+    assert result.figures["takeovers"]["unexplained"] == 1
+
+
+def test_a_lease_lost_to_a_killed_or_frozen_worker_is_explained(ledger):
+    fault(ledger, "kill_child", 1_000_300, step={"execution_id": "e1", "token": 1, "key": "a", "pid": 4242})
+    result = takeover(ledger)
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["worker_fault"] == 1
+
+
+def test_a_worker_fault_between_steps_explains_only_its_own_delivery(ledger):
+    fault(ledger, "freeze_child", 1_000_300, worker_pid=5151, seconds=3)  # the step log says 4242 ran it
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
+def test_a_lease_lost_to_its_frozen_or_killed_supervisor_is_explained(ledger):
+    fault(ledger, "freeze_supervisor", 1_000_800, seconds=2.5)
+    assert takeover(ledger).figures["takeovers"]["explained"]["holder_frozen"] == 1
+
+
+def test_a_supervisor_killed_after_its_lease_was_lost_explains_nothing(ledger):
+    fault(ledger, "kill_supervisor", 1_003_000)
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
+def test_a_lock_held_past_the_lease_explains_the_lost_lease(ledger):
+    hold_lock(ledger, 1_000_200, 1_001_700)
+    result = takeover(ledger)
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["stall"] == 1
+
+
+def test_a_lock_shorter_than_the_lease_explains_nothing(ledger):
+    hold_lock(ledger, 1_000_200, 1_000_900)  # 700 ms: the lease had 800 ms left after it
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
+def effect_step(ledger: Ledger, eid: str, key: str, effect_id: str, receipt: str) -> None:
+    ledger.admit(eid, [["effect", key, 0, 0]])
+    lease = ledger.claim()
+    if ledger.backend.effects.begin(effect_id).status != "settled":
+        ledger.backend.effects.settle(effect_id, json.dumps({"effect_id": effect_id, "receipt": receipt}))
+        verb = f"execute {effect_id} {receipt} 4242 1 1"
+    else:
+        verb = f"repeat {effect_id} 4242 1 1"
+    path = external_shard(ledger.folder, effect_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(f"{verb} {eid} {key}\n")
+    kept = json.loads(ledger.backend.effects.begin(effect_id).result_json)
+    ledger.step(lease, key, kept)
+    ledger.complete(lease, {key: digest(kept)})
+
+
+def test_effect_ids_of_one_execution_each_pass(ledger):
+    effect_step(ledger, "cust", "7/charge", "cust/7/charge", "r1")
+    effect_step(ledger, "cust/7", "charge", "cust%2F7/charge", "r2")
+    result = ledger.check()
+    assert result.violations == [] and result.ok
+    assert result.figures["effects"]["owners_checked"] == 2
+
+
+def test_an_effect_id_shared_by_two_executions_is_caught(ledger):
+    # The encoding `execution/key` maps both to one id: the provider charged once, for two customers.
+    effect_step(ledger, "cust", "7/charge", "cust/7/charge", "r1")
+    effect_step(ledger, "cust/7", "charge", "cust/7/charge", "r2")
+    result = ledger.check()
+    assert kinds(result) == {"effect_id_shared"}
+    assert "('cust', '7/charge'), ('cust/7', 'charge')" in result.violations[0].detail
+
+
+def start_step(ledger: Ledger, eid: str, key: str, child: str, child_plan: list) -> None:
+    ledger.admit(eid, [["child", key, child_plan]])
+    lease = ledger.claim()
+    child_id = ledger.backend.starts.start(child, "chaos.mixed", json.dumps({"dir": ledger.folder,
+                                                                          "plan": child_plan}))
+    ledger.step(lease, key, child_id)
+    ledger.complete(lease, {key: digest(child_id)})
+    if ledger.backend.executions.get(child_id).status != "completed":
+        ledger.complete(ledger.claim(), {})
+
+
+def test_a_start_id_shared_by_two_executions_is_caught(ledger):
+    start_step(ledger, "cust", "7/ship", "cust/7/ship", [])
+    start_step(ledger, "cust/7", "ship", "cust%2F7/ship", [["run", "k1", 0]])
+    assert ledger.check().violations == []
+    start_step(ledger, "cust/8", "ship", "cust/7/ship", [["inc", "k1"]])  # handed cust's child
+    result = ledger.check()
+    assert kinds(result) == {"start_id_shared"}
+    details = sorted(v.detail for v in result.violations)
+    assert details == ["child cust/7/ship was started by 2 steps: [('cust', '7/ship'), ('cust/8', 'ship')]",
+                       "step ship started cust/7/ship, which runs another start's plan"]
+
+
+def skewed_redelivery(ledger: Ledger, first_skew: int, second_skew: int, *, journal: tuple = None):
+    """Token 1, held by a supervisor whose clock runs `first_skew` ahead, suspends at true time
+    1_000_100; token 2 is claimed at true 1_000_150 by one `second_skew` ahead (a child's wake made
+    the execution due at once, by a third clock). The ledger's times are each holder's own; the
+    fleet journal says the skews were `journal` (by default, what they were)."""
+    ledger.admit("e1", [["sleep", "t", 0]])
+    (first,) = ledger.backend.executions.claim_due(limit=1, duration=LEASE, now=1_000_000 + first_skew)
+    ledger.backend.executions.acknowledge(first, Suspended(), now=1_000_100 + first_skew)
+    ledger.backend.executions.request_wake("e1", 1_000_150 + min(first_skew, second_skew) - 1)
+    (second,) = ledger.backend.executions.claim_due(limit=1, duration=LEASE, now=1_000_150 + second_skew)
+    ledger.backend.executions.acknowledge(second, Completed(json.dumps({"token": 2, "seen": {}})),
+                                          now=1_000_200 + second_skew)
+    ledger.sql("UPDATE lease_history SET holder = 'h:' || (110 + token)")
+    first_journal, second_journal = journal or (first_skew, second_skew)
+    fleet(ledger, (1, 111, first_journal), (2, 112, second_journal))
+    return ledger.check()
+
+
+def test_ledger_times_of_skewed_clocks_are_compared_in_true_time(ledger):
+    result = skewed_redelivery(ledger, 400, -400)
+    assert result.violations == [] and result.ok  # raw, token 2's claim is 650 ms before token 1's end
+
+
+def test_a_claim_before_the_previous_delivery_ended_is_caught_across_clocks(ledger):
+    # The same ledger, but the clocks were true: token 2 was claimed before token 1 was acknowledged.
+    assert {"token_sequence", "lease_overlap"} <= kinds(skewed_redelivery(ledger, 400, -400, journal=(0, 0)))
+
+
+def test_a_disk_full_burst_fails_ledger_writes_until_it_ends(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("disk_full mounts a tmpfs: it needs root")
+    disk = LedgerDisk(str(tmp_path), 16)
+    disk.mount()
+    try:
+        with open_backend(disk.db_path) as backend:
+            disk.pin()
+            assert os.path.exists(disk.db_path + "-shm")
+            burst = disk.burst(1.0)
+            wait_until(lambda: burst.full_ns, timeout=10, message="the tmpfs to be full")
+            failed = None
+            for n in range(1000):  # every commit must grow the -wal now, and cannot
+                try:
+                    backend.executions.admit(f"e{n}", "w", json.dumps("x" * 10_000))
+                except StorageError as exc:
+                    failed = exc
+                    break
+            assert failed is not None and failed.kind == "unavailable" and failed.transient, failed
+            assert burst.freed_ns == 0, "the write failed while the disk was full"
+            burst.join()
+            assert burst.error is None and burst.wal_truncated
+            backend.executions.admit("after", "w")  # the disk is free again
+        disk.copy_out(str(tmp_path / "copy.db"))
+    finally:
+        assert disk.unmount() is None
+    assert not os.path.ismount(disk.mount_point)
+    copy = sqlite3.connect(tmp_path / "copy.db")
+    assert copy.execute("SELECT count(*) FROM executions WHERE execution_id = 'after'").fetchone() == (1,)
+    copy.close()
+    assert os.stat(tmp_path / "copy.db").st_mode & 0o077 == 0
+
+
+def test_a_slow_start_logs_the_import_of_the_app(tmp_path):
+    log = tmp_path / "imports.log"
+    env = dict(os.environ, **{IMPORT_DELAY_ENV: "300", IMPORT_LOG_ENV: str(log)})
+    child = subprocess.run([sys.executable, "-c", "import worker.chaos_app"], env=env, timeout=60)
+    assert child.returncode == 0
+    (importing, pid, began), (imported, same_pid, ended) = [line.split() for line in log.read_text().splitlines()]
+    assert (importing, imported) == ("importing", "imported") and pid == same_pid
+    assert int(ended) - int(began) >= 300_000_000
+
+
 # -- the seeded plan -------------------------------------------------------------------------------
 
 def test_the_same_seed_gives_the_same_workload_and_fault_plan(tmp_path):
@@ -211,16 +477,44 @@ def test_the_same_seed_gives_the_same_workload_and_fault_plan(tmp_path):
     assert draw(5) == draw(5)
     assert draw(5) != draw(6)
     workload, faults = draw(5)
-    assert {kind for kind, _, _ in faults[:6]} == set(FaultKind)  # every kind in each round
+    assert {kind for kind, _, _ in faults[:len(FaultKind)]} == set(FaultKind)  # every kind in each round
     assert all(freeze > 1.5 for _, _, freeze in faults)  # frozen for longer than a lease
+
+
+def test_the_plan_holds_locks_for_half_a_lease_to_two_and_skews_clocks_within_bounds():
+    plan = FaultPlan(random.Random(3), ALL_KINDS, interval_s=1.0, lease_s=1.5)
+    holds = [plan.hold_lock_s() for _ in range(200)]
+    assert 0.75 <= min(holds) < 1.5 < max(holds) <= 3.0  # both shorter and longer than the lease
+    assert all(0.03 <= plan.disk_full_s() <= 0.3 for _ in range(50))
+    assert all(1000 <= plan.import_delay_ms() <= 4000 for _ in range(50))
+    assert {plan.start_kills(4) for _ in range(50)} == {1, 2}
+    skews = [plan.skew_ms(300) for _ in range(200)]
+    assert all(75 <= abs(k) <= 300 for k in skews) and min(skews) < 0 < max(skews)
+    config = ChaosConfig(lease_ms=1500, renew_ms=300)
+    assert config.max_skew_ms == 300  # two clocks differ by at most half of lease - renewal interval
 
 
 def test_fault_kinds_are_parsed_and_checked():
     assert parse_kinds(["kill_child,hold_write_lock"]) == (FaultKind.KILL_CHILD, FaultKind.HOLD_WRITE_LOCK)
+    assert parse_kinds(["disk_full", "slow_start,clock_skew"]) == (FaultKind.DISK_FULL, FaultKind.SLOW_START,
+                                                                  FaultKind.CLOCK_SKEW)
     assert parse_kinds([]) == tuple(FaultKind)
     assert parse_kinds(["none"]) == ()
     with pytest.raises(ValueError, match="unknown fault kind"):
         parse_kinds(["kill_everything"])
+
+
+def test_kinds_this_host_cannot_inject_are_left_out_of_all_and_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # not root: no tmpfs for disk_full
+    tight = dict(lease_ms=100, renew_ms=90, heartbeat_ms=30)  # no room for a clock skew
+    config, left_out = applicable_kinds(ChaosConfig(**tight), str(tmp_path), False)
+    assert set(left_out) == {"disk_full", "clock_skew"}
+    assert "root" in left_out["disk_full"] and "no room" in left_out["clock_skew"]
+    assert config.faults == tuple(k for k in ALL_KINDS if k not in (FaultKind.DISK_FULL, FaultKind.CLOCK_SKEW))
+    with pytest.raises(InvalidArgument, match="disk_full cannot be injected here: it needs root"):
+        applicable_kinds(ChaosConfig(faults=("disk_full", "kill_child")), str(tmp_path), False)
+    with pytest.raises(InvalidArgument, match="clock_skew cannot be injected here"):
+        applicable_kinds(ChaosConfig(faults=("clock_skew",), **tight), str(tmp_path), False)
 
 
 # -- a real run ------------------------------------------------------------------------------------
@@ -228,8 +522,9 @@ def test_fault_kinds_are_parsed_and_checked():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_chaos_run_loses_nothing(tmp_path, dump_on_hang):
-    config = ChaosConfig(seed=20261202, duration_s=30, supervisors=3, concurrency=3, executions=300,
-                         fault_interval_s=0.9, drain_timeout_s=150)
+    """Every fault kind, old and new (disk_full only as root), about 40 s in all."""
+    config = ChaosConfig(seed=20261202, duration_s=28, supervisors=3, concurrency=3, executions=300,
+                         fault_interval_s=0.7, drain_timeout_s=150)
     lines = []
     report = run_chaos(config, folder=str(tmp_path / "chaos"), out=lines.append)
     check_ = report["check"]
@@ -239,7 +534,12 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, dump_on_hang):
     assert check_["executions"]["admitted_by_harness"] == 300
     assert report["ok"], summary
     injected = check_["faults"]["by_kind"]
-    assert all(injected.get(kind.value, 0) >= 1 for kind in FaultKind), injected
+    expected = [k for k in FaultKind if not (k == FaultKind.DISK_FULL and os.geteuid() != 0)]
+    assert all(injected.get(kind.value, 0) >= 1 for kind in expected), injected
+    assert report["harness"]["workers_killed_while_starting"] >= 1, summary
+    assert check_["takeovers"]["checked"] and check_["takeovers"]["clocks"]["skewed"] >= 1, summary
+    assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary
+    assert not os.path.ismount(tmp_path / "chaos" / "ledger")
     # Nothing the run started survives it.
     ledger = str(tmp_path / "chaos" / "ledger.db")
     survivors = []

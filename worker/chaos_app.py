@@ -24,9 +24,16 @@ never interleave (the checker in `supervisor.chaos.checker` reads it back):
 - the **external system** (`<dir>/external/<shard>.log`): a fake provider that honours
   idempotency keys, like a payment API. Under an exclusive `flock` on the key's shard it looks
   the key up; the first request executes and appends
-  `execute <effect id> <receipt> <pid> <token> <time_ns>`, a repeat appends
-  `repeat <effect id> <pid> <token> <time_ns>` and gets the first receipt back. The line is the
-  record, so a process killed mid-request either executed (line written) or did not.
+  `execute <effect id> <receipt> <pid> <token> <time_ns> <execution> <step key>`, a repeat
+  appends `repeat <effect id> <pid> <token> <time_ns> <execution> <step key>` and gets the first
+  receipt back. The line is the record, so a process killed mid-request either executed (line
+  written) or did not. The last two fields say who asked, so the checker can tell an effect id
+  that two executions share.
+
+- the **import log**: with `YIELDSTAR_CHAOS_IMPORT_DELAY_MS` set (the harness's `slow_start`),
+  importing this module takes that long, and, with `YIELDSTAR_CHAOS_IMPORT_LOG` set too, appends
+  `importing <pid> <time_ns>` before the delay and `imported <pid> <time_ns>` after it, so the
+  harness can kill workers that are still loading the app.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ MAILBOX = "chaos.mailbox"
 STEP_LOG = "steps.log"
 EXTERNAL = "external"
 EXTERNAL_SHARDS = 64
+IMPORT_DELAY_ENV = "YIELDSTAR_CHAOS_IMPORT_DELAY_MS"
+IMPORT_LOG_ENV = "YIELDSTAR_CHAOS_IMPORT_LOG"
 
 
 class ChaosFailure(Exception):
@@ -81,9 +90,9 @@ def external_shard(folder: str, effect_id: str) -> str:
     return os.path.join(folder, EXTERNAL, f"{shard:02d}.log")
 
 
-def external_request(folder: str, effect_id: str, token: int) -> dict:
+def external_request(folder: str, effect_id: str, token: int, execution_id: str, key: str) -> dict:
     """Execute the operation named by the idempotency key `effect_id` once; a repeat gets the
-    first receipt back and executes nothing."""
+    first receipt back and executes nothing. `execution_id` and `key` only say who asked."""
     path = external_shard(folder, effect_id)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
@@ -93,13 +102,31 @@ def external_request(folder: str, effect_id: str, token: int) -> dict:
             for line in f:
                 fields = line.split()
                 if line.endswith("\n") and fields[0] == "execute" and fields[1] == effect_id:
-                    os.write(fd, f"repeat {effect_id} {os.getpid()} {token} {time.time_ns()}\n".encode())
+                    os.write(fd, f"repeat {effect_id} {os.getpid()} {token} {time.time_ns()} {execution_id}"
+                                 f" {key}\n".encode())
                     return {"effect_id": effect_id, "receipt": fields[2]}
         receipt = os.urandom(8).hex()
-        os.write(fd, f"execute {effect_id} {receipt} {os.getpid()} {token} {time.time_ns()}\n".encode())
+        os.write(fd, f"execute {effect_id} {receipt} {os.getpid()} {token} {time.time_ns()} {execution_id}"
+                     f" {key}\n".encode())
         return {"effect_id": effect_id, "receipt": receipt}
     finally:
         os.close(fd)  # also drops the lock
+
+
+def _slow_import() -> None:
+    """Sleep at import when the harness asks for a slow start (see the module docstring)."""
+    delay_ms = int(os.environ.get(IMPORT_DELAY_ENV) or 0)
+    if delay_ms <= 0:
+        return
+    log = os.environ.get(IMPORT_LOG_ENV)
+    if log:
+        append_line(log, f"importing {os.getpid()} {time.time_ns()}")
+    time.sleep(delay_ms / 1000)
+    if log:
+        append_line(log, f"imported {os.getpid()} {time.time_ns()}")
+
+
+_slow_import()
 
 
 # -- step bodies -----------------------------------------------------------------------------
@@ -135,7 +162,7 @@ def effect_call(folder: str, execution_id: str, token: int, key: str, effect_id:
     log_event(folder, "begin", execution_id, token, key)
     if before:
         time.sleep(before)
-    result = external_request(folder, effect_id, token)
+    result = external_request(folder, effect_id, token, execution_id, key)
     if after:
         time.sleep(after)
     log_event(folder, "end", execution_id, token, key, result["receipt"])

@@ -9,7 +9,8 @@ ledger (and, given the work folder of a chaos run, its evidence).
 
 from .checker import CheckResult, check
 from .faults import ALL_KINDS, FaultKind, parse_kinds
-from .harness import ChaosConfig, run_chaos
+from .config import ChaosConfig
+from .harness import run_chaos
 from .report import summary_lines, write_report
 
 __all__ = ["ChaosConfig", "run_chaos", "check", "CheckResult", "FaultKind", "ALL_KINDS", "parse_kinds",

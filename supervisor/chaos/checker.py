@@ -5,8 +5,10 @@ It trusts nothing the supervisors think; it reads only
 - the ledger (`executions`, `lease_history`, `steps`, `effects`, `stores`, `store_receipts`,
   `starts`), read-only;
 - the step log and the external system's log that `worker.chaos_app` leaves in the work folder;
-- the supervisors' logs (only to count stale writes that were refused) and the fault injector's
-  journal (only to report what was done).
+- the supervisors' logs (only to count stale writes that were refused);
+- the fault journal, the fleet journal (which supervisor had which pid and clock skew, and when
+  it lived), the lock holders' log and the run's `config.json`: to set times of skewed clocks
+  beside each other (`clocks`) and to tell which lost leases the faults explain (`takeovers`).
 
 The generic checks hold for any ledger, whatever its workflows; the others apply to executions
 of `chaos.mixed`, whose plans (their input) say which step keys are which kind of operation.
@@ -35,7 +37,19 @@ Invariants and how each is read (the kind names appear in `violations`):
 - stores changed exactly once per step: the counter equals the number of increments recorded,
   each increment saw a distinct value (`counter_mismatch`); every mailbox item put was taken
   once or is still there (`mailbox_mismatch`);
-- a parent saw its child's recorded result (`child_result_mismatch`).
+- a parent saw its child's recorded result (`child_result_mismatch`);
+- no execution failed by an infrastructure error (`failed_by_infrastructure`): every failed
+  execution's error is one the workload plans (a `ChaosFailure`: a deliberate failure its input
+  asks for, or a step that failed for good with a planned error: a flaky step's
+  `RetryableError`, or a child's planned failure), every step error recorded is planned too, and
+  no error names the storage (sqlite, disk, database, locked, or a `StorageError` class);
+- no lease superseded while its holder was alive (`superseded_while_alive`): every takeover is
+  explained by a fault (see `takeovers`);
+- every effect id and every start-request id belongs to one execution (`effect_id_shared`,
+  `start_id_shared`): no effect id was recorded or asked for at the external system by two
+  (execution, step) pairs, and no child was recorded by two starts or runs another start's plan.
+
+Lease and timer times are compared in true time, each taken back from its writer's clock skew.
 """
 
 from __future__ import annotations
@@ -43,24 +57,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-from worker.chaos_app import COUNTER, MAILBOX, digest
+from worker.chaos_app import digest
 
-from .evidence import read_external, read_faults, read_refusals, read_step_log
+from .clocks import Clocks
+from .evidence import (read_fault_journal, read_faults, read_fleet, read_lock_holds, read_refusals, read_run_config,
+                       read_step_log)
+from .failures import CHAOS_WORKFLOW, TOKEN_IN_ERROR, FailureChecks
+from .recorded import MISSING, plan_keys, value_of
+from .sharing import SharingChecks
+from .takeovers import check_takeovers
 
 TERMINAL = ("completed", "failed")
-CHAOS_WORKFLOW = "chaos.mixed"
 # A step write samples its time before it waits for the write lock, and so does the claim that
 # ends the previous holder's delivery; either may wait out a held lock (up to the busy timeout,
 # 15 s) or a frozen process. Beyond this much, a write outside its delivery is reported.
 LATE_WRITE_TOLERANCE_MS = 30_000
 DETAILS_PER_KIND = 25
-TOKEN_IN_ERROR = re.compile(r"\(token (\d+)\)\s*$")
 
 
 @dataclass
@@ -117,39 +134,17 @@ def _connect(db_path: str) -> sqlite3.Connection:
     return conn
 
 
-def _value_of(response_json: str) -> tuple[bool, Any]:
-    """(True, value) for a recorded value, (True, None) for a timer, (False, error) for an error."""
-    response = json.loads(response_json)
-    if "value" in response:
-        return True, response["value"]
-    if "until" in response:
-        return True, None
-    return False, response.get("error")
-
-
-def _plan_keys(input_json: str) -> dict[str, list]:
-    """Step key -> its operation, from a chaos.mixed input (children: the start and the wait)."""
-    try:
-        plan = json.loads(input_json).get("plan") or []
-    except (ValueError, AttributeError):
-        return {}
-    keys = {}
-    for op in plan:
-        keys[op[1]] = op
-        if op[0] == "child":
-            keys[f"{op[1]}.wait"] = ["wait", f"{op[1]}.wait"]
-    return keys
-
-
 # -- the checks --------------------------------------------------------------------------------
 
-class Checker:
+class Checker(SharingChecks, FailureChecks):
     def __init__(self, db_path: str, folder: Optional[str] = None, *,
                  late_write_tolerance_ms: int = LATE_WRITE_TOLERANCE_MS):
         self.db_path = db_path
         self.folder = folder
         self.tolerance = late_write_tolerance_ms
         self.result = CheckResult()
+        self.clocks = Clocks(read_fleet(folder) if folder is not None else None)
+        self.step_pids: dict[tuple[str, int], set] = defaultdict(set)  # workers that logged each delivery
 
     def run(self) -> CheckResult:
         conn = _connect(self.db_path)
@@ -168,7 +163,9 @@ class Checker:
             self._check_effects()
         self._check_stores()
         self._check_children()
+        self._check_failures()
         if self.folder is not None:
+            self._check_takeovers()
             self._count_refusals()
             self.result.figures["faults"] = read_faults(self.folder)
         return self.result
@@ -197,7 +194,8 @@ class Checker:
         for row in conn.execute("SELECT store, execution_id, step_key, result_json FROM store_receipts"):
             self.receipts[row[0]].append(row)
         self.starts = conn.execute("SELECT start_request_id, execution_id FROM starts").fetchall()
-        self.plans = {eid: _plan_keys(row[2]) for eid, row in self.executions.items() if row[1] == CHAOS_WORKFLOW}
+        self.children = {child for _, child in self.starts}
+        self.plans = {eid: plan_keys(row[2]) for eid, row in self.executions.items() if row[1] == CHAOS_WORKFLOW}
         # The recorded outcome of each step: the done row (the highest attempt is the done one).
         self.recorded: dict[tuple[str, str], tuple] = {}
         for eid, rows in self.steps.items():
@@ -213,7 +211,7 @@ class Checker:
         for row in not_terminal:
             self.result.violate("not_terminal", row[0], f"status {row[3]}, token {row[4]}, due_at {row[9]},"
                                 f" unacknowledged deliveries {row[8]}")
-        roots = sum(1 for eid in self.executions if "/" not in eid)
+        roots = sum(1 for eid in self.executions if eid not in self.children)
         self.result.figures["executions"] = {
             "admitted": len(self.executions), "admitted_by_harness": roots,
             "started_by_workflows": len(self.executions) - roots,
@@ -225,27 +223,36 @@ class Checker:
     def _check_history(self) -> None:
         overlaps = acknowledged = 0
         ends = Counter()
+        true_ms = self.clocks.true_ms
         for eid, row in self.executions.items():
             history = self.history.get(eid, [])
             tokens = [h[1] for h in history]
             if tokens != list(range(1, row[4] + 1)):
                 self.result.violate("token_sequence", eid, f"lease history tokens {tokens[:20]} but the final"
                                     f" token is {row[4]}")
-            live_until = None  # the latest moment any earlier lease was live
+            live_until = None  # the latest true moment any earlier lease was live
             previous = None
-            for h in history:
+            for i, h in enumerate(history):
                 _, token, holder, claimed_at, expires_at, ended_at, ended_by, outcome = h
                 ends[ended_by or "open"] += 1
-                if previous is not None and claimed_at < previous[3]:
-                    self.result.violate("token_sequence", eid, f"token {token} claimed at {claimed_at}, before"
-                                        f" token {previous[1]} ({previous[3]})")
-                if live_until is not None and claimed_at < live_until[0]:
+                claimed = true_ms(holder, claimed_at)
+                if previous is not None and claimed < previous[1]:
+                    self.result.violate("token_sequence", eid, f"token {token} claimed at {claimed}, before"
+                                        f" token {previous[0]} ({previous[1]}, true ms)")
+                if live_until is not None and claimed < live_until[0]:
                     overlaps += 1
-                    self.result.violate("lease_overlap", eid, f"token {token} ({holder}) claimed at {claimed_at}"
-                                        f" while token {live_until[1]} was live until {live_until[0]}")
+                    self.result.violate("lease_overlap", eid, f"token {token} ({holder}) claimed at {claimed}"
+                                        f" while token {live_until[1]} was live until {live_until[0]} (true ms)")
                 if ended_by is None and token == row[4] and row[5] is not None:
                     expires_at = row[5]  # the live lease: its expiry is kept on the execution
-                end = expires_at if ended_at is None else min(ended_at, expires_at)
+                if ended_at is not None and ended_by in ("acknowledged", "released"):
+                    end = true_ms(holder, min(ended_at, expires_at))  # its holder ended it, by its clock
+                elif i + 1 < len(history):
+                    # Expired, then claimed: the claimer's clock said when. A claimer whose clock runs
+                    # ahead sees a lease end early by its skew; that is the clock's say, not an overlap.
+                    end = true_ms(history[i + 1][2], expires_at)
+                else:
+                    end = true_ms(holder, expires_at)
                 if live_until is None or end > live_until[0]:
                     live_until = (end, token)
                 if ended_by is None and token != row[4]:
@@ -256,7 +263,7 @@ class Checker:
                     if token != row[4] or outcome != row[3]:
                         self.result.violate("stale_acknowledgement", eid, f"token {token} ({holder}) acknowledged"
                                             f" {outcome}; the execution's final token is {row[4]}, status {row[3]}")
-                previous = h
+                previous = (token, claimed)
             if row[3] in TERMINAL:
                 last = history[-1] if history else None
                 if last is None or last[6] != "acknowledged" or last[7] != row[3] or last[1] != row[4]:
@@ -280,7 +287,7 @@ class Checker:
                 token = result.get("token")
                 for key, fingerprint in (result.get("seen") or {}).items():
                     recorded = self._recorded_value(eid, key)
-                    if recorded is not _MISSING and digest(recorded) != fingerprint:
+                    if recorded is not MISSING and digest(recorded) != fingerprint:
                         self.result.violate("step_value_changed", eid, f"the result says step {key} gave"
                                             f" {fingerprint}; the ledger records {digest(recorded)}")
             else:
@@ -331,18 +338,11 @@ class Checker:
                 highest = max(highest, token)
                 op = plan.get(key)
                 if done and op is not None and op[0] in ("run", "retry"):
-                    ok, value = _value_of(response)
+                    ok, value = value_of(response)
                     if ok and (not isinstance(value, dict) or value.get("token") != token):
                         self.result.violate("step_value_unexplained", eid, f"step {key} was written under token"
                                             f" {token} but holds a value produced under {value}")
         self.result.figures["steps"] = {"records": rows}
-
-    def _recorded_value(self, eid: str, key: str) -> Any:
-        row = self.recorded.get((eid, key))
-        if row is None:
-            return _MISSING
-        ok, value = _value_of(row[5])
-        return value if ok else _MISSING
 
     def _check_step_log(self) -> None:
         ends = set()
@@ -350,6 +350,7 @@ class Checker:
         seen_lines = 0
         begins = []
         for line in read_step_log(self.folder):
+            self.step_pids[(line.execution_id, line.token)].add(line.pid)
             if line.event == "begin":
                 runs["begun"] += 1
                 begins.append(line)
@@ -362,7 +363,7 @@ class Checker:
                 seen_lines += 1
                 recorded = self._recorded_value(line.execution_id, line.key)
                 op = self.plans.get(line.execution_id, {}).get(line.key)
-                if recorded is _MISSING:
+                if recorded is MISSING:
                     self.result.violate("step_value_changed", line.execution_id, f"token {line.token} continued"
                                         f" past step {line.key} with {line.extra}, which the ledger does not record")
                 elif digest(recorded) != line.extra:
@@ -372,9 +373,12 @@ class Checker:
                 elif op is not None and op[0] == "sleep":
                     row = self.recorded[(line.execution_id, line.key)]
                     until = json.loads(row[5])["until"]
-                    if line.time_ns // 1_000_000 < until:
+                    # `until` and the due check are ledger times; the log's time is true time. The
+                    # clock that decided "due" is the delivery's: its supervisor's, skew and all.
+                    at = line.time_ns // 1_000_000 + self._skew_of(line.execution_id, line.token)
+                    if at < until:
                         self.result.violate("timer_early", line.execution_id, f"timer {line.key} set for {until}"
-                                            f" let token {line.token} continue at {line.time_ns // 1_000_000}")
+                                            f" let token {line.token} continue at {at} (by its clock)")
         for line in begins:
             row = self.recorded.get((line.execution_id, line.key))
             if row is not None and row[6] < line.token:
@@ -386,13 +390,35 @@ class Checker:
             op = self.plans.get(eid, {}).get(key)
             if op is None or op[0] not in ("run", "retry"):
                 continue
-            ok, value = _value_of(row[5])
+            ok, value = value_of(row[5])
             if ok and isinstance(value, dict) and \
                     (eid, value.get("token"), value.get("pid"), key, value.get("nonce")) not in ends:
                 self.result.violate("step_value_unexplained", eid, f"step {key} records {value}, which no run of"
                                     " the step returned")
         runs["values_seen"] = seen_lines
         self.result.figures["steps"].update(dict(runs))
+
+    def _skew_of(self, eid: str, token: int) -> int:
+        """The clock skew of the supervisor that held delivery `token` of `eid` (and its workers)."""
+        history = self.history.get(eid, [])
+        if not 1 <= token <= len(history):
+            return 0
+        h = history[token - 1]
+        return self.clocks.skew(h[2], h[3])
+
+    def _check_takeovers(self) -> None:
+        config = read_run_config(self.folder)
+        if not self.clocks.known or config is None:
+            self.result.figures["takeovers"] = {"checked": False,
+                                                "why": "no fleet journal or config.json in the work folder"}
+            return
+        figures = check_takeovers(self.history, read_fault_journal(self.folder), read_lock_holds(self.folder),
+                                  self.clocks, self.step_pids, lease_ms=config["lease_ms"],
+                                  renew_ms=config["renew_ms"], violate=self.result.violate)
+        skews = self.clocks.skews()
+        figures["clocks"] = {"supervisors": len(skews), "skewed": sum(1 for k in skews if k),
+                             "min_skew_ms": min(skews, default=0), "max_skew_ms": max(skews, default=0)}
+        self.result.figures["takeovers"] = {"checked": True, **figures}
 
     def _count_refusals(self) -> None:
         """Refused operations by kind, and how many of them came after another holder took over
@@ -409,110 +435,6 @@ class Checker:
         figures["total"] = sum(f["total"] for f in figures.values())
         figures["tracebacks_in_logs"] = tracebacks
         self.result.figures["stale_refused"] = figures
-
-    # -- effects, stores, children -------------------------------------------------------------
-
-    def _check_effects(self) -> None:
-        executed, repeats = read_external(self.folder)
-        settled = 0
-        for effect_id, runs in executed.items():
-            if len(runs) != 1:
-                self.result.violate("effect_executed_twice", effect_id.rpartition("/")[0], f"effect {effect_id} was"
-                                    f" executed {len(runs)} times by the external system: {runs}")
-        for effect_id, (_, status, result_json, _) in self.effects.items():
-            eid, _, key = effect_id.rpartition("/")
-            runs = executed.get(effect_id, [])
-            if status == "settled":
-                settled += 1
-                kept = json.loads(result_json)
-                if not runs or kept.get("receipt") != runs[0][0]:
-                    self.result.violate("effect_result_mismatch", eid, f"effect {effect_id} settled with {kept};"
-                                        f" the external system executed {runs}")
-                recorded = self._recorded_value(eid, key)
-                if recorded is not _MISSING and recorded != kept:
-                    self.result.violate("effect_result_mismatch", eid, f"step {key} records {recorded}; effect"
-                                        f" {effect_id} settled with {kept}")
-            elif self.executions.get(eid, (None,) * 4)[3] == "completed":
-                self.result.violate("effect_unsettled", eid, f"effect {effect_id} is {status} though its"
-                                    " execution completed")
-        for effect_id in set(executed) - set(self.effects):
-            self.result.violate("effect_result_mismatch", effect_id.rpartition("/")[0], f"effect {effect_id} was"
-                                " executed but never begun in the ledger")
-        self.result.figures["effects"] = {
-            "effect_ids": len(self.effects), "settled": settled,
-            "executions_at_external_system": sum(len(r) for r in executed.values()),
-            "max_executions_per_id": max((len(r) for r in executed.values()), default=0),
-            "repeat_requests_absorbed": sum(repeats.values()),
-            "begun_in_ledger": sum(row[3] for row in self.effects.values()),
-        }
-
-    def _check_stores(self) -> None:
-        figures: dict = {}
-        if COUNTER in self.stores:
-            value = json.loads(self.stores[COUNTER])
-            receipts = self.receipts.get(COUNTER, [])
-            increments = sorted(json.loads(r[3]) for r in receipts)
-            recorded = []
-            for _, eid, key, result_json in receipts:
-                step = self._recorded_value(eid, key)
-                if step is not _MISSING:
-                    recorded.append(step)
-                    if step != json.loads(result_json):
-                        self.result.violate("counter_mismatch", eid, f"step {key} records {step}; its store"
-                                            f" receipt {result_json}")
-            if value != len(receipts) or increments != list(range(1, len(receipts) + 1)):
-                dupes = [v for v, n in Counter(increments).items() if n > 1][:10]
-                self.result.violate("counter_mismatch", None, f"counter is {value} after {len(receipts)} receipted"
-                                    f" increments; duplicated results {dupes}")
-            receipted = {(r[1], r[2]) for r in receipts}
-            for (eid, key), row in self.recorded.items():
-                op = self.plans.get(eid, {}).get(key)
-                if op is not None and op[0] == "inc" and (eid, key) not in receipted:
-                    self.result.violate("counter_mismatch", eid, f"increment {key} is recorded without a receipt")
-            figures["counter"] = {"value": value, "increments_receipted": len(receipts),
-                                  "increments_recorded": len(recorded)}
-        if MAILBOX in self.stores:
-            remaining = json.loads(self.stores[MAILBOX])
-            put, taken = Counter(), Counter()
-            for _, eid, key, result_json in self.receipts.get(MAILBOX, []):
-                op = self.plans.get(eid, {}).get(key)
-                if op is None:
-                    continue
-                if op[0] == "put":
-                    put[json.dumps({"pair": op[2], "from": eid}, sort_keys=True)] += 1
-                elif op[0] == "take":
-                    item = json.loads(result_json)
-                    if not isinstance(item, dict) or item.get("pair") != op[2]:
-                        self.result.violate("mailbox_mismatch", eid, f"take {key} for pair {op[2]} got {item}")
-                    taken[json.dumps(item, sort_keys=True)] += 1
-            left = Counter(json.dumps(item, sort_keys=True) for item in remaining)
-            if put != taken + left or any(n > 1 for n in put.values()):
-                self.result.violate("mailbox_mismatch", None, f"{sum(put.values())} items put, {sum(taken.values())}"
-                                    f" taken, {sum(left.values())} left: {(put - taken - left) or (taken + left - put)}")
-            figures["mailbox"] = {"put": sum(put.values()), "taken": sum(taken.values()), "left": len(remaining)}
-        self.result.figures["stores"] = figures
-
-    def _check_children(self) -> None:
-        checked = 0
-        for request_id, child in self.starts:
-            parent, _, key = request_id.rpartition("/")
-            target = self.executions.get(child)
-            if target is None:
-                self.result.violate("child_result_mismatch", parent, f"start {request_id} names {child}, which"
-                                    " does not exist")
-                continue
-            waited = self._recorded_value(parent, f"{key}.wait")
-            if waited is _MISSING or target[3] != "completed":
-                continue
-            checked += 1
-            if waited != json.loads(target[6]):
-                self.result.violate("child_result_mismatch", parent, f"step {key}.wait records {waited}; child"
-                                    f" {child} completed with {target[6]}")
-        self.result.figures["children"] = {"started": len(self.starts), "results_checked": checked}
-
-
-_MISSING = object()
-
 
 def check(db_path: str, folder: Optional[str] = None, *,
           late_write_tolerance_ms: int = LATE_WRITE_TOLERANCE_MS) -> CheckResult:

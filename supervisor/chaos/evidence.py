@@ -1,5 +1,6 @@
 """Reading a chaos run's evidence outside the ledger: the step log, the external system's log,
-the supervisors' logs and the fault journal (formats in `worker.chaos_app` and `faults.py`)."""
+the supervisors' logs, the fault journal, the fleet journal and the lock holders' log (formats in
+`worker.chaos_app`, `faults.py` and `fleet.py`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 from worker.chaos_app import EXTERNAL, STEP_LOG
 
@@ -40,10 +41,12 @@ def read_step_log(folder: str) -> Iterator[LogLine]:
                           fields[6] if len(fields) > 6 else "")
 
 
-def read_external(folder: str) -> tuple[dict, Counter]:
-    """The external system's log: {effect id: [(receipt, pid, token), ...]} and repeats per id."""
+def read_external(folder: str) -> tuple[dict, Counter, dict]:
+    """The external system's log: {effect id: [(receipt, pid, token), ...]}, repeats per id, and
+    {effect id: {(execution, step key), ...}}: who asked for it (executed or repeated)."""
     executed: dict[str, list] = defaultdict(list)
     repeats: Counter = Counter()
+    askers: dict[str, set] = defaultdict(set)
     for path in sorted(glob.glob(os.path.join(folder, EXTERNAL, "*.log"))):
         with open(path, errors="replace") as f:
             for line in f:
@@ -52,9 +55,15 @@ def read_external(folder: str) -> tuple[dict, Counter]:
                     continue
                 if fields[0] == "execute":
                     executed[fields[1]].append((fields[2], int(fields[3]), int(fields[4])))
+                    asker = fields[6:8]
                 elif fields[0] == "repeat":
                     repeats[fields[1]] += 1
-    return executed, repeats
+                    asker = fields[5:7]
+                else:
+                    continue
+                if len(asker) == 2:
+                    askers[fields[1]].add(tuple(asker))
+    return executed, repeats, askers
 
 
 REFUSALS = [
@@ -84,15 +93,82 @@ def read_refusals(folder: str) -> tuple[list[tuple[str, str, int]], int]:
     return found, tracebacks
 
 
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip() and line.endswith("\n")]
+
+
+def read_fault_journal(folder: str) -> list[dict]:
+    """Every injected fault, as `faults.Fault.as_dict()` wrote it."""
+    return _jsonl(os.path.join(folder, "faults.jsonl"))
+
+
 def read_faults(folder: str) -> dict:
     by_kind: Counter = Counter()
     in_step = 0
-    path = os.path.join(folder, "faults.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    fault = json.loads(line)
-                    by_kind[fault["kind"]] += 1
-                    in_step += bool(fault.get("step"))
+    for fault in read_fault_journal(folder):
+        by_kind[fault["kind"]] += 1
+        in_step += bool(fault.get("step"))
     return {"total": sum(by_kind.values()), "inside_a_step": in_step, "by_kind": dict(sorted(by_kind.items()))}
+
+
+@dataclass
+class SupervisorLife:
+    """One supervisor of the fleet, from the fleet journal: when it lived and with what clock."""
+
+    number: int
+    pid: int
+    started_ms: int
+    skew_ms: int = 0
+    import_delay_ms: int = 0
+    lenient: bool = False
+    ended_ms: Optional[int] = None
+    how: Optional[str] = None  # killed | stopped | crashed | killed at the end
+
+
+def read_fleet(folder: str) -> Optional[dict[int, list[SupervisorLife]]]:
+    """{pid: [its lives, oldest first]} from `supervisors.jsonl`, or None if there is none."""
+    path = os.path.join(folder, "supervisors.jsonl")
+    if not os.path.exists(path):
+        return None
+    by_number: dict[int, SupervisorLife] = {}
+    for event in _jsonl(path):
+        if event["event"] == "start":
+            by_number[event["number"]] = SupervisorLife(
+                event["number"], event["pid"], event["at_ms"], event.get("skew_ms", 0),
+                event.get("import_delay_ms", 0), event.get("lenient", False))
+        elif event["event"] == "exit" and event["number"] in by_number:
+            life = by_number[event["number"]]
+            life.ended_ms, life.how = event["at_ms"], event.get("how")
+    lives: dict[int, list[SupervisorLife]] = defaultdict(list)
+    for life in sorted(by_number.values(), key=lambda l: l.started_ms):
+        lives[life.pid].append(life)
+    return dict(lives)
+
+
+def read_lock_holds(folder: str) -> dict[int, tuple[int, Optional[int]]]:
+    """{lock holder pid: (held_ms, released_ms or None)}: when each really held the write lock."""
+    holds: dict[int, list] = {}
+    path = os.path.join(folder, "logs", "lock-holders.log")
+    if os.path.exists(path):
+        with open(path, errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) == 3 and line.endswith("\n") and fields[0] in ("held", "released"):
+                    pid, ms = int(fields[1]), int(fields[2]) // 1_000_000
+                    if fields[0] == "held":
+                        holds[pid] = [ms, None]
+                    elif pid in holds:
+                        holds[pid][1] = ms
+    return {pid: (held, released) for pid, (held, released) in holds.items()}
+
+
+def read_run_config(folder: str) -> Optional[dict]:
+    """The chaos run's configuration (`config.json`), if the folder has one."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)

@@ -11,7 +11,13 @@ signals, so a pid that was reused by an unrelated process is never hit.
 | `kill_supervisor`   | SIGKILL a supervisor whose worker is inside a step (its workers are orphaned); a new one is started |
 | `freeze_supervisor` | SIGSTOP a supervisor's whole process group for longer than a lease, then SIGCONT |
 | `term_supervisor`   | SIGTERM a supervisor (graceful stop); a new one is started               |
-| `hold_write_lock`   | another process takes the database's write lock (`BEGIN IMMEDIATE`) for seconds, then rolls back |
+| `hold_write_lock`   | another process takes the database's write lock (`BEGIN IMMEDIATE`) for 0.5-2 leases, then rolls back |
+| `disk_full`         | the tmpfs that holds the ledger is filled to 100% for 30-300 ms, then freed (root only) |
+| `slow_start`        | a supervisor is restarted with an app that takes 1-4 s to import, and 1-2 of its workers are SIGKILLed before they report that they loaded it |
+| `clock_skew`        | a supervisor is restarted with its ledger clock a few hundred ms ahead or behind (`YIELDSTAR_CHAOS_CLOCK_SKEW_MS`) |
+
+Clocks are also a property of the fleet: with `clock_skew` enabled, about half of the supervisors
+the harness starts run with a skewed clock (see `FaultPlan.skew_ms` for how far).
 """
 
 from __future__ import annotations
@@ -35,13 +41,28 @@ class FaultKind(str, enum.Enum):
     FREEZE_SUPERVISOR = "freeze_supervisor"
     TERM_SUPERVISOR = "term_supervisor"
     HOLD_WRITE_LOCK = "hold_write_lock"
+    DISK_FULL = "disk_full"
+    SLOW_START = "slow_start"
+    CLOCK_SKEW = "clock_skew"
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def hits_supervisor(self) -> bool:
-        return self in (FaultKind.KILL_SUPERVISOR, FaultKind.FREEZE_SUPERVISOR, FaultKind.TERM_SUPERVISOR)
+        """It takes a supervisor out of service for a while (the harness keeps another healthy)."""
+        return self in (FaultKind.KILL_SUPERVISOR, FaultKind.FREEZE_SUPERVISOR, FaultKind.TERM_SUPERVISOR,
+                        FaultKind.SLOW_START, FaultKind.CLOCK_SKEW)
+
+    @property
+    def restarts_supervisor(self) -> bool:
+        """It stops a supervisor gracefully and starts a replacement that differs from it."""
+        return self in (FaultKind.SLOW_START, FaultKind.CLOCK_SKEW)
+
+    @property
+    def stalls_ledger(self) -> bool:
+        """For a while, no process can write to the ledger."""
+        return self in (FaultKind.HOLD_WRITE_LOCK, FaultKind.DISK_FULL)
 
     @property
     def hits_child(self) -> bool:
@@ -75,10 +96,11 @@ class Fault:
     target: dict  # pids, and which supervisor
     step: Optional[dict]  # the step the target was inside: execution, token, key, pid
     params: dict = field(default_factory=dict)
+    at_ms: int = 0  # wall-clock time of the injection (ms since the epoch), to set beside ledger times
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind.value, "at_s": round(self.at_s, 3), "target": self.target, "step": self.step,
-                "params": self.params}
+        return {"kind": self.kind.value, "at_s": round(self.at_s, 3), "at_ms": self.at_ms, "target": self.target,
+                "step": self.step, "params": self.params}
 
 
 class FaultPlan:
@@ -114,8 +136,37 @@ class FaultPlan:
         return self.rng.uniform(1.5, 3.0) * self.lease_s
 
     def hold_lock_s(self) -> float:
-        """Seconds, and well below the 15 s busy timeout of every ledger connection."""
-        return self.rng.uniform(1.0, 4.0)
+        """Half a lease to two: about half the holds are shorter than a lease, and then no lease
+        may be lost to them; the rest outlast it, and only the leases that really expire may be."""
+        return self.rng.uniform(0.5, 2.0) * self.lease_s
+
+    def disk_full_s(self) -> float:
+        """How long the disk stays full: short bursts, as a log rotation or a filling neighbour
+        would cause, all shorter than a lease."""
+        return self.rng.uniform(0.03, 0.3)
+
+    def import_delay_ms(self) -> int:
+        """How long the app of a slow-started supervisor takes to import."""
+        return self.rng.randint(1000, 4000)
+
+    def start_kills(self, concurrency: int) -> int:
+        """How many workers of a slow-started supervisor are killed while they load the app: at
+        most two, so that a pool that never got ready is not given up on (three deaths in a row
+        stop a supervisor whose app never loaded)."""
+        return self.rng.randint(1, min(2, concurrency))
+
+    def kill_offset(self) -> float:
+        """How far into its import a worker of a slow start is killed, as a share of the delay."""
+        return self.rng.uniform(0.1, 0.8)
+
+    def skew_ms(self, bound_ms: int) -> int:
+        """A clock skew for a supervisor restarted by `clock_skew`: ahead or behind by a quarter to
+        all of `bound_ms` (never 0)."""
+        return self.rng.choice((-1, 1)) * self.rng.randint(max(1, bound_ms // 4), bound_ms)
+
+    def fleet_skew_ms(self, bound_ms: int) -> int:
+        """The clock skew of a supervisor the fleet starts: half of them keep the true time."""
+        return self.skew_ms(bound_ms) if self.rng.random() < 0.5 else 0
 
     def choose(self, items: list):
         return self.rng.choice(items)
@@ -148,13 +199,16 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+# The lock holder logs when it got the lock and when it let go (`held|released <pid> <time_ns>`):
+# the checker needs the window the ledger really was locked, not when the process was started.
 LOCK_HOLDER = """
-import sqlite3, sys, time
+import os, sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
 conn.execute("BEGIN IMMEDIATE")
-sys.stdout.write("held\\n"); sys.stdout.flush()
+sys.stdout.write(f"held {os.getpid()} {time.time_ns()}\\n"); sys.stdout.flush()
 time.sleep(float(sys.argv[2]))
 conn.execute("ROLLBACK")
+sys.stdout.write(f"released {os.getpid()} {time.time_ns()}\\n"); sys.stdout.flush()
 """
 
 

@@ -1,8 +1,17 @@
 """The supervisors of a chaos run: started in process groups of their own, replaced, signalled,
-reaped, and stopped, with every exit judged and every orphaned worker accounted for."""
+reaped, and stopped, with every exit judged and every orphaned worker accounted for.
+
+Each supervisor has two properties besides its leniency: its clock skew (the environment
+variable `YIELDSTAR_CHAOS_CLOCK_SKEW_MS`, which the SQLite backend's default clock adds, and
+which its workers inherit) and its app's import delay (`YIELDSTAR_CHAOS_IMPORT_DELAY_MS`, read by
+`worker.chaos_app`). The fleet journal (`supervisors.jsonl`) records every start, with those
+properties and the pid that the ledger's lease history names as the holder, and every exit: the
+checker needs both to set ledger times beside each other and to know who was alive when.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +22,10 @@ from typing import Callable, Optional
 
 import psutil
 
+from worker.chaos_app import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
+
 from . import faults
+from .watch import IMPORT_LOG
 
 APP = "worker.chaos_app"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,6 +34,8 @@ ORPHAN_GRACE_S = 5.0  # a dead supervisor's workers must be gone by then
 STOP_PATIENCE_S = 15.0  # beyond the grace period, for a supervisor to stop after SIGTERM
 STARTUP_PATIENCE_S = 30.0  # for a supervisor to start up before it is stopped
 LENIENT_MISSES = 100  # heartbeat misses a lenient supervisor and its workers tolerate
+CLOCK_SKEW_ENV = "YIELDSTAR_CHAOS_CLOCK_SKEW_MS"
+JOURNAL = "supervisors.jsonl"
 
 RUNNING, FROZEN, STOPPING, KILLED, EXITED = "running", "frozen", "stopping", "killed", "exited"
 
@@ -33,6 +47,8 @@ class SupervisorHandle:
     log_path: str
     process: psutil.Process
     lenient: bool = False
+    skew_ms: int = 0
+    import_delay_ms: int = 0
     state: str = RUNNING
     stop_deadline: Optional[float] = None
     listed_at: float = 0.0  # when its workers were last listed
@@ -86,23 +102,44 @@ class Fleet:
     worker). The others run with the default 3 misses, so their workers stop on their own first.
     """
 
-    def __init__(self, config, db_path: str, folder: str, anomaly: Callable[[str, str], None]):
+    def __init__(self, config, db_path: str, folder: str, anomaly: Callable[[str, str], None],
+                 skew: Callable[[], int] = lambda: 0):
+        """`skew()` draws the clock skew (ms) of each supervisor started without one given."""
         self.config = config
         self.db_path = db_path
         self.folder = folder
         self.anomaly = anomaly
+        self.skew = skew
         self.handles: list[SupervisorHandle] = []
         self._orphan_checks: list[tuple[float, SupervisorHandle]] = []
         self.exits: dict[str, int] = {}
+        self._journal = open(os.path.join(folder, JOURNAL), "a")
 
-    def start_one(self, *, lenient: Optional[bool] = None) -> SupervisorHandle:
-        """Start a supervisor; lenient if fewer than `lenient_supervisors` members are."""
+    def _note(self, event: str, h: SupervisorHandle, **more) -> None:
+        self._journal.write(json.dumps({"event": event, "number": h.number, "pid": h.pid,
+                                        "at_ms": time.time_ns() // 1_000_000, **more}) + "\n")
+        self._journal.flush()
+
+    def start_one(self, *, lenient: Optional[bool] = None, skew_ms: Optional[int] = None,
+                  import_delay_ms: int = 0) -> SupervisorHandle:
+        """Start a supervisor; lenient if fewer than `lenient_supervisors` members are; with its
+        clock `skew_ms` ahead (or behind, if negative; drawn by the fleet's `skew` when None), and
+        an app that takes `import_delay_ms` to import in each of its workers."""
         c = self.config
         if lenient is None:
             lenient = sum(1 for h in self.members() if h.lenient) < c.lenient_supervisors
+        if skew_ms is None:
+            skew_ms = self.skew()
         number = len(self.handles) + 1
         log_path = os.path.join(self.folder, "logs", f"supervisor-{number:03d}.log")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        for name in (CLOCK_SKEW_ENV, IMPORT_DELAY_ENV, IMPORT_LOG_ENV):
+            env.pop(name, None)  # from the harness's own environment: only what is drawn here counts
+        if skew_ms:
+            env[CLOCK_SKEW_ENV] = str(skew_ms)
+        if import_delay_ms:
+            env[IMPORT_DELAY_ENV] = str(import_delay_ms)
+            env[IMPORT_LOG_ENV] = os.path.join(self.folder, IMPORT_LOG)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "supervisor.cli", "--db", self.db_path, "supervise", APP,
@@ -111,8 +148,10 @@ class Fleet:
                  "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
                 start_new_session=True)  # its own process group: it can be frozen with its workers
-        handle = SupervisorHandle(number, popen, log_path, psutil.Process(popen.pid), lenient=lenient)
+        handle = SupervisorHandle(number, popen, log_path, psutil.Process(popen.pid), lenient=lenient,
+                                  skew_ms=skew_ms, import_delay_ms=import_delay_ms)
         self.handles.append(handle)
+        self._note("start", handle, lenient=lenient, skew_ms=skew_ms, import_delay_ms=import_delay_ms)
         return handle
 
     def members(self) -> list[SupervisorHandle]:
@@ -164,6 +203,7 @@ class Fleet:
             how = {KILLED: "killed", STOPPING: "stopped"}.get(h.state, "crashed")
             self.exits[how] = self.exits.get(how, 0) + 1
             h.state = EXITED
+            self._note("exit", h, how=how, code=code)
             self._orphan_checks.append((now + ORPHAN_GRACE_S, h))
         due = [(t, h) for t, h in self._orphan_checks if t <= now]
         self._orphan_checks = [(t, h) for t, h in self._orphan_checks if t > now]
@@ -214,3 +254,7 @@ class Fleet:
                 h.popen.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+            if h.state != EXITED:
+                self._note("exit", h, how="killed at the end", code=h.popen.returncode)
+                h.state = EXITED
+        self._journal.close()

@@ -6,18 +6,26 @@
     |   workload over the fault phase    |      |   +- worker  +- worker  +- worker ...  |
     | main loop, every 50 ms:            |      +----------------------------------------+
     |   tail steps.log: who is in a step |  SIGKILL / SIGSTOP / SIGCONT / SIGTERM, by pid
-    |   inject the next planned fault ---|----> or by process group; a lock holder
-    |   thaw, replace, reap supervisors  |      process takes the ledger's write lock
-    |   progress line                    |
+    |   tail imports.log: who is loading |  or by process group; a lock holder process
+    |   inject the next planned fault ---|----> takes the ledger's write lock; a burst
+    |   thaw, replace, reap supervisors  |      fills the ledger's tmpfs; a supervisor is
+    |   progress line                    |      restarted slow, or with a skewed clock
     +------------------------------------+
+    as root with disk_full: the ledger (and its -wal, -shm) lives on a tmpfs mounted in the work
+    folder, copied off and unmounted at the end
              |  after the fault phase: thaw everything, restore the fleet, wait until every
              v  execution is terminal, stop the supervisors gracefully, then run the checker
     checker (ledger + steps.log + external/*.log)  ->  report (JSON) + one-screen summary
 
-Phases: (1) set up the work folder and a fresh ledger; (2) the fault phase, `duration_s` long,
+Phases: (1) set up the work folder (and, for `disk_full`, the tmpfs) and a fresh ledger; (2) the fault phase, `duration_s` long,
 during which the workload is admitted (over its first 85%) and faults are injected; (3) the
 drain: no more faults, `supervisors` healthy supervisors, until every execution is terminal or
-`drain_timeout_s` passes; (4) graceful stop, checks, report.
+`drain_timeout_s` passes; (4) graceful stop, copy the ledger off the tmpfs, checks, report.
+
+Fault kinds this host cannot inject are left out of a run that asked for all of them, with a
+notice; naming one explicitly that cannot be injected is an error: `disk_full` needs root (it
+mounts the tmpfs) and the harness's own ledger, `clock_skew` a runtime whose ledger clock honours
+`YIELDSTAR_CHAOS_CLOCK_SKEW_MS` and a lease with room for a skew.
 
 One `random.Random(seed)` draws the workload and the fault plan (kinds, gaps, durations, and
 which of the candidate targets is hit), so a run can be replayed with the same seed. Timing
@@ -30,15 +38,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import psutil
@@ -48,14 +54,20 @@ from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
 from ..errors import InvalidArgument, YieldstarError
 from ..sqlite.backend import open_backend
 from . import faults
+from .capabilities import applicable_kinds
 from .checker import check
-from .faults import ALL_KINDS, Fault, FaultKind, FaultPlan
+from .config import ChaosConfig
+from .disk import Burst, LedgerDisk, size_mb
+from .faults import Fault, FaultKind, FaultPlan
 from .fleet import FROZEN, ROOT, RUNNING, TICK_S, Fleet, SupervisorHandle
+from .progress import SHORT, Progress
+from .watch import IMPORT_LOG, ImportWatcher, OpenStep, StepWatcher
 from .workload import Admitter, plan_workload
 
 ADMIT_SHARE = 0.85  # the workload is admitted over this share of the fault phase
 IN_STEP_PATIENCE_S = 2.0  # how long a fault waits for a target inside a step before taking any
 GIVE_UP_S = 10.0  # how long a fault waits for any target at all before it is skipped
+STARTUP_ALLOWANCE_S = 10.0  # beyond its import delays, for a slow-started pool to start
 
 
 class ChaosInterrupted(YieldstarError):
@@ -63,158 +75,50 @@ class ChaosInterrupted(YieldstarError):
     process it started has been killed."""
 
 
-@dataclass(frozen=True)
-class ChaosConfig:
-    seed: int = 1
-    duration_s: float = 60.0
-    supervisors: int = 3
-    concurrency: int = 4
-    executions: int = 1000
-    lease_ms: int = 1500
-    renew_ms: int = 300
-    heartbeat_ms: int = 200
-    faults: tuple = ALL_KINDS
-    fault_interval_s: float = 1.2
-    drain_timeout_s: float = 300.0
-    grace_ms: int = 5000
-    poll_ms: int = 100
-    lenient_supervisors: Optional[int] = None  # run with fleet.LENIENT_MISSES; None: 1 if > 1 supervisor
+@dataclass
+class SlowStart:
+    """A `slow_start` in progress: the replacement's workers are killed while they load the app."""
 
-    def __post_init__(self) -> None:
-        for name in ("supervisors", "concurrency", "executions", "lease_ms", "renew_ms", "heartbeat_ms", "poll_ms"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
-        for name in ("duration_s", "fault_interval_s", "drain_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidArgument(f"{name} must be a number > 0, got {value!r}")
-        if self.lenient_supervisors is None:
-            object.__setattr__(self, "lenient_supervisors", 1 if self.supervisors > 1 else 0)
-        if not isinstance(self.lenient_supervisors, int) or not 0 <= self.lenient_supervisors <= self.supervisors:
-            raise InvalidArgument(f"lenient_supervisors must be an int in 0..supervisors ({self.supervisors}),"
-                                  f" got {self.lenient_supervisors!r}")
-        if self.renew_ms >= self.lease_ms:
-            raise InvalidArgument(f"renew_ms ({self.renew_ms}) must be less than lease_ms ({self.lease_ms})")
-        if self.heartbeat_ms * 3 >= self.lease_ms:
-            raise InvalidArgument(f"three heartbeats ({3 * self.heartbeat_ms} ms) must fit in a lease"
-                                  f" ({self.lease_ms} ms): a frozen worker must be found out before its lease ends")
-        object.__setattr__(self, "faults", tuple(FaultKind(k) for k in self.faults))
+    target: dict  # the supervisor stopped, and its replacement
+    step: Optional[dict]
+    handle: SupervisorHandle  # the replacement
+    delay_ms: int
+    wanted: int  # workers to kill while they load the app
+    offset: float  # how far into its import each is killed, as a share of the delay
+    deadline: float  # monotonic: give up on more kills then
+    at_s: float
+    at_ms: int
+    killed: list = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["faults"] = [k.value for k in self.faults]
-        return d
-
-
-# -- who is inside a step right now --------------------------------------------------------------
 
 @dataclass
-class OpenStep:
-    execution_id: str
-    token: int
-    key: str
-    pid: int
-    begun_ns: int
+class PendingBurst:
+    """A `disk_full` burst in progress, journalled once it is over (with its real times)."""
 
-    def as_dict(self) -> dict:
-        return {"execution_id": self.execution_id, "token": self.token, "key": self.key, "pid": self.pid}
-
-
-class StepWatcher:
-    """Tails the step log: a `begin` line opens a step for its pid, any later line of that pid
-    closes it."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-        self.open: dict[int, OpenStep] = {}
-
-    def poll(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for raw in lines:
-            fields = raw.decode(errors="replace").split()
-            if len(fields) < 6:
-                continue
-            pid = int(fields[3])
-            if fields[0] == "begin":
-                self.open[pid] = OpenStep(fields[1], int(fields[2]), fields[4], pid, int(fields[5]))
-            else:
-                self.open.pop(pid, None)
-
-    def inside(self, process: psutil.Process) -> Optional[OpenStep]:
-        """The step `process` is in now, if its begin line is its own (not an earlier holder of
-        the pid's) and recent."""
-        step = self.open.get(process.pid)
-        if step is None or time.time_ns() - step.begun_ns > 30e9:
-            return None
-        try:
-            if process.create_time() * 1e9 > step.begun_ns + 1e7:
-                return None
-        except psutil.Error:
-            return None
-        return step
-
-
-# -- the run -------------------------------------------------------------------------------------
-
-class Progress:
-    """The progress line: carriage-return updated on a terminal, a line every few seconds otherwise."""
-
-    def __init__(self, out: Callable[[str], None], tty: bool):
-        self.out = out
-        self.tty = tty
-        self.every = 1.0 if tty else 5.0
-        self._next = 0.0
-        self._width = 0
-
-    def show(self, line: str, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._next:
-            return
-        self._next = now + self.every
-        if self.tty:
-            line = line[: shutil.get_terminal_size().columns - 1]  # a wrapped line cannot be redrawn
-            sys.stdout.write("\r" + line.ljust(self._width))
-            sys.stdout.flush()
-            self._width = len(line)
-        else:
-            self.out(line)
-
-    def done(self) -> None:
-        if self.tty and self._width:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            self._width = 0
-
-
-# Fault kinds in the progress line, which must fit a terminal's width.
-SHORT = {FaultKind.KILL_CHILD: "kc", FaultKind.FREEZE_CHILD: "sc", FaultKind.KILL_SUPERVISOR: "ks",
-         FaultKind.FREEZE_SUPERVISOR: "ss", FaultKind.TERM_SUPERVISOR: "ts", FaultKind.HOLD_WRITE_LOCK: "lk"}
+    burst: Burst
+    step: Optional[dict]
+    at_s: float
+    at_ms: int
 
 
 class ChaosRun:
-    def __init__(self, config: ChaosConfig, folder: str, db_path: str, out: Callable[[str], None], tty: bool):
+    def __init__(self, config: ChaosConfig, folder: str, db_path: str, out: Callable[[str], None], tty: bool,
+                 disk: Optional[LedgerDisk] = None):
         self.config = config
         self.folder = folder
         self.db_path = db_path
         self.out = out
+        self.disk = disk
         self.rng = random.Random(config.seed)
         self.plan = FaultPlan(self.rng, config.faults, interval_s=config.fault_interval_s,
                               lease_s=config.lease_ms / 1000)
         self.anomalies: list[dict] = []
-        self.fleet = Fleet(config, db_path, folder, self._anomaly)
+        self.fleet = Fleet(config, db_path, folder, self._anomaly, skew=self._fleet_skew)
         self.watcher = StepWatcher(os.path.join(folder, STEP_LOG))
+        self.imports = ImportWatcher(os.path.join(folder, IMPORT_LOG))
+        self.slow_starts: list[SlowStart] = []
+        self.bursts: list[PendingBurst] = []
+        self.workers_killed_while_starting = 0
         self.progress = Progress(out, tty)
         self.faults: list[Fault] = []
         self.by_kind: dict[str, int] = {k.value: 0 for k in config.faults}
@@ -262,6 +166,17 @@ class ChaosRun:
 
     # -- faults ----------------------------------------------------------------------------------
 
+    def _fleet_skew(self) -> int:
+        """The clock skew of a supervisor the fleet starts on its own (see `Fleet`)."""
+        if FaultKind.CLOCK_SKEW not in self.config.faults:
+            return 0
+        return self.plan.fleet_skew_ms(self.config.max_skew_ms)
+
+    def _healthy(self) -> list[SupervisorHandle]:
+        """Running supervisors that can take work now: not frozen, stopping, or slow-starting."""
+        starting = {s.handle.number for s in self.slow_starts}
+        return [h for h in self.fleet.running() if h.number not in starting]
+
     def _in_step_children(self, handles) -> list[tuple[SupervisorHandle, psutil.Process, OpenStep]]:
         found = []
         for h in handles:
@@ -275,24 +190,15 @@ class ChaosRun:
         """Inject `kind` now if a target is inside a step (or we waited long enough); False to
         try again on the next tick."""
         desperate = waited_s > IN_STEP_PATIENCE_S
-        now = time.monotonic()
-        if kind.hits_supervisor and len(self.fleet.running()) < min(2, self.config.supervisors):
+        if kind.hits_supervisor and len(self._healthy()) < min(2, self.config.supervisors):
             return False  # keep at least one healthy supervisor through every fault
-        if kind == FaultKind.HOLD_WRITE_LOCK:
-            if self.lock_holders:
-                return False  # one lock holder at a time
-            inside = self._in_step_children(self.fleet.running())
-            step = self.plan.choose(inside)[2].as_dict() if inside else None
-            if step is None and not desperate:
-                return False
-            seconds = self.plan.hold_lock_s()
-            holder = faults.hold_write_lock(self.db_path, seconds, os.path.join(self.folder, "logs", "lock-holders.log"))
-            self.lock_holders.append(holder)
-            self._record(kind, {"pid": holder.pid}, step, {"seconds": round(seconds, 3)})
-            return True
+        if kind.stalls_ledger:
+            return self._stall(kind, desperate)
         # A lenient supervisor would not notice a frozen worker for many seconds: freeze only
-        # workers whose supervisor is expected to kill and replace them.
-        eligible = [h for h in self.fleet.running() if not (kind == FaultKind.FREEZE_CHILD and h.lenient)]
+        # workers whose supervisor is expected to kill and replace them. A supervisor is
+        # restarted only once it has started up (before, SIGTERM is not yet a graceful stop).
+        eligible = [h for h in self._healthy() if not (kind == FaultKind.FREEZE_CHILD and h.lenient)
+                    and not (kind.restarts_supervisor and not h.started_up())]
         inside = self._in_step_children(eligible)
         if not inside:
             if not desperate:
@@ -306,6 +212,7 @@ class ChaosRun:
         step_info = step.as_dict() if step else None
         target = {"supervisor": handle.number, "supervisor_pid": handle.pid, "worker_pid": child.pid,
                   "lenient": handle.lenient}
+        now = time.monotonic()
         if kind == FaultKind.KILL_CHILD:
             if not faults.kill(child):
                 return False
@@ -331,7 +238,85 @@ class ChaosRun:
             seconds = self.plan.freeze_supervisor_s()
             self.pending.append((now + seconds, lambda: self._thaw_supervisor(handle)))
             self._record(kind, target, step_info, {"seconds": round(seconds, 3)})
+        elif kind == FaultKind.SLOW_START:
+            self._slow_start(handle, target, step_info)
+        elif kind == FaultKind.CLOCK_SKEW:
+            skew = self.plan.skew_ms(self.config.max_skew_ms)
+            self.fleet.terminate(handle)
+            replacement = self.fleet.start_one(lenient=handle.lenient, skew_ms=skew)
+            self._record(kind, dict(target, replacement=replacement.number, replacement_pid=replacement.pid),
+                         step_info, {"skew_ms": skew, "previous_skew_ms": handle.skew_ms})
         return True
+
+    def _stall(self, kind: FaultKind, desperate: bool) -> bool:
+        """A held write lock or a full disk: one of each at a time, while a worker is in a step."""
+        if (self.lock_holders if kind == FaultKind.HOLD_WRITE_LOCK else self.bursts):
+            return False
+        inside = self._in_step_children(self.fleet.running())
+        step = self.plan.choose(inside)[2].as_dict() if inside else None
+        if step is None and not desperate:
+            return False
+        if kind == FaultKind.HOLD_WRITE_LOCK:
+            seconds = self.plan.hold_lock_s()
+            holder = faults.hold_write_lock(self.db_path, seconds, os.path.join(self.folder, "logs", "lock-holders.log"))
+            self.lock_holders.append(holder)
+            self._record(kind, {"pid": holder.pid}, step, {"seconds": round(seconds, 3)})
+        else:
+            burst = self.disk.burst(self.plan.disk_full_s())
+            self.bursts.append(PendingBurst(burst, step, time.monotonic() - self.started, time.time_ns() // 10**6))
+        return True
+
+    def _slow_start(self, handle: SupervisorHandle, target: dict, step: Optional[dict]) -> None:
+        """Restart `handle` with an app that is slow to import; `_tend` kills its workers while
+        they load it."""
+        delay = self.plan.import_delay_ms()
+        wanted = self.plan.start_kills(self.config.concurrency)
+        offset = self.plan.kill_offset()
+        at_s, at_ms = time.monotonic() - self.started, time.time_ns() // 10**6
+        self.fleet.terminate(handle)
+        replacement = self.fleet.start_one(lenient=handle.lenient, import_delay_ms=delay)
+        # Killed workers are replaced and load the app again: time for them too, and a start.
+        deadline = time.monotonic() + (wanted + 1) * delay / 1000 + STARTUP_ALLOWANCE_S
+        self.slow_starts.append(SlowStart(dict(target, replacement=replacement.number, replacement_pid=replacement.pid),
+                                          step, replacement, delay, wanted, offset, deadline, at_s, at_ms))
+
+    def _tend(self) -> None:
+        """Faults in progress: reap lock holders, journal bursts that ended, kill the workers of
+        slow starts while they load the app."""
+        self.lock_holders = [p for p in self.lock_holders if p.poll() is None]
+        for pending in [b for b in self.bursts if not b.burst.is_alive()]:
+            self.bursts.remove(pending)
+            self._end_burst(pending)
+        if self.slow_starts:
+            self.imports.poll()
+        now_ns = time.time_ns()
+        for start in list(self.slow_starts):
+            killed = {k["pid"] for k in start.killed}
+            for child in start.handle.workers() if len(killed) < start.wanted else ():
+                began = self.imports.importing_since(child)
+                if began is None or child.pid in killed or now_ns - began < start.offset * start.delay_ms * 10**6:
+                    continue
+                if faults.kill(child):
+                    start.killed.append({"pid": child.pid, "at_ms": now_ns // 10**6,
+                                         "importing_for_ms": (now_ns - began) // 10**6})
+                    self.workers_killed_while_starting += 1
+                break  # one a tick: the kills spread over the pool's start
+            if len(start.killed) >= start.wanted or time.monotonic() > start.deadline \
+                    or start.handle.state != RUNNING:
+                self._end_slow_start(start)
+
+    def _end_burst(self, pending: PendingBurst) -> None:
+        params = pending.burst.as_params()
+        if pending.burst.error:
+            self._anomaly("disk_full_failed", pending.burst.error)
+        self._record(FaultKind.DISK_FULL, {"mount": self.disk.mount_point}, pending.step, params,
+                     at_s=pending.at_s, at_ms=pending.at_ms)
+
+    def _end_slow_start(self, start: SlowStart) -> None:
+        self.slow_starts.remove(start)
+        self._record(FaultKind.SLOW_START, start.target, start.step,
+                     {"import_delay_ms": start.delay_ms, "wanted_kills": start.wanted, "workers_killed": start.killed},
+                     at_s=start.at_s, at_ms=start.at_ms)
 
     def _thaw_child(self, child: psutil.Process) -> None:
         if faults.alive(child):
@@ -343,8 +328,10 @@ class ChaosRun:
         if handle.state == FROZEN:
             handle.state = RUNNING
 
-    def _record(self, kind: FaultKind, target: dict, step: Optional[dict], params: Optional[dict] = None) -> None:
-        fault = Fault(kind, time.monotonic() - self.started, target, step, params or {})
+    def _record(self, kind: FaultKind, target: dict, step: Optional[dict], params: Optional[dict] = None, *,
+                at_s: Optional[float] = None, at_ms: Optional[int] = None) -> None:
+        fault = Fault(kind, time.monotonic() - self.started if at_s is None else at_s, target, step, params or {},
+                      time.time_ns() // 10**6 if at_ms is None else at_ms)
         self.faults.append(fault)
         self.by_kind[kind.value] += 1
         self._journal.write(json.dumps(fault.as_dict()) + "\n")
@@ -371,7 +358,7 @@ class ChaosRun:
             self.fleet.ensure(c.supervisors)
             self.watcher.poll()
             self.run_pending()
-            self.lock_holders = [p for p in self.lock_holders if p.poll() is None]  # reap those done
+            self._tend()
             now = time.monotonic()
             if c.faults and now >= next_at:
                 kind = kind or self.plan.next_kind()
@@ -400,6 +387,7 @@ class ChaosRun:
             self._check_stop()
             self.fleet.reap()
             self.fleet.ensure(c.supervisors)
+            self._tend()
             s = self.statuses()
             self.show_progress(admitter.admitted)
             if sum(s.values()) and sum(n for st, n in s.items() if st not in ("completed", "failed")) == 0:
@@ -412,6 +400,12 @@ class ChaosRun:
             if holder.poll() is None:
                 holder.kill()
             holder.wait()
+        for pending in self.bursts:
+            pending.burst.join()
+            self._end_burst(pending)
+        self.bursts = []
+        for start in list(self.slow_starts):
+            self._end_slow_start(start)
         self.run_pending(all_now=True)
         if graceful:
             self.fleet.stop_all()
@@ -434,17 +428,41 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
 
     Args:
         folder: the work folder (ledger, logs, evidence); a new temporary one when None. It is kept.
-        db_path: the ledger; `<folder>/ledger.db` when None. It must hold no executions yet.
+        db_path: the ledger; `<folder>/ledger.db` when None. It must hold no executions yet. With
+            `disk_full`, the ledger lives on a tmpfs in the folder during the run, and is copied
+            to `<folder>/ledger.db` at the end.
         out: where lines of output go; `tty` makes the progress line update in place.
     """
-    from .report import build_report, source_of
-
     folder = os.path.abspath(folder or tempfile.mkdtemp(prefix=f"yieldstar-chaos-{config.seed}-"))
     os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
-    db_path = os.path.abspath(db_path or os.path.join(folder, "ledger.db"))
-    _fresh_ledger(db_path)
+    config, dropped = applicable_kinds(config, folder, db_path is not None)
+    for kind, why in dropped.items():
+        out(f"yieldstar chaos: leaving out {kind}: {why}")
+    disk = None
+    if FaultKind.DISK_FULL in config.faults:
+        disk = LedgerDisk(folder, size_mb(config.executions))
+        disk.mount()
+    try:
+        db_path = disk.db_path if disk else os.path.abspath(db_path or os.path.join(folder, "ledger.db"))
+        _fresh_ledger(db_path)
+        if disk:
+            disk.pin()
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(config.as_dict(), f, indent=2)
+        return _run(config, folder, db_path, disk, dropped, out, tty)
+    finally:
+        if disk:
+            trouble = disk.unmount()
+            if trouble:
+                out(f"yieldstar chaos: {trouble}")
+
+
+def _run(config: ChaosConfig, folder: str, db_path: str, disk: Optional[LedgerDisk], dropped: dict,
+         out: Callable[[str], None], tty: bool) -> dict:
+    from .report import build_report, source_of
+
     began = time.time()
-    run = ChaosRun(config, folder, db_path, out, tty)
+    run = ChaosRun(config, folder, db_path, out, tty, disk)
     admissions = plan_workload(run.rng, config.executions, config.duration_s * ADMIT_SHARE, folder,
                                config.lease_ms / 1000)
     out(f"yieldstar chaos: seed {config.seed}, {config.duration_s:g} s of faults, {config.supervisors} supervisors"
@@ -475,6 +493,18 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         run.cleanup(graceful=graceful)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        disk_figures = None
+        if disk:
+            disk_figures = {"tmpfs_mb": disk.size_mb, "used_mb_at_end": disk.used_mb()}
+            ledger_on_tmpfs = db_path
+            db_path = os.path.join(folder, "ledger.db")
+            try:
+                disk.copy_out(db_path)  # the ledger outlives the tmpfs: the checker and the reader need it
+                out(f"ledger copied off the tmpfs ({ledger_on_tmpfs}) to {db_path}")
+            except (OSError, sqlite3.Error) as exc:
+                if graceful:
+                    raise
+                out(f"could not copy the ledger off the tmpfs: {exc}")
     timings["total_s"] = round(time.monotonic() - run.started, 1)
     out("checking invariants...")
     result = check(db_path, folder)
@@ -485,7 +515,10 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         "supervisor_exits": run.fleet.exits,
         "frozen_children_alive_at_thaw": run.frozen_children_alive_at_thaw,
         "faults_skipped": run.skipped,
+        "kinds_left_out": dropped,
         "admitted_by_harness": admitter.admitted,
+        "workers_killed_while_starting": run.workers_killed_while_starting,
+        "disk": disk_figures,
         "anomalies": run.anomalies,
     }
     return build_report(config, result, harness=harness, timings=timings, folder=folder, db_path=db_path,

@@ -29,8 +29,11 @@ INVARIANTS = [
                                                  "effect_unsettled")),
     ("store updates applied exactly once", ("counter_mismatch", "mailbox_mismatch")),
     ("parents see their children's results", ("child_result_mismatch",)),
+    ("no execution failed by an infrastructure error", ("failed_by_infrastructure",)),
+    ("no lease superseded while its holder was alive", ("superseded_while_alive",)),
+    ("effect and start ids: each belongs to one execution", ("effect_id_shared", "start_id_shared")),
     ("processes: no crash, orphan or hung stop", ("supervisor_crashed", "supervisor_exit", "supervisor_hung",
-                                                  "orphan_survived")),
+                                                  "orphan_survived", "disk_full_failed")),
 ]
 
 
@@ -120,7 +123,27 @@ def summary_lines(report: dict) -> list[str]:
     h = report.get("harness")
     if h:
         exits = ", ".join(f"{n} {k}" for k, n in sorted(h.get("supervisor_exits", {}).items()))
-        lines.append(f"supervisors {h['supervisors_started']} started in all ({exits or 'none ended'})")
+        lines.append(f"supervisors {h['supervisors_started']} started in all ({exits or 'none ended'})"
+                     + (f"; {h['workers_killed_while_starting']} workers killed while loading the app"
+                        if h.get("workers_killed_while_starting") else ""))
+        for kind, why in (h.get("kinds_left_out") or {}).items():
+            lines.append(f"left out   {kind}: {why}")
+        if h.get("disk"):
+            lines.append(f"disk        ledger on a {h['disk']['tmpfs_mb']} MB tmpfs, {h['disk']['used_mb_at_end']} MB"
+                         " used at the end")
+    t = check.get("takeovers")
+    if t and t.get("checked"):
+        why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in t["explained"].items())
+        clocks = t.get("clocks", {})
+        lines.append(f"takeovers   {t['superseded']} superseded deliveries: {why}; {t['unexplained']} unexplained;"
+                     f" {t['stall_windows']} stalls, the longest {t['longest_stall_ms']} ms")
+        if clocks.get("skewed"):
+            lines.append(f"clocks      {clocks['skewed']} of {clocks['supervisors']} supervisors skewed,"
+                         f" {clocks['min_skew_ms']:+d}..{clocks['max_skew_ms']:+d} ms")
+    fl = check.get("failures")
+    if fl:
+        lines.append(f"failures    {fl['failed']} executions failed, {fl['planned']} as planned; {fl['step_errors']}"
+                     " step errors recorded")
     s = check.get("steps", {})
     r = check.get("stale_refused", {})
     lines.append(f"steps       {s.get('records', 0)} records; {s.get('begun', 0)} step runs began,"

@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import StorageBusy
+from ..errors import StorageError
 from ..sqlite.backend import open_backend
+
+STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
 
 @dataclass(frozen=True)
 class Admission:
@@ -45,17 +47,37 @@ def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
     return ["child", key, [_op(rng, i, lease_s, nested=True) for i in range(1, rng.randint(1, 3) + 1)]]
 
 
+def collider_plans(rng: random.Random, execution_id: str) -> tuple[tuple[str, list], tuple[str, list]]:
+    """Two executions whose step keys would share derived ids if ids were `execution/key`.
+
+    `X` and `X/z`: X's effect `z/k1` and start `z/k2` against X/z's effect `k1` and start `k2`
+    (all `X/z/k1` and `X/z/k2`); and, within X, its effect `y/k1` against the effect `k1` of
+    its own child started as `y` (the child `X/y`, whose effect would be `X/y/k1` too)."""
+    def effect(key: str) -> list:
+        return ["effect", key, round(rng.uniform(0, 0.05), 3), round(rng.uniform(0.02, 0.2), 3)]
+
+    first = [effect("z/k1"), ["child", "z/k2", [["run", "k1", 0.01]]], ["child", "y", [effect("k1")]], effect("y/k1")]
+    second = [effect("k1"), ["child", "k2", [["run", "k1", 0.02], ["inc", "k2"]]]]
+    rng.shuffle(first)
+    return (execution_id, first), (f"{execution_id}/z", second)
+
+
 def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, lease_s: float) -> list[Admission]:
     """`count` executions of `chaos.mixed`, admitted over `window_s` seconds. About one in eight
     is half of a mailbox pair: a producer that puts an item and a consumer that takes it, admitted
     close together in either order (a consumer that comes first waits for the item). The put
     comes first in its plan: a producer whose retries run out later must not leave its consumer
-    waiting for good."""
+    waiting for good. About one in fifty is half of a pair of colliders (`collider_plans`)."""
     admissions = []
     pair = 0
     i = 0
     while i < count:
         at = window_s * i / count
+        if i + 1 < count and rng.random() < 0.02:
+            for eid, plan in collider_plans(rng, f"c{i:06d}"):
+                admissions.append(Admission(eid, {"dir": folder, "plan": plan}, at + rng.uniform(0, 0.5)))
+            i += 2
+            continue
         plan = [_op(rng, n, lease_s, nested=False) for n in range(1, rng.randint(2, 5) + 1)]
         if i + 1 < count and rng.random() < 0.12:
             pair += 1
@@ -75,8 +97,8 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
 
 
 class Admitter(threading.Thread):
-    """Admits the workload on schedule, on its own connection: a held write lock stalls it, not
-    the fault loop."""
+    """Admits the workload on schedule, on its own connection: a held write lock or a full disk
+    stalls it, not the fault loop."""
 
     def __init__(self, db_path: str, admissions: list[Admission], started: float):
         super().__init__(name="admitter", daemon=True)
@@ -97,8 +119,11 @@ class Admitter(threading.Thread):
                         try:
                             backend.executions.admit(a.execution_id, "chaos.mixed", json.dumps(a.input))
                             break
-                        except StorageBusy:
-                            continue
+                        except StorageError as exc:
+                            if not exc.transient:
+                                raise
+                            if self.stop.wait(STORAGE_RETRY_S):
+                                return
                     self.admitted += 1
         except BaseException as exc:  # reported by the harness; the run then fails
             self.error = exc

@@ -1,0 +1,64 @@
+"""The configuration of a chaos run: how long, how many processes, which timings and faults."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from ..errors import InvalidArgument
+from .faults import ALL_KINDS, FaultKind
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int = 1
+    duration_s: float = 60.0
+    supervisors: int = 3
+    concurrency: int = 4
+    executions: int = 1000
+    lease_ms: int = 1500
+    renew_ms: int = 300
+    heartbeat_ms: int = 200
+    faults: tuple = ALL_KINDS
+    fault_interval_s: float = 1.2
+    drain_timeout_s: float = 300.0
+    grace_ms: int = 5000
+    poll_ms: int = 100
+    lenient_supervisors: Optional[int] = None  # run with fleet.LENIENT_MISSES; None: 1 if > 1 supervisor
+
+    def __post_init__(self) -> None:
+        for name in ("supervisors", "concurrency", "executions", "lease_ms", "renew_ms", "heartbeat_ms", "poll_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("duration_s", "fault_interval_s", "drain_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidArgument(f"{name} must be a number > 0, got {value!r}")
+        if self.lenient_supervisors is None:
+            object.__setattr__(self, "lenient_supervisors", 1 if self.supervisors > 1 else 0)
+        if not isinstance(self.lenient_supervisors, int) or not 0 <= self.lenient_supervisors <= self.supervisors:
+            raise InvalidArgument(f"lenient_supervisors must be an int in 0..supervisors ({self.supervisors}),"
+                                  f" got {self.lenient_supervisors!r}")
+        if self.renew_ms >= self.lease_ms:
+            raise InvalidArgument(f"renew_ms ({self.renew_ms}) must be less than lease_ms ({self.lease_ms})")
+        if self.heartbeat_ms * 3 >= self.lease_ms:
+            raise InvalidArgument(f"three heartbeats ({3 * self.heartbeat_ms} ms) must fit in a lease"
+                                  f" ({self.lease_ms} ms): a frozen worker must be found out before its lease ends")
+        object.__setattr__(self, "faults", tuple(FaultKind(k) for k in self.faults))
+
+    @property
+    def max_skew_ms(self) -> int:
+        """How far any supervisor's clock may be skewed. Two clocks then differ by at most half
+        of (lease - renewal interval): a holder renewing on time always has a lease left, by the
+        clock of any claimer, and half of that interval is left for a renewal that comes late.
+        (On one SQLite file each process's clock decides claimability; a claimer whose clock ran
+        a whole lease ahead could take a lease its holder is renewing. That is the documented
+        limit of "clocks decide when", which this keeps the run clear of.)"""
+        return (self.lease_ms - self.renew_ms) // 4
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["faults"] = [k.value for k in self.faults]
+        d["max_skew_ms"] = self.max_skew_ms
+        return d

@@ -1,0 +1,46 @@
+"""The progress line of a chaos run."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from typing import Callable
+
+from .faults import FaultKind
+
+
+class Progress:
+    """The progress line: carriage-return updated on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, out: Callable[[str], None], tty: bool):
+        self.out = out
+        self.tty = tty
+        self.every = 1.0 if tty else 5.0
+        self._next = 0.0
+        self._width = 0
+
+    def show(self, line: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + self.every
+        if self.tty:
+            line = line[: shutil.get_terminal_size().columns - 1]  # a wrapped line cannot be redrawn
+            sys.stdout.write("\r" + line.ljust(self._width))
+            sys.stdout.flush()
+            self._width = len(line)
+        else:
+            self.out(line)
+
+    def done(self) -> None:
+        if self.tty and self._width:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self._width = 0
+
+
+# Fault kinds in the progress line, which must fit a terminal's width.
+SHORT = {FaultKind.KILL_CHILD: "kc", FaultKind.FREEZE_CHILD: "sc", FaultKind.KILL_SUPERVISOR: "ks",
+         FaultKind.FREEZE_SUPERVISOR: "ss", FaultKind.TERM_SUPERVISOR: "ts", FaultKind.HOLD_WRITE_LOCK: "lk",
+         FaultKind.DISK_FULL: "df", FaultKind.SLOW_START: "sl", FaultKind.CLOCK_SKEW: "ck"}

@@ -1,0 +1,164 @@
+"""Which takeovers the faults explain: the `superseded_while_alive` check.
+
+A delivery is *superseded* when another claim took its execution after its lease expired: its
+holder stopped renewing for a whole lease. That is the runtime working as designed when the
+holder was dead, frozen or stopping, when the worker running the delivery was killed or frozen,
+or when nobody could write to the ledger for longer than the lease had left. Anything else is
+a live holder losing a lease it was entitled to keep (a blocked heartbeat, a claim handed to a
+dead worker and never released, a renewer that fell behind) and is reported.
+
+For each superseded delivery, in true time (see `clocks`):
+
+    claimed      its claim                               (holder's clock)
+    renewed      its last renewal: expires_at - lease    (holder's clock)
+    expired      when the next claimer saw it expire: expires_at, by the claimer's clock
+
+and it is explained by the first of these that fits (`SLACK_MS` either side of the first three, whose
+times the harness takes a tick or so late):
+
+- `holder_ended`: the holder's supervisor was killed, told to stop (a `term_supervisor`,
+  `slow_start` or `clock_skew` fault), or exited, no later than `expired`;
+- `holder_frozen`: a `freeze_supervisor` of the holder overlaps `renewed`..`expired`; the
+  window runs one lease past the SIGCONT, because workers that gave up on their supervisor
+  during the freeze leave their leases to expire after it;
+- `worker_fault`: a `kill_child` or `freeze_child` hit the holder's worker that ran this
+  delivery: the fault journal names the delivery (the step it hit), or, when the fault hit a
+  worker between steps, the fault came while the delivery was live and no other worker left
+  lines for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
+  they never held a delivery, so a claim handed to one must be released at once;
+- `stall`: a window in which nobody could write to the ledger (a held write lock, from the lock
+  holder's own log; a full disk, from the burst's own times; windows less than a renewal
+  interval apart merged) began no later than one renewal interval after `renewed` (it caught the
+  renewal that was due next) and ended no earlier than one renewal interval before `expired`
+  (the renewal, blocked until the window ended or failed and retried an interval later, could
+  not have come in time). `STALL_SLACK_MS` either side: these times are measured exactly. So a
+  window shorter than the lease minus two renewal intervals (minus the skew by which the claimer's
+  clock runs ahead of the holder's) explains nothing, however it falls.
+
+A clock skew is not an excuse of its own: the harness keeps any two clocks closer than half of
+lease minus renewal interval, and `expired` is read on the claimer's clock, so a skew shortens
+the lease a holder has left by exactly the skew, and every window above is judged with it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Callable, Optional
+
+from .clocks import Clocks
+
+SLACK_MS = 500
+STALL_SLACK_MS = 100
+REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall")
+
+
+def _merge(windows: list[tuple[int, int]], gap_ms: int) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for start, end in sorted(windows):
+        if merged and start <= merged[-1][1] + gap_ms:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+class Takeovers:
+    """The faults of one run, indexed for the question "what made this delivery lose its lease"."""
+
+    def __init__(self, faults: list[dict], lock_holds: dict, clocks: Clocks, *, lease_ms: int, renew_ms: int):
+        self.clocks = clocks
+        self.lease_ms = lease_ms
+        self.renew_ms = renew_ms
+        self.ends: dict[int, int] = {}  # supervisor number -> when it began to end
+        self.freezes: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.worker_faults: dict[int, list[dict]] = defaultdict(list)
+        stalls = []
+        for fault in faults:
+            kind, at, target, params = fault["kind"], fault.get("at_ms", 0), fault.get("target", {}), fault["params"]
+            number = target.get("supervisor")
+            if kind in ("kill_supervisor", "term_supervisor", "slow_start", "clock_skew") and number is not None:
+                self.ends[number] = min(self.ends.get(number, at), at)
+            elif kind == "freeze_supervisor":
+                self.freezes[number].append((at, at + int(params.get("seconds", 0) * 1000) + lease_ms))
+            elif kind in ("kill_child", "freeze_child"):
+                self.worker_faults[number].append(fault)
+            elif kind == "hold_write_lock":
+                held = lock_holds.get(target.get("pid"))
+                if held is not None:
+                    start, end = held
+                    stalls.append((start, end if end is not None else start + int(params["seconds"] * 1000)))
+                else:  # the holder never logged the lock: the longest it may have held it
+                    stalls.append((at, at + int(params["seconds"] * 1000) + SLACK_MS))
+            elif kind == "disk_full" and params.get("filling_ms"):
+                stalls.append((params["filling_ms"], params["freed_ms"]))
+        self.stalls = _merge(stalls, renew_ms)
+
+    def explain(self, eid: str, token: int, holder: str, claimed_at: int, expires_at: int, next_holder: str,
+                step_pids: set) -> Optional[str]:
+        """Why delivery `token` of `eid` was superseded, or None if no fault explains it.
+
+        `step_pids`: the workers that left lines in the step log for this delivery."""
+        life = self.clocks.life(holder, claimed_at)
+        if life is None:
+            return None
+        claimed = claimed_at - life.skew_ms
+        renewed = expires_at - self.lease_ms - life.skew_ms
+        expired = self.clocks.true_ms(next_holder, expires_at)
+        ends = [t for t in (self.ends.get(life.number), life.ended_ms) if t is not None]
+        if ends and min(ends) <= expired + SLACK_MS:
+            return "holder_ended"
+        for start, end in self.freezes.get(life.number, []):
+            if start <= expired + SLACK_MS and end >= renewed - SLACK_MS:
+                return "holder_frozen"
+        for fault in self.worker_faults.get(life.number, []):
+            step = fault.get("step")
+            if step is not None:
+                if step.get("execution_id") == eid and step.get("token") == token:
+                    return "worker_fault"
+                continue
+            worker = fault["target"].get("worker_pid")
+            if claimed - SLACK_MS <= fault["at_ms"] <= expired + SLACK_MS and step_pids <= {worker}:
+                return "worker_fault"
+        for start, end in self.stalls:
+            if start <= renewed + self.renew_ms + STALL_SLACK_MS and end >= expired - self.renew_ms - STALL_SLACK_MS:
+                return "stall"
+        return None
+
+    def nearby(self, at_ms: int, faults: list[dict], within_ms: int = 3_000) -> str:
+        close = [f"{f['kind']} at {f.get('at_ms', 0) - at_ms:+d} ms" for f in faults
+                 if abs(f.get("at_ms", 0) - at_ms) <= within_ms]
+        return ", ".join(close[:6]) or "none within 3 s"
+
+
+def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks: Clocks, step_pids: dict, *,
+                    lease_ms: int, renew_ms: int, violate: Callable[[str, Optional[str], str], None]) -> dict:
+    """Report every superseded delivery that no fault explains; return the figures."""
+    takeovers = Takeovers(faults, lock_holds, clocks, lease_ms=lease_ms, renew_ms=renew_ms)
+    reasons: Counter = Counter()
+    superseded = 0
+    for eid, rows in history.items():
+        for h, following in zip(rows, rows[1:]):
+            _, token, holder, claimed_at, expires_at, _, ended_by, _ = h
+            if ended_by != "superseded":
+                continue
+            superseded += 1
+            reason = takeovers.explain(eid, token, holder, claimed_at, expires_at, following[2],
+                                       step_pids.get((eid, token), set()))
+            if reason is not None:
+                reasons[reason] += 1
+                continue
+            reasons["unexplained"] += 1
+            life = clocks.life(holder, claimed_at)
+            who = (f"supervisor {life.number} (pid {life.pid}, clock {life.skew_ms:+d} ms)" if life is not None
+                   else f"{holder}, which the fleet journal does not know")
+            renewed = expires_at - lease_ms - (life.skew_ms if life else 0)
+            expired = clocks.true_ms(following[2], expires_at)
+            violate("superseded_while_alive", eid,
+                    f"token {token} of {who} lost its lease: claimed at {clocks.true_ms(holder, claimed_at)},"
+                    f" last renewed at {renewed}, expired for the next claimer at {expired} (true ms); token"
+                    f" {following[1]} took it at {clocks.true_ms(following[2], following[3])}. Faults near the"
+                    f" expiry: {takeovers.nearby(expired, faults)}")
+    return {"superseded": superseded, "explained": {r: reasons.get(r, 0) for r in REASONS},
+            "unexplained": reasons.get("unexplained", 0),
+            "stall_windows": len(takeovers.stalls),
+            "longest_stall_ms": max((b - a for a, b in takeovers.stalls), default=0)}
