@@ -1,7 +1,10 @@
 """`python scripts/chaos.py ARGS` is `yieldstar chaos ARGS`: run it from a checkout, installed or not.
 
-    python scripts/chaos.py --seed 7 --duration 600 --supervisors 3 --concurrency 4 \
-        --executions 5000 --report docs/chaos-report.json --summary docs/chaos-summary.txt
+    sudo python scripts/chaos.py --seed 20261202 --duration 600 --supervisors 3 --concurrency 4 \
+        --executions 5000 --lease-ms 1500 --renew-ms 300 --heartbeat-ms 200 \
+        --report docs/chaos-report.json --summary docs/chaos-summary.txt
+
+(as root for `disk_full`, which mounts a tmpfs for the ledger; without root it is left out).
 """
 
 import os
