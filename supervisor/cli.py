@@ -328,8 +328,8 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--faults", "fault_kinds", multiple=True, metavar="KINDS",
               help="Fault kinds, repeated or comma-separated (default all): kill_child, freeze_child,"
                    " kill_supervisor, freeze_supervisor, term_supervisor, hold_write_lock, disk_full (root only:"
-                   " the ledger goes on a tmpfs), slow_start, clock_skew; none for a control run. The default leaves out,"
-                   " with a notice, the kinds this host cannot inject; naming such a kind is an error.")
+                   " the ledger goes on a tmpfs), slow_start, clock_skew; none for a control run. The default"
+                   " leaves out, with a notice, the kinds this host cannot inject; naming such a kind is an error.")
 @click.option("--fault-interval-ms", type=click.IntRange(min=10), default=1200, show_default=True,
               help="Mean gap between two faults.")
 @click.option("--lenient-supervisors", type=click.IntRange(min=0), default=None,

@@ -11,10 +11,11 @@ signals, so a pid that was reused by an unrelated process is never hit.
 | `kill_supervisor`   | SIGKILL a supervisor whose worker is inside a step (its workers are orphaned); a new one is started |
 | `freeze_supervisor` | SIGSTOP a supervisor's whole process group for longer than a lease, then SIGCONT |
 | `term_supervisor`   | SIGTERM a supervisor (graceful stop); a new one is started               |
-| `hold_write_lock`   | another process takes the database's write lock (`BEGIN IMMEDIATE`) for 0.5-2 leases, then rolls back |
+| `hold_write_lock`   | another process takes the write lock (`BEGIN IMMEDIATE`) for 0.5-2 leases, then rolls back |
 | `disk_full`         | the tmpfs that holds the ledger is filled to 100% for 30-300 ms, then freed (root only) |
-| `slow_start`        | a supervisor is restarted with an app that takes 1-4 s to import, and 1-2 of its workers are SIGKILLed before they report that they loaded it |
-| `clock_skew`        | a supervisor is restarted with its ledger clock a few hundred ms ahead or behind (`YIELDSTAR_CHAOS_CLOCK_SKEW_MS`) |
+| `slow_start`        | a supervisor is restarted with an app that takes 1-4 s to import; 1-2 of its workers |
+|                     | are SIGKILLed while they load it, before they report ready               |
+| `clock_skew`        | a supervisor is restarted with its ledger clock ahead or behind (by a few hundred ms) |
 
 Clocks are also a property of the fleet: with `clock_skew` enabled, about half of the supervisors
 the harness starts run with a skewed clock (see `FaultPlan.skew_ms` for how far).

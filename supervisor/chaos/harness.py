@@ -17,10 +17,11 @@
              v  execution is terminal, stop the supervisors gracefully, then run the checker
     checker (ledger + steps.log + external/*.log)  ->  report (JSON) + one-screen summary
 
-Phases: (1) set up the work folder (and, for `disk_full`, the tmpfs) and a fresh ledger; (2) the fault phase, `duration_s` long,
-during which the workload is admitted (over its first 85%) and faults are injected; (3) the
-drain: no more faults, `supervisors` healthy supervisors, until every execution is terminal or
-`drain_timeout_s` passes; (4) graceful stop, copy the ledger off the tmpfs, checks, report.
+Phases: (1) set up the work folder (and, for `disk_full`, the tmpfs) and a fresh ledger; (2) the
+fault phase, `duration_s` long, during which the workload is admitted (over its first 85%) and
+faults are injected; (3) the drain: no more faults, `supervisors` healthy supervisors, until every
+execution is terminal or `drain_timeout_s` passes; (4) graceful stop, copy the ledger off the
+tmpfs, checks, report.
 
 Fault kinds this host cannot inject are left out of a run that asked for all of them, with a
 notice; naming one explicitly that cannot be injected is an error: `disk_full` needs root (it
