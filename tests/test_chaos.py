@@ -522,9 +522,9 @@ def test_kinds_this_host_cannot_inject_are_left_out_of_all_and_refused_by_name(t
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_chaos_run_loses_nothing(tmp_path, dump_on_hang):
-    """Every fault kind, old and new (disk_full only as root), about 40 s in all."""
-    config = ChaosConfig(seed=20261202, duration_s=28, supervisors=3, concurrency=3, executions=300,
-                         fault_interval_s=0.7, drain_timeout_s=150)
+    """Every fault kind, old and new (disk_full only as root), about 35 s in all."""
+    config = ChaosConfig(seed=20261202, duration_s=25, supervisors=3, concurrency=3, executions=300,
+                         fault_interval_s=0.65, drain_timeout_s=150)
     lines = []
     report = run_chaos(config, folder=str(tmp_path / "chaos"), out=lines.append)
     check_ = report["check"]

@@ -53,7 +53,7 @@ import psutil
 from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
 
 from ..errors import InvalidArgument, YieldstarError
-from ..sqlite.backend import open_backend
+from ..sqlite.backend import SqliteBackend, open_backend
 from . import faults
 from .capabilities import applicable_kinds
 from .checker import check
@@ -415,12 +415,23 @@ class ChaosRun:
         self._status.close()
 
 
-def _fresh_ledger(db_path: str) -> None:
-    with open_backend(db_path) as backend:
+def _fresh_ledger(db_path: str) -> SqliteBackend:
+    """The new ledger with the workload's stores, open: the admitter's backend.
+
+    It is opened before any other connection of this process to the file. Opening a backend
+    checks the file through a descriptor of its own, and closing any descriptor of a file drops
+    every POSIX lock the process holds on it, SQLite's included: a connection that lost its
+    shared lock no longer stops another process's last close from deleting the -wal under it."""
+    backend = open_backend(db_path)
+    try:
         if backend.executions.list(limit=1):
             raise InvalidArgument(f"--db {db_path} already holds executions; chaos needs a ledger of its own")
         backend.stores.get_or_create(COUNTER, "0")
         backend.stores.get_or_create(MAILBOX, "[]")
+    except BaseException:
+        backend.close()
+        raise
+    return backend
 
 
 def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Optional[str] = None,
@@ -443,23 +454,26 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
     if FaultKind.DISK_FULL in config.faults:
         disk = LedgerDisk(folder, size_mb(config.executions))
         disk.mount()
+    backend = None
     try:
         db_path = disk.db_path if disk else os.path.abspath(db_path or os.path.join(folder, "ledger.db"))
-        _fresh_ledger(db_path)
+        backend = _fresh_ledger(db_path)
         if disk:
             disk.pin()
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(config.as_dict(), f, indent=2)
-        return _run(config, folder, db_path, disk, dropped, out, tty)
+        return _run(config, folder, db_path, backend, disk, dropped, out, tty)
     finally:
+        if backend is not None:
+            backend.close()
         if disk:
             trouble = disk.unmount()
             if trouble:
                 out(f"yieldstar chaos: {trouble}")
 
 
-def _run(config: ChaosConfig, folder: str, db_path: str, disk: Optional[LedgerDisk], dropped: dict,
-         out: Callable[[str], None], tty: bool) -> dict:
+def _run(config: ChaosConfig, folder: str, db_path: str, backend: SqliteBackend, disk: Optional[LedgerDisk],
+         dropped: dict, out: Callable[[str], None], tty: bool) -> dict:
     from .report import build_report, source_of
 
     began = time.time()
@@ -468,7 +482,7 @@ def _run(config: ChaosConfig, folder: str, db_path: str, disk: Optional[LedgerDi
                                config.lease_ms / 1000)
     out(f"yieldstar chaos: seed {config.seed}, {config.duration_s:g} s of faults, {config.supervisors} supervisors"
         f" x {config.concurrency} workers, {config.executions} executions; work folder {folder}")
-    admitter = Admitter(db_path, admissions, run.started)
+    admitter = Admitter(backend, admissions, run.started)
     graceful = False
     timings = {}
     previous = {}
@@ -489,6 +503,8 @@ def _run(config: ChaosConfig, folder: str, db_path: str, disk: Optional[LedgerDi
         graceful = True
     finally:
         admitter.stop.set()
+        if admitter.is_alive():
+            admitter.join()  # it is done with the backend before anything closes
         run.progress.done()
         run.phase = "stop"
         run.cleanup(graceful=graceful)

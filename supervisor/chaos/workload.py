@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import StorageError
-from ..sqlite.backend import open_backend
 
 STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
 
@@ -97,12 +96,12 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
 
 
 class Admitter(threading.Thread):
-    """Admits the workload on schedule, on its own connection: a held write lock or a full disk
-    stalls it, not the fault loop."""
+    """Admits the workload on schedule, on a backend of its own (its owner closes it): a held
+    write lock or a full disk stalls it, not the fault loop."""
 
-    def __init__(self, db_path: str, admissions: list[Admission], started: float):
+    def __init__(self, backend, admissions: list[Admission], started: float):
         super().__init__(name="admitter", daemon=True)
-        self.db_path = db_path
+        self.backend = backend
         self.admissions = admissions
         self.started = started
         self.admitted = 0
@@ -111,19 +110,18 @@ class Admitter(threading.Thread):
 
     def run(self) -> None:
         try:
-            with open_backend(self.db_path) as backend:
-                for a in self.admissions:
-                    if self.stop.wait(max(0.0, self.started + a.at_s - time.monotonic())):
-                        return
-                    while True:
-                        try:
-                            backend.executions.admit(a.execution_id, "chaos.mixed", json.dumps(a.input))
-                            break
-                        except StorageError as exc:
-                            if not exc.transient:
-                                raise
-                            if self.stop.wait(STORAGE_RETRY_S):
-                                return
-                    self.admitted += 1
+            for a in self.admissions:
+                if self.stop.wait(max(0.0, self.started + a.at_s - time.monotonic())):
+                    return
+                while True:
+                    try:
+                        self.backend.executions.admit(a.execution_id, "chaos.mixed", json.dumps(a.input))
+                        break
+                    except StorageError as exc:
+                        if not exc.transient:
+                            raise
+                        if self.stop.wait(STORAGE_RETRY_S):
+                            return
+                self.admitted += 1
         except BaseException as exc:  # reported by the harness; the run then fails
             self.error = exc
