@@ -151,9 +151,9 @@ class FaultPlan:
         return self.rng.randint(1000, 4000)
 
     def start_kills(self, concurrency: int) -> int:
-        """How many workers of a slow-started supervisor are killed while they load the app: at
-        most two, so that a pool that never got ready is not given up on (three deaths in a row
-        stop a supervisor whose app never loaded)."""
+        """How many workers of a slow-started supervisor are killed while they load the app: one
+        or two, a start-up storm and not an app that cannot load (a supervisor gives up on its
+        app when every worker dies while loading it, three times in a row)."""
         return self.rng.randint(1, min(2, concurrency))
 
     def kill_offset(self) -> float:
