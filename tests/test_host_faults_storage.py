@@ -488,3 +488,33 @@ def test_a_chaos_clock_skew_that_is_not_an_int_is_refused_naming_the_variable(tm
         open_backend(tmp_path / "ledger.db")
 
     assert list(tmp_path.iterdir()) == []
+
+
+OPEN_AND_CLOSE = """
+import sys
+from supervisor import open_backend
+with open_backend(sys.argv[1]) as backend:
+    backend.executions.admit(sys.argv[2], "w")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_second_backend_in_one_process_leaves_the_first_ones_locks_in_place(tmp_path):
+    # Closing any descriptor of a file drops the process's POSIX locks on it, SQLite's included.
+    # A supervisor opens two backends; if the second one's file check closed a descriptor, the
+    # first connection's shared lock would be gone, and another process's last close would take
+    # itself for the last reader: checkpoint, and delete the -wal and -shm still in use here.
+    db = tmp_path / "ledger.db"
+    first = open_backend(db)
+    second = open_backend(db)
+    try:
+        first.executions.admit("mine", "w")
+        subprocess.run([sys.executable, "-c", OPEN_AND_CLOSE, str(db), "theirs"], check=True, timeout=30)
+        assert os.path.exists(f"{db}-wal") and os.path.exists(f"{db}-shm"), "another process's close deleted them"
+        first.executions.admit("mine-after", "w")
+        second.executions.admit("second-after", "w")
+    finally:
+        second.close()
+        first.close()
+    with open_backend(db) as reader:
+        assert {r.execution_id for r in reader.executions.list()} == {"mine", "theirs", "mine-after", "second-after"}

@@ -15,6 +15,13 @@ have written, and never writes to a file it did not make:
 
 The folder is trusted: whoever may rename files in it could swap a file after these checks, so
 keep a ledger in a folder that only its owner can write.
+
+A descriptor opened here is never closed. Closing *any* descriptor of a file drops every POSIX
+lock the process holds on it, SQLite's included (fcntl(2)): a check made by a process that
+already has a connection to the ledger (a supervisor opens two) would take that connection's
+shared lock away, and another process's last close would then see no reader left, checkpoint
+the ledger and delete its -wal and -shm while this one still writes to them. So the first
+descriptor of each file is kept for the life of the process and reused by later checks.
 """
 
 from __future__ import annotations
@@ -24,12 +31,36 @@ import os
 import pwd
 import shlex
 import stat
+import threading
 
 from ..errors import LedgerGone, NoLedger, NotALedger, StorageUnavailable, UnsafeLedgerFile
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 COMPANIONS = ("-wal", "-shm", "-journal")
 OWNER_ONLY = 0o600
+
+_kept: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> a descriptor of that file, never closed
+_kept_lock = threading.Lock()
+
+
+def _descriptor(path: str) -> int:
+    """A read-only descriptor of the file at `path`, kept open for good (see the module doc)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        with _kept_lock:
+            fd = _kept.get((st.st_dev, st.st_ino))
+        if fd is not None:
+            return fd
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    opened = os.fstat(fd)
+    with _kept_lock:
+        # Another thread may have kept one meanwhile: keep both, as closing either is what must
+        # not happen.
+        _kept.setdefault((opened.st_dev, opened.st_ino), fd)
+    return fd
 
 
 def check_ledger_file(path: str, *, create: bool) -> None:
@@ -46,7 +77,7 @@ def check_ledger_file(path: str, *, create: bool) -> None:
     """
     while True:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = _descriptor(path)
         except FileNotFoundError:
             if not create:
                 raise NoLedger(f"no ledger at {path}") from None
@@ -61,8 +92,6 @@ def check_ledger_file(path: str, *, create: bool) -> None:
             first = os.pread(fd, len(SQLITE_HEADER), 0)
         except OSError as exc:
             raise _os_error(path, exc) from None
-        finally:
-            os.close(fd)
         break
     for suffix in COMPANIONS:
         companion = path + suffix
