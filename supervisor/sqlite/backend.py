@@ -132,9 +132,19 @@ class SqliteBackend:
         Steps that meet a busy file are repeated until the busy timeout has passed.
         """
         deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        self._hold = files.FileHold()
+        if self.path != MEMORY:
+            self._hold = files.check_ledger_file(self.path, create=create)
+        try:
+            conn = self._connect(deadline)
+        except BaseException:
+            self._hold.release()
+            raise
+        return conn
+
+    def _connect(self, deadline: float) -> Connection:
         version = 0
         if self.path != MEMORY:
-            files.check_ledger_file(self.path, create=create)
             version = patiently(lambda: probe(self.path, self._recognise), deadline=deadline)
         functions = [("yieldstar_delay", 1, self.redelivery_delay)]
         conn = patiently(lambda: Connection(self.path, durability=self.durability, functions=functions),
@@ -175,6 +185,7 @@ class SqliteBackend:
 
     def close(self) -> None:
         self._conn.close()
+        self._hold.release()  # after the connection: see `files`
 
     def __enter__(self) -> "SqliteBackend":
         return self

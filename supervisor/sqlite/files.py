@@ -16,12 +16,13 @@ have written, and never writes to a file it did not make:
 The folder is trusted: whoever may rename files in it could swap a file after these checks, so
 keep a ledger in a folder that only its owner can write.
 
-A descriptor opened here is never closed. Closing *any* descriptor of a file drops every POSIX
-lock the process holds on it, SQLite's included (fcntl(2)): a check made by a process that
-already has a connection to the ledger (a supervisor opens two) would take that connection's
-shared lock away, and another process's last close would then see no reader left, checkpoint
-the ledger and delete its -wal and -shm while this one still writes to them. So the first
-descriptor of each file is kept for the life of the process and reused by later checks.
+A descriptor opened here is not closed while a backend of this process uses the file. Closing
+*any* descriptor of a file drops every POSIX lock the process holds on it, SQLite's included
+(fcntl(2)): a check made by a process that already has a connection to the ledger (a supervisor
+opens two) would take that connection's shared lock away, and another process's last close would
+then see no reader left, checkpoint the ledger and delete its -wal and -shm while this one still
+writes to them. So each file's first descriptor is shared by every backend of the process that
+uses the file (`FileHold`), and closed only once the last of them has closed its connection.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pwd
 import shlex
 import stat
 import threading
+from typing import Optional
 
 from ..errors import LedgerGone, NoLedger, NotALedger, StorageUnavailable, UnsafeLedgerFile
 
@@ -39,34 +41,60 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 COMPANIONS = ("-wal", "-shm", "-journal")
 OWNER_ONLY = 0o600
 
-_kept: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) -> a descriptor of that file, never closed
-_kept_lock = threading.Lock()
+# (st_dev, st_ino) -> [a descriptor of that file, how many holds share it]
+_held: dict[tuple[int, int], list[int]] = {}
+_held_lock = threading.Lock()
+_strays: list[int] = []
 
 
-def _descriptor(path: str) -> int:
-    """A read-only descriptor of the file at `path`, kept open for good (see the module doc)."""
+class FileHold:
+    """A backend's share of the descriptor this process keeps of its ledger file."""
+
+    def __init__(self, key: Optional[tuple[int, int]] = None):
+        self._key = key
+
+    def release(self) -> None:
+        """Call once the backend's own connection is closed; the last release closes the file."""
+        key, self._key = self._key, None
+        if key is None:
+            return
+        with _held_lock:
+            entry = _held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[key]
+                os.close(entry[0])
+
+
+def _hold(path: str) -> tuple[int, FileHold]:
+    """A read-only descriptor of the file at `path`, shared with the other holds on that file."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISREG(st.st_mode):
-        with _kept_lock:
-            fd = _kept.get((st.st_dev, st.st_ino))
-        if fd is not None:
-            return fd
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    opened = os.fstat(fd)
-    with _kept_lock:
-        # Another thread may have kept one meanwhile: keep both, as closing either is what must
-        # not happen.
-        _kept.setdefault((opened.st_dev, opened.st_ino), fd)
-    return fd
+    with _held_lock:
+        if st is not None and stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) in _held:
+            entry = _held[(st.st_dev, st.st_ino)]
+            entry[1] += 1
+            return entry[0], FileHold((st.st_dev, st.st_ino))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        opened = os.fstat(fd)
+        key = (opened.st_dev, opened.st_ino)
+        if key in _held:
+            # The path named another file at the lstat: this is a second descriptor of a file
+            # that is held, and closing it would drop the holders' locks. Keep it for good.
+            _strays.append(fd)
+            _held[key][1] += 1
+            return _held[key][0], FileHold(key)
+        _held[key] = [fd, 1]
+        return fd, FileHold(key)
 
 
-def check_ledger_file(path: str, *, create: bool) -> None:
+def check_ledger_file(path: str, *, create: bool) -> FileHold:
     """Check the ledger at `path` and its companion files; create an empty one when missing.
 
     An empty file is a new ledger (nobody wrote a schema into it yet) unless `create` is False.
+    Returns the caller's hold on the file: release it once its connection is closed.
 
     Raises:
         NoLedger: there is no file at `path` and `create` is False (or its folder is missing).
@@ -77,7 +105,7 @@ def check_ledger_file(path: str, *, create: bool) -> None:
     """
     while True:
         try:
-            fd = _descriptor(path)
+            fd, held = _hold(path)
         except FileNotFoundError:
             if not create:
                 raise NoLedger(f"no ledger at {path}") from None
@@ -91,8 +119,21 @@ def check_ledger_file(path: str, *, create: bool) -> None:
             _check_owner_and_mode(path, os.fstat(fd), "the ledger", ledger=True)
             first = os.pread(fd, len(SQLITE_HEADER), 0)
         except OSError as exc:
+            held.release()
             raise _os_error(path, exc) from None
+        except BaseException:
+            held.release()
+            raise
         break
+    try:
+        _check_companions_and_header(path, first, create)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def _check_companions_and_header(path: str, first: bytes, create: bool) -> None:
     for suffix in COMPANIONS:
         companion = path + suffix
         try:
