@@ -16,6 +16,7 @@ Everything here works on real processes with real signals:
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import os
@@ -24,6 +25,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -341,3 +343,36 @@ def damage_table(db, table: str) -> None:
     with open(db, "r+b") as f:
         f.seek((root - 1) * page_size)
         f.write(b"\xa5" * page_size)
+
+
+# -- a disk that fills up -----------------------------------------------------------------------
+
+@contextmanager
+def tmpfs(folder: Path, size: str):
+    """A tmpfs of `size` (`1m`, `16m`) mounted on `folder` for the block; root only (the test is
+    skipped otherwise; CI runs as root). The unmount is strict: a file the code under test left
+    open there fails the test."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs to fill needs root")
+    folder.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    except BaseException:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        raise
+    unmounted = subprocess.run(["umount", str(folder)], capture_output=True, text=True)
+    if unmounted.returncode != 0:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        raise AssertionError(f"{folder} was still in use at the end of the test: {unmounted.stderr.strip()}")
+
+
+def fill_disk(fd: int) -> None:
+    """Write zeros to `fd` until not one more byte fits on its file system."""
+    for chunk in (1 << 16, 1 << 12, 1):
+        try:
+            while True:
+                os.write(fd, b"\0" * chunk)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise

@@ -19,12 +19,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from faults import cli, dump_on_hang
+from faults import cli, dump_on_hang, fill_disk, tmpfs
 from supervisor import errors, open_backend
 from supervisor.sqlite import connection
 from supervisor.sqlite import backend as sqlite_backend
@@ -419,32 +418,20 @@ def test_a_ledger_deleted_or_replaced_while_in_use_is_reported_as_gone(tmp_path,
 # -- a full disk ---------------------------------------------------------------------------------
 
 
-@contextmanager
-def small_disk(folder: Path):
-    """A 1 MB tmpfs mounted at `folder`, unmounted afterwards."""
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
-
-
 def fill(folder: Path) -> Path:
     filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == 28, exc  # ENOSPC
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fill_disk(fd)
+    finally:
+        os.close(fd)
     return filler
 
 
 @AS_ROOT
 @pytest.mark.timeout(60)
 def test_a_full_disk_during_a_write_raises_storage_unavailable_and_the_connection_stays_usable(tmp_path):
-    with small_disk(tmp_path / "small") as disk:
+    with tmpfs(tmp_path / "small", "1m") as disk:
         path = disk / "ledger.db"
         with open_backend(path) as ledger:
             ledger.executions.admit("order-1", "charge")

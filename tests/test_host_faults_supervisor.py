@@ -7,13 +7,11 @@ full-disk test fills a small tmpfs of its own for real (root only).
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -25,8 +23,8 @@ from supervisor import open_backend
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.pool import MAX_CONCURRENCY
 
-from faults import (admit, cli, damage_table, db, dump_on_hang, freeze, gone, ledger, read_log, supervisors, thaw,
-                    wait_gone, wait_until)
+from faults import (admit, cli, damage_table, db, dump_on_hang, fill_disk, freeze, gone, ledger, read_log, supervisors,
+                    thaw, tmpfs, wait_gone, wait_until)
 from test_supervisor_faults import hold_input, outcomes, status, waiting
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -74,16 +72,7 @@ class DiskFullBursts:
         filler = self.folder / "filler"
         while not self._stop.wait(self.every_s):
             fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                while True:
-                    os.write(fd, b"\0" * 65536)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-            try:  # the last few bytes, so that not even one page fits
-                while True:
-                    os.write(fd, b"\0" * 512)
-            except OSError:
-                pass
+            fill_disk(fd)
             self.bursts += 1
             self._stop.wait(self.burst_s)
             os.close(fd)
@@ -92,15 +81,8 @@ class DiskFullBursts:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    folder = tmp_path / "disk"
-    folder.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(folder)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "16m") as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 @pytest.mark.slow

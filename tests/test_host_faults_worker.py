@@ -10,10 +10,8 @@ while a step runs; the corruption test damages a page of the real file.
 from __future__ import annotations
 
 import collections
-import errno
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +19,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from faults import damage_table
+from faults import damage_table, fill_disk, tmpfs
 from supervisor import Completed, Retry, Suspended, open_backend
 from supervisor.arguments import identifier
 from supervisor.errors import StorageUnavailable
@@ -181,15 +179,11 @@ class SmallDisk:
         if not self.armed:
             return
         self.armed = False
-        # Unbuffered, so the write that finds the disk full is the one that raises here.
-        with open(self.folder / "filler", "ab", buffering=0) as filler:
-            for chunk in (1 << 16, 1 << 12, 1):
-                try:
-                    while True:
-                        filler.write(b"\0" * chunk)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
+        fd = os.open(self.folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fill_disk(fd)
+        finally:
+            os.close(fd)
 
     def free(self) -> None:
         if self.folder is not None and (self.folder / "filler").exists():
@@ -202,18 +196,13 @@ step_ledger: list = []  # the backend a step of "hf.swallow" writes to itself, w
 
 @pytest.fixture
 def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    folder = tmp_path / "small-disk"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(folder)], check=True)
-    disk.folder = folder
-    try:
-        yield disk
-    finally:
-        disk.armed = False
-        disk.folder = None
-        subprocess.run(["umount", str(folder)], check=True)
+    with tmpfs(tmp_path / "small-disk", "2m") as folder:
+        disk.folder = folder
+        try:
+            yield disk
+        finally:
+            disk.armed = False
+            disk.folder = None
 
 
 def work(fills: bool, writes_itself: bool) -> str:
