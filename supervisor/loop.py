@@ -97,7 +97,7 @@ class DispatchLoop:
         self.ending: dict[tuple[str, int], Delivery] = {}  # replied to by their child, not yet settled
         self.start_deaths = 0  # children that died while loading the app, in a row
         self.ever_ready = False
-        self.idle_checked = False  # until_idle: a next_ready_at is in flight
+        self.idle_checked = False  # until_idle: nothing runs anywhere and nothing is due
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -477,7 +477,9 @@ class DispatchLoop:
         if self.grace_deadline is None and self.pool.idle() and not self.claiming:
             deadlines.append(self.next_poll)
         elif self.grace_deadline is not None:
-            deadlines += [self.grace_deadline, self.settle_deadline]
+            # Once the grace period is over, only the settlements' replies (or their deadline)
+            # are worth waking for.
+            deadlines += [self.grace_deadline if self.grace_deadline > now else self.settle_deadline]
         if any(c.delivery is not None and not c.delivery.lost for c in self.pool.children) or self.ending:
             deadlines.append(self.next_renewal)
         deadlines += [d.retry_at for d in self.ending.values()]
