@@ -284,6 +284,18 @@ def test_finding_9_c_a_foreign_sqlite_file_with_a_schema_version_stays_unchanged
     assert str(path) in str(refused.value)
 
 
+@pytest.mark.parametrize("mode", [0o644, 0o600])
+def test_a_file_that_is_no_database_is_reported_as_not_a_ledger_whatever_its_mode(tmp_path, mode):
+    # "Not a ledger, check the path" is what helps; "chmod 600" would only lead to that next.
+    path = tmp_path / "notes.db"
+    path.write_text("shopping: milk, eggs\n")
+    path.chmod(mode)
+    before = digest(path)
+    with pytest.raises(errors.NotALedger, match="not an SQLite database"):
+        open_backend(path)
+    assert digest(path) == before
+
+
 def test_a_file_that_is_not_a_database_is_refused_unchanged(tmp_path):
     path = tmp_path / "notes.db"
     path.write_text("shopping: milk, eggs\n")

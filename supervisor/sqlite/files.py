@@ -10,8 +10,9 @@ have written, and never writes to a file it did not make:
   one is a symlink, belongs to another user, or has any group or other permission bit; the
   message says how to fix it.
 - A file that does not begin with SQLite's header is refused (`NotALedger`) before SQLite reads
-  it. Whether an SQLite file is a Yieldstar ledger is decided next, by the connection, on a
-  read-only connection (`schema.recognise`).
+  it, whatever its mode: "check the path" is what helps there. Whether an SQLite file is a
+  Yieldstar ledger is decided after the checks of its owner and mode, on a read-only connection
+  (`schema.recognise`), since SQLite creates a WAL file's -wal and -shm even to read it.
 
 The folder is trusted: whoever may rename files in it could swap a file after these checks, so
 keep a ledger in a folder that only its owner can write.
@@ -91,10 +92,12 @@ def _hold(path: str) -> tuple[int, FileHold]:
 
 
 def check_ledger_file(path: str, *, create: bool) -> FileHold:
-    """Check the ledger at `path` and its companion files; create an empty one when missing.
+    """Check that `path` names an SQLite file (or none yet), creating an empty one when missing.
 
     An empty file is a new ledger (nobody wrote a schema into it yet) unless `create` is False.
-    Returns the caller's hold on the file: release it once its connection is closed.
+    An SQLite file must then be private to this user; whether it is a Yieldstar ledger is
+    decided next, on a read-only connection. Returns the caller's hold on the file: release it
+    once its connection is closed.
 
     Raises:
         NoLedger: there is no file at `path` and `create` is False (or its folder is missing).
@@ -115,42 +118,51 @@ def check_ledger_file(path: str, *, create: bool) -> FileHold:
             if exc.errno == errno.ELOOP:
                 raise _symlink(path) from None
             raise _os_error(path, exc) from None
-        try:
-            _check_owner_and_mode(path, os.fstat(fd), "the ledger", ledger=True)
-            first = os.pread(fd, len(SQLITE_HEADER), 0)
-        except OSError as exc:
-            held.release()
-            raise _os_error(path, exc) from None
-        except BaseException:
-            held.release()
-            raise
         break
     try:
-        _check_companions_and_header(path, first, create)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotALedger(f"{path} is not a Yieldstar ledger: it is not a regular file")
+            first = os.pread(fd, len(SQLITE_HEADER), 0)
+        except OSError as exc:
+            raise _os_error(path, exc) from None
+        if first and first != SQLITE_HEADER:
+            # A file being created by SQLite elsewhere reads empty until its first page is whole:
+            # the size grows only after the bytes are in place.
+            raise NotALedger(f"{path} is not a Yieldstar ledger: it is not an SQLite database file; check the path")
+        if not first and not create:
+            raise NoLedger(f"no ledger at {path} (the file is empty)")
+        # Before SQLite opens it: even a read-only connection creates the -wal and -shm of a WAL
+        # file, with the file's own (here: unsafe) mode.
+        _check_private(path, st)
     except BaseException:
         held.release()
         raise
     return held
 
 
-def _check_companions_and_header(path: str, first: bytes, create: bool) -> None:
+def _check_private(path: str, st: os.stat_result) -> None:
+    """Refuse a ledger (whose `st` is given), -wal, -shm or -journal that is a symlink, belongs
+    to another user or that others may read or write: its contents cannot be trusted, and what
+    it decides must not leak. The message says how to fix it."""
+    _check_owner_and_mode(path, st, "the ledger")
+    for companion, st in _companions(path):
+        if stat.S_ISLNK(st.st_mode):
+            raise _symlink(companion)
+        _check_owner_and_mode(companion, st, f"the ledger's {companion[len(path) + 1:]} file")
+
+
+def _companions(path: str):
+    """(path, lstat) of each of the ledger's -wal, -shm and -journal files that exists."""
     for suffix in COMPANIONS:
         companion = path + suffix
         try:
-            st = os.lstat(companion)
+            yield companion, os.lstat(companion)
         except FileNotFoundError:
             continue
         except OSError as exc:
             raise _os_error(companion, exc) from None
-        if stat.S_ISLNK(st.st_mode):
-            raise _symlink(companion)
-        _check_owner_and_mode(companion, st, f"the ledger's {suffix[1:]} file")
-    if first and first != SQLITE_HEADER:
-        # A file being created by SQLite elsewhere reads empty until its first page is whole:
-        # the size grows only after the bytes are in place.
-        raise NotALedger(f"{path} is not a Yieldstar ledger: it is not an SQLite database file; check the path")
-    if not first and not create:
-        raise NoLedger(f"no ledger at {path} (the file is empty)")
 
 
 def _create(path: str) -> None:
@@ -168,10 +180,8 @@ def _create(path: str) -> None:
         os.close(fd)
 
 
-def _check_owner_and_mode(path: str, st: os.stat_result, what: str, *, ledger: bool = False) -> None:
+def _check_owner_and_mode(path: str, st: os.stat_result, what: str) -> None:
     if not stat.S_ISREG(st.st_mode):
-        if ledger:
-            raise NotALedger(f"{path} is not a Yieldstar ledger: it is not a regular file")
         raise UnsafeLedgerFile(f"{what} {path} is not a regular file; remove it if no Yieldstar process is running")
     me = os.geteuid()
     quoted = shlex.quote(path)
