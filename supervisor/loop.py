@@ -41,6 +41,8 @@ BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 # How often the loop checks that the ledger file is still the one it opened.
 FILE_CHECK_S = 1.0
+# After a child could not be started (fork failed): when to try again.
+TOP_UP_RETRY_S = 1.0
 
 
 def file_identity(path: str) -> Optional[tuple[int, int]]:
@@ -91,6 +93,7 @@ class DispatchLoop:
         self.next_beat = now
         self.next_renewal = now + self.cfg.renew_ms / 1000
         self.next_file_check = now + FILE_CHECK_S
+        self.next_top_up = now
         self.last_beat_at: Optional[float] = None
         self.grace_deadline: Optional[float] = None
         self.settle_deadline: Optional[float] = None  # after the grace period: how long releases may take
@@ -119,8 +122,7 @@ class DispatchLoop:
             self.renew(now)
             self.beat(now)
             self.settle_due(now)
-            if self.grace_deadline is None:
-                self.pool.top_up()
+            self.top_up(now)
             self.wait(self.deadline(now))
 
     # -- stop ------------------------------------------------------------------------------------
@@ -218,8 +220,9 @@ class DispatchLoop:
             # No child for it (one died, or the supervisor is stopping): give it back at once
             # instead of letting the execution wait out a whole lease.
             self.end(delivery, Retry("no worker could take it"), now)
-        # A full batch means more may be waiting: claim again as soon as a child is free.
-        self.claim_wanted = len(leases) == reply.call.about
+        # A full batch means more may be waiting: claim again as soon as a child is free (as
+        # after a nudge or a finished delivery that came while this claim was in flight).
+        self.claim_wanted = self.claim_wanted or len(leases) == reply.call.about
         if not leases and (self.pool.idle() or self.until_idle):
             self.calls.submit(Call("next_ready_at"))
 
@@ -311,11 +314,18 @@ class DispatchLoop:
             delivery = child.delivery
             if not child.send((BEAT, delivery.lease.expires_at if delivery else None)):
                 continue  # its death shows on its sentinel
-            if child.busy and now - child.last_answer > limit:
+            if now - child.last_answer > limit:
                 # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
-                # Kill it and leave its lease to expire.
-                log.warning("execution %s token %d: worker pid %d silent for %.1f s; killing and replacing it",
-                            delivery.lease.execution_id, delivery.lease.token, child.pid, now - child.last_answer)
+                # Kill it and leave its lease to expire. An idle one too: it would be handed a
+                # lease it cannot run, and its pipe, unread, would fill up with beats until a send
+                # blocked this loop.
+                if delivery is not None:
+                    log.warning("execution %s token %d: worker pid %d silent for %.1f s; killing and replacing it",
+                                delivery.lease.execution_id, delivery.lease.token, child.pid,
+                                now - child.last_answer)
+                else:
+                    log.warning("idle worker pid %d silent for %.1f s; killing and replacing it",
+                                child.pid, now - child.last_answer)
                 self.stats.children_killed += 1
                 child.delivery = None
                 self.replace(child)
@@ -401,6 +411,10 @@ class DispatchLoop:
         if message[0] != DONE:
             log.error("unexpected message from worker pid %d: %r", child.pid, message[:1])
             return
+        self.done(child, message, now)
+
+    def done(self, child: Child, message: tuple, now: float) -> None:
+        """A child's report that it finished its delivery."""
         _, execution_id, token, outcome, ms = message
         delivery = child.delivery
         child.delivery = None
@@ -418,6 +432,7 @@ class DispatchLoop:
             self.fatal = self.fatal or LedgerUnusable(error)
             return
         if error is None:
+            log.info("worker %d is ready: it loaded the app in %.1f s", child.pid, time.monotonic() - child.launched)
             child.ready, child.start_deadline = True, None
             self.ever_ready = True
             self.start_deaths = 0
@@ -434,6 +449,14 @@ class DispatchLoop:
             raise AppLoadFailed(error)
 
     def child_died(self, child: Child) -> None:
+        # What it said before it died still counts: a delivery it reported done is settled.
+        try:
+            while child.ready and child.delivery is not None and child.conn.poll(0):
+                message = child.conn.recv()
+                if message[0] == DONE:
+                    self.done(child, message, time.monotonic())
+        except (EOFError, OSError):
+            pass
         child.process.join(1)
         delivery = child.delivery
         self.stats.child_deaths += 1
@@ -452,11 +475,27 @@ class DispatchLoop:
         self.replace(child)
 
     def replace(self, child: Child) -> None:
+        """Kill `child` (confirmed gone) and start another in its place, unless stopping. A child
+        that cannot be started (no memory, no more processes) is tried again by `top_up`."""
+        if self.grace_deadline is not None:
+            self.pool.remove(child)
+            return
         try:
             self.pool.replace(child)
         except OSError as exc:
             log.error("could not replace a worker: %s", exc)
-            self.pool.children.remove(child)
+            if child in self.pool.children:
+                self.pool.children.remove(child)
+
+    def top_up(self, now: float) -> None:
+        """Start the children the pool lacks: at start-up, and after a start that failed."""
+        if self.grace_deadline is not None or now < self.next_top_up:
+            return
+        try:
+            self.pool.top_up()
+        except OSError as exc:
+            log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc)
+            self.next_top_up = now + TOP_UP_RETRY_S
 
     # -- the file ------------------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class Child:
     delivery: Optional[Delivery] = None
     last_answer: float = field(default_factory=time.monotonic)
     ready: bool = False  # False until it reports that it loaded the app
+    launched: float = field(default_factory=time.monotonic)
     start_deadline: Optional[float] = None  # while not ready: when to give up on it
 
     @property

@@ -322,3 +322,18 @@ def test_a_worker_that_finds_the_ledger_unsafe_stops_the_supervisor_instead_of_p
     assert supervisor.wait(timeout=20) == 5, supervisor.log()
     log = supervisor.log()
     assert "could not load the app" not in log and "chmod" in log, log
+
+
+@pytest.mark.timeout(60)
+def test_a_frozen_idle_worker_is_replaced_before_its_unread_pipe_can_block_the_supervisor(db, ledger, supervisors):
+    # Nobody reads a frozen worker's end of the pipe: beaten on for minutes, its buffer fills and
+    # the supervisor's next send would block its loop for good. It is replaced once silent.
+    supervisor = supervisors.start(db, concurrency=2)
+    frozen, _ = supervisor.workers()
+    supervisor.wait_log(f"worker {frozen} is ready")
+    freeze(frozen)
+    supervisor.wait_log(f"idle worker pid {frozen} silent for")
+    wait_gone([frozen])
+    admit(db, "after", "sv.noop3")
+    wait_until(lambda: status(ledger, "after") == "completed", timeout=15)
+    wait_until(lambda: len(supervisor.workers()) == 2, message="the replacement")
