@@ -194,7 +194,7 @@ class DispatchLoop:
             return
         if not (self.claim_wanted or now >= self.next_poll):
             return
-        idle = self.pool.idle()
+        idle = self.idle(now)
         if not idle:
             return
         self.claiming, self.claim_wanted = True, False
@@ -211,7 +211,7 @@ class DispatchLoop:
         self.claim_failures = 0
         leases = reply.value
         self.stats.claimed += len(leases)
-        idle = self.pool.idle() if self.grace_deadline is None else []
+        idle = self.idle(now) if self.grace_deadline is None else []
         for lease in leases:
             delivery = Delivery(lease, now, claimed_at=lease.expires_at - self.cfg.lease_ms)
             child = idle.pop(0) if idle else None
@@ -226,10 +226,15 @@ class DispatchLoop:
         if not leases and (self.pool.idle() or self.until_idle):
             self.calls.submit(Call("next_ready_at"))
 
+    def idle(self, now: float) -> list[Child]:
+        """The idle workers that may take a delivery: heard from within two heartbeats (each
+        answers every beat), so that one frozen moments ago, not yet found silent, gets none."""
+        recent = 2 * self.cfg.heartbeat_ms / 1000
+        return [c for c in self.pool.idle() if now - c.last_answer <= recent]
+
     def hand_over(self, child: Child, delivery: Delivery, now: float) -> bool:
         lease = delivery.lease
         child.delivery = delivery
-        child.last_answer = now
         if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
@@ -513,7 +518,7 @@ class DispatchLoop:
 
     def deadline(self, now: float) -> float:
         deadlines = [self.next_beat, self.next_file_check]
-        if self.grace_deadline is None and self.pool.idle() and not self.claiming:
+        if self.grace_deadline is None and self.idle(now) and not self.claiming:
             deadlines.append(self.next_poll)
         elif self.grace_deadline is not None:
             # Once the grace period is over, only the settlements' replies (or their deadline)

@@ -310,6 +310,16 @@ def test_a_lease_lost_to_a_killed_or_frozen_worker_is_explained(ledger):
     assert result.figures["takeovers"]["explained"]["worker_fault"] == 1
 
 
+def test_a_worker_frozen_just_before_it_was_handed_the_delivery_explains_the_takeover(ledger):
+    fault(ledger, "freeze_child", 1_000_000 - 900, seconds=3)  # still frozen at the claim
+    assert takeover(ledger).violations == []
+
+
+def test_a_worker_thawed_before_the_claim_explains_nothing(ledger):
+    fault(ledger, "freeze_child", 1_000_000 - 3_900, seconds=3)
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
 def test_a_worker_fault_between_steps_explains_only_its_own_delivery(ledger):
     fault(ledger, "freeze_child", 1_000_300, worker_pid=5151, seconds=3)  # the step log says 4242 ran it
     assert kinds(takeover(ledger)) == {"superseded_while_alive"}

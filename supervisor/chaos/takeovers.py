@@ -23,8 +23,9 @@ times the harness takes a tick or so late):
   during the freeze leave their leases to expire after it;
 - `worker_fault`: a `kill_child` or `freeze_child` hit the holder's worker that ran this
   delivery: the fault journal names the delivery (the step it hit), or, when the fault hit a
-  worker between steps, the fault came while the delivery was live and no other worker left
-  lines for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
+  worker between steps, the worker was killed or frozen while the delivery was live (a freeze
+  from before the claim counts while it lasts: a supervisor may hand a delivery to a worker it
+  has not yet found silent) and no other worker left lines for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
   they never held a delivery, so a claim handed to one must be released at once;
 - `stall`: a window in which nobody could write to the ledger (a held write lock, from the lock
   holder's own log; a full disk, from the burst's own times; windows less than a renewal
@@ -117,7 +118,10 @@ class Takeovers:
                     return "worker_fault"
                 continue
             worker = fault["target"].get("worker_pid")
-            if claimed - SLACK_MS <= fault["at_ms"] <= expired + SLACK_MS and step_pids <= {worker}:
+            # A frozen worker stays frozen: one frozen before the claim may have been handed
+            # this delivery while its supervisor had not yet found it silent.
+            thawed = fault["at_ms"] + int(fault["params"].get("seconds", 0) * 1000)
+            if fault["at_ms"] <= expired + SLACK_MS and thawed >= claimed - SLACK_MS and step_pids <= {worker}:
                 return "worker_fault"
         for start, end in self.stalls:
             if start <= renewed + self.renew_ms + STALL_SLACK_MS and end >= expired - self.renew_ms - STALL_SLACK_MS:
