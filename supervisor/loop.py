@@ -213,7 +213,7 @@ class DispatchLoop:
         self.stats.claimed += len(leases)
         idle = self.idle(now) if self.grace_deadline is None else []
         for lease in leases:
-            delivery = Delivery(lease, now, claimed_at=lease.expires_at - self.cfg.lease_ms)
+            delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms)
             child = idle.pop(0) if idle else None
             if child is not None and self.hand_over(child, delivery, now):
                 continue

@@ -105,7 +105,6 @@ class Delivery:
     """One lease being worked on, from its claim to the reply that ends it."""
 
     lease: ExecutionLease
-    started: float  # time.monotonic() when handed to the child
     claimed_at: int  # the ledger time of the claim (ms)
     lost: bool = False  # the ledger said the lease is no longer ours
     renewing: bool = False  # a renewal is in flight
@@ -234,9 +233,6 @@ class Pool:
         child.process.join()
         child.process.close()
         child.conn.close()
-
-    def ready(self) -> list[Child]:
-        return [c for c in self.children if c.ready]
 
     def idle(self) -> list[Child]:
         return [c for c in self.children if c.ready and not c.busy]

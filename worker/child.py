@@ -44,13 +44,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     tasks: "queue.Queue" = queue.Queue()
-    stop_current = {"token": None}
-    current = {"token": None}
-
-    def on_stop() -> None:
-        stop_current["token"] = current["token"]
-
-    watch = ParentWatch(conn, parent_pid, parent_started, heartbeat_s, misses, tasks, on_stop)
+    watch = ParentWatch(conn, parent_pid, parent_started, heartbeat_s, misses, tasks)
     try:
         registry = load_app(app)
     except BaseException:
@@ -66,19 +60,13 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
             break
         _, execution_id, token, expires_at, claimed_at = message
         lease = ExecutionLease(execution_id, token, expires_at)
-        current["token"] = token
         started = time.monotonic()
-
-        def may_write(token=token) -> bool:
-            return stop_current["token"] != token and watch.may_write()
-
         try:
-            outcome = run_delivery(backend, lease, registry, may_write=may_write, claimed_at=claimed_at)
+            outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=claimed_at)
         except StorageError as exc:
             outcome = storage_retry(exc)
         except Exception:
             outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
-        current["token"] = None
         watch.send((DONE, execution_id, token, outcome, int((time.monotonic() - started) * 1000)))
     backend.close()
     os._exit(EXIT_OK)

@@ -23,11 +23,11 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
-from .protocol import ALIVE, BEAT, EXIT, EXIT_PARENT_GONE, RUN, STOP
+from .protocol import ALIVE, BEAT, EXIT, EXIT_PARENT_GONE, RUN
 
 PR_SET_PDEATHSIG = 1
 log = logging.getLogger("yieldstar.worker")
@@ -47,14 +47,13 @@ def die_with_parent(parent_pid: int) -> None:
 
 class ParentWatch:
     def __init__(self, conn, parent_pid: int, parent_started: float, heartbeat_s: float, misses: int,
-                 tasks: "queue.Queue[Any]", on_stop: Callable[[], None]):
+                 tasks: "queue.Queue[Any]"):
         self._conn = conn
         self._parent_pid = parent_pid
         self._parent_started = parent_started
         self._limit = heartbeat_s * misses
         self._check_every = heartbeat_s / 2
         self._tasks = tasks
-        self._on_stop = on_stop
         self._send_lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._gone = False
@@ -116,7 +115,5 @@ class ParentWatch:
                     self._leave("pipe closed")
             elif tag == RUN:
                 self._tasks.put(message)
-            elif tag == STOP:
-                self._on_stop()
             elif tag == EXIT:
                 self._tasks.put(None)

@@ -6,9 +6,7 @@ parent -> child                          child -> parent
 ("run", execution_id, token,            ("ready", pid, error or None,   once, after loading the app
   expires, claimed_at)                     storage kind or None)         and opening the ledger
 ("beat", expires or None)                ("alive",)                      answers every beat
-("stop",)   the lease is lost: write     ("done", execution_id, token, outcome, ms)
-            nothing more
-("exit",)   finish and exit
+("exit",)   finish and exit              ("done", execution_id, token, outcome, ms)
 
 A "ready" with an error and a storage kind (`StorageError.kind`) says the ledger could not be
 opened for a lasting reason (a corrupt or unsafe file), not that the app is broken.
@@ -16,13 +14,12 @@ opened for a lasting reason (a corrupt or unsafe file), not that the app is brok
 `claimed_at` is the ledger time (ms) of the claim that made the delivery: the child never reads
 a time earlier than that one when it decides whether a timer is due, so a child whose clock
 lags the one that decided the execution was claimable does not find the timer early and spin.
-A supervisor that finds a lease lost kills the child (it may be inside a step calling the
-outside world); "stop" remains for a delivery that must only stop writing.
+A supervisor that finds a lease lost kills the child: it may be inside a step calling the
+outside world, and a message it would read only after that step is no way to stop it.
 """
 
 RUN = "run"
 BEAT = "beat"
-STOP = "stop"
 EXIT = "exit"
 
 READY = "ready"
