@@ -364,8 +364,8 @@ def main() -> int:
     if args.workers < 2:
         parser.error("--workers must be at least 2: one for the timer workflow, the rest for long steps")
     tree = os.path.abspath(args.tree)
-    if not os.path.isfile(os.path.join(tree, "supervisor", "cli.py")):
-        parser.error(f"--tree {tree} has no supervisor/cli.py")
+    if not os.path.exists(os.path.join(tree, "supervisor", "dispatcher.py")):
+        parser.error(f"--tree {tree} has no supervisor/dispatcher.py: it is not a Yieldstar source tree")
     settings = Settings(tree, args.workers, args.lease_ms, args.heartbeat_ms, args.heartbeat_misses, args.tick_ms)
     holds = args.holds or settings.default_holds()
 

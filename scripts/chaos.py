@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from supervisor.cli import chaos  # noqa: E402
+from supervisor.cli.run import chaos  # noqa: E402
 
 if __name__ == "__main__":
     chaos(sys.argv[1:], prog_name="chaos.py")

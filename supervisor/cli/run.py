@@ -1,0 +1,124 @@
+"""Commands that run processes: `supervise`, `demo`, and `chaos`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+import click
+
+from . import (
+    handles_errors,
+    main,
+)
+
+
+@main.command()
+@click.argument("app")
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Worker processes, one per concurrent delivery (at most 256).")
+@click.option("--lease-ms", type=click.IntRange(min=1), default=30_000, show_default=True)
+@click.option("--renew-ms", type=click.IntRange(min=1), default=None, help="Default: a third of --lease-ms.")
+@click.option("--heartbeat-ms", type=click.IntRange(min=1), default=None,
+              help="Default: 1000, or a tenth of --lease-ms when that is shorter.")
+@click.option("--heartbeat-misses", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Silent heartbeat intervals before a worker gives up on the supervisor, or it on them.")
+@click.option("--poll-ms", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--grace-ms", type=click.IntRange(min=0), default=10_000, show_default=True)
+@click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
+@click.option("--until-idle", is_flag=True, help="Exit once nothing is running and nothing is due.")
+@click.option("--summary", "summary_s", type=click.FloatRange(min=0.1), default=None,
+              help="Print a summary line every this many seconds.")
+@click.option("--quiet", is_flag=True, help="No line per delivery.")
+@click.pass_context
+@handles_errors
+def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, grace_ms,
+              durability, until_idle, summary_s, quiet) -> None:
+    """Run a supervisor for the workflows defined in APP (a module name or a .py path)."""
+    from ..dispatcher import Supervisor, SupervisorConfig
+
+    config = SupervisorConfig(
+        concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
+        heartbeat_misses=heartbeat_misses,
+        poll_ms=poll_ms, grace_ms=grace_ms, durability=durability)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s yieldstar[%(process)d] %(message)s")
+    supervisor = Supervisor(ctx.obj["db"], app, config)
+    if summary_s:
+        _print_summaries(supervisor, summary_s)
+    sys.exit(supervisor.run(until_idle=until_idle))
+
+
+@main.command()
+@click.option("--act", "acts", type=click.IntRange(1, 3), multiple=True,
+              help="Play only this act (1: slow charge, 2: frozen worker, 3: killed supervisor); repeatable.")
+@click.option("--keep", is_flag=True, help="Keep the temporary ledgers and logs, and say where.")
+@handles_errors
+def demo(acts: tuple[int, ...], keep: bool) -> None:
+    """The order shop from RFC 002, with real processes, on a temporary database."""
+    from ..demo import run_demo
+
+    sys.exit(run_demo(sorted(set(acts)) or None, keep=keep, out=lambda line: click.echo(line)))
+
+
+@main.command()
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seeds the workload and the fault plan: the same seed replays the same run, timing aside.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=60, show_default=True,
+              help="Seconds of faults; the workload is admitted over the first 85% of them.")
+@click.option("--supervisors", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Workers per supervisor.")
+@click.option("--executions", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Executions the harness admits (workflows start more).")
+@click.option("--lease-ms", type=click.IntRange(min=1), default=1500, show_default=True)
+@click.option("--renew-ms", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--heartbeat-ms", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--faults", "fault_kinds", multiple=True, metavar="KINDS",
+              help="Fault kinds, repeated or comma-separated (default all): kill_child, freeze_child,"
+                   " kill_supervisor, freeze_supervisor, term_supervisor, hold_write_lock, disk_full (root only:"
+                   " the ledger goes on a tmpfs), slow_start, clock_skew; none for a control run. The default"
+                   " leaves out, with a notice, the kinds this host cannot inject; naming such a kind is an error.")
+@click.option("--fault-interval-ms", type=click.IntRange(min=10), default=1200, show_default=True,
+              help="Mean gap between two faults.")
+@click.option("--lenient-supervisors", type=click.IntRange(min=0), default=None,
+              help="How many supervisors run with --heartbeat-misses 100, so that their frozen workers write"
+                   " on after a thaw and only the fencing token stops them (default: 1 when there are two or more).")
+@click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=1), default=300, show_default=True,
+              help="Seconds to wait, after the faults, for every execution to become terminal.")
+@click.option("--db", "chaos_db", default=None,
+              help="The ledger, which must hold no executions (default: ledger.db in the work folder)."
+                   " The global --db is not used, so chaos never lands in a real ledger by accident.")
+@click.option("--workdir", default=None, help="The work folder for logs and evidence (default: a new"
+                                               " temporary folder, kept).")
+@click.option("--report", "report_path", default=None, help="Write the JSON report to this file.")
+@click.option("--summary", "summary_path", default=None, help="Write the one-screen summary to this file too.")
+@handles_errors
+def chaos(seed, duration_s, supervisors, concurrency, executions, lease_ms, renew_ms, heartbeat_ms, fault_kinds,
+          fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path, summary_path) -> None:
+    """Kill, freeze and orphan supervisors and workers mid-step, then prove nothing was lost.
+
+    Exit code 0 only if every execution is terminal and no invariant was violated."""
+    from ..chaos import ChaosConfig, parse_kinds, run_chaos
+    from ..chaos.report import save
+
+    config = ChaosConfig(seed=seed, duration_s=duration_s, supervisors=supervisors, concurrency=concurrency,
+                         executions=executions, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
+                         faults=parse_kinds(fault_kinds), fault_interval_s=fault_interval_ms / 1000,
+                         lenient_supervisors=lenient_supervisors, drain_timeout_s=drain_timeout_s)
+    report = run_chaos(config, folder=workdir, db_path=chaos_db, out=click.echo, tty=sys.stdout.isatty())
+    click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path)))
+    sys.exit(0 if report["ok"] else 1)
+
+def _print_summaries(supervisor, every_s: float) -> None:
+    def loop() -> None:
+        stop = threading.Event()
+        while not stop.wait(every_s):
+            s = supervisor.stats
+            click.echo(f"claimed {s.claimed}  completed {s.completed}  failed {s.failed}  suspended {s.suspended}"
+                       f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}", err=True)
+
+    threading.Thread(target=loop, name="summary", daemon=True).start()
+
+

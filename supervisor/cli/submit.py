@@ -1,0 +1,106 @@
+"""Commands that put work in: `start`, `settle`, and the `store` group."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import click
+
+from ..values import SettleConflict
+from . import (
+    EXIT_UNKNOWN,
+    as_json,
+    backend_of,
+    fail,
+    handles_errors,
+    main,
+    parse_json_option,
+)
+
+
+@main.command()
+@click.argument("workflow")
+@click.option("--id", "execution_id", help="The execution id; repeating a start with the same id starts nothing.")
+@click.option("--input", "input_json", default="null", help="The workflow's input, as JSON.")
+@click.pass_context
+@handles_errors
+def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None:
+    """Admit an execution of WORKFLOW and print its id."""
+    parse_json_option("--input", input_json)
+    execution_id = execution_id if execution_id is not None else uuid.uuid4().hex
+    with backend_of(ctx) as backend:
+        record = backend.executions.admit(execution_id, workflow, input_json)
+    click.echo(record.execution_id)
+
+
+@main.command()
+@click.argument("effect_id")
+@click.option("--result", "result_json", required=True, help="The effect's result, as JSON.")
+@click.pass_context
+@handles_errors
+def settle(ctx, effect_id: str, result_json: str) -> None:
+    """Settle an effect from outside (an external system finishing its work).
+
+    The first result is kept: settling again with a different one is reported as a conflict
+    (exit 2) and changes nothing."""
+    parse_json_option("--result", result_json)
+    with backend_of(ctx) as backend:
+        reply = backend.effects.settle(effect_id, result_json)
+    if isinstance(reply, SettleConflict):
+        fail(f"effect {effect_id!r} is already settled with {reply.kept_result_json}; {result_json} was not applied")
+    click.echo(json.dumps(as_json(reply)))
+
+
+@main.group()
+def store() -> None:
+    """Read named stores, and put items into them from outside."""
+
+
+@store.command(name="ls")
+@click.pass_context
+@handles_errors
+def store_list(ctx) -> None:
+    """List every store with its version."""
+    with backend_of(ctx, create=False) as backend:
+        for state in backend.stores.list():
+            click.echo(f"{state.name}\tversion={state.version}\t{state.state_json}")
+
+
+@store.command(name="get")
+@click.argument("name")
+@click.pass_context
+@handles_errors
+def store_get(ctx, name: str) -> None:
+    """Print one store's state as JSON; exit 1 if there is no such store."""
+    with backend_of(ctx, create=False) as backend:
+        state = backend.stores.get(name)
+    if state is None:
+        fail(f"no store {name!r}", EXIT_UNKNOWN)
+    click.echo(state.state_json)
+
+
+@store.command(name="put")
+@click.argument("name")
+@click.argument("item_json", metavar="JSON")
+@click.pass_context
+@handles_errors
+def store_put(ctx, name: str, item_json: str) -> None:
+    """Append an item to a list store (a mailbox), waking its waiters."""
+    parse_json_option("JSON", item_json)
+    with backend_of(ctx) as backend:
+        click.echo(backend.stores.put(name, item_json).state_json)
+
+
+@store.command(name="set")
+@click.argument("name")
+@click.argument("state_json", metavar="JSON")
+@click.pass_context
+@handles_errors
+def store_set(ctx, name: str, state_json: str) -> None:
+    """Replace a store's whole state, waking its waiters."""
+    parse_json_option("JSON", state_json)
+    with backend_of(ctx) as backend:
+        click.echo(backend.stores.set(name, state_json).state_json)
+
+
