@@ -39,6 +39,7 @@ from .values import (
     ExecutionRecord,
     HeapRecord,
     LeaseLost,
+    LedgerStats,
     LeaseRecord,
     Outcome,
     Released,
@@ -46,6 +47,7 @@ from .values import (
     SettleConflict,
     StoreReceipt,
     StoreState,
+    WaitReason,
 )
 
 
@@ -125,9 +127,76 @@ class ExecutionClient(abc.ABC):
         """Every delivery of the execution, oldest first, as of `now`."""
 
     @abc.abstractmethod
-    def list(self, *, status: Optional[str] = None, limit: Optional[int] = None, now: Optional[int] = None
-             ) -> list[ExecutionRecord]:
-        """Executions newest first, optionally filtered by their status as of `now`."""
+    def list(self, *, status: Optional[str] = None, workflow: Optional[str] = None, since: Optional[int] = None,
+             until: Optional[int] = None, id_prefix: Optional[str] = None, limit: Optional[int] = None,
+             offset: int = 0, now: Optional[int] = None) -> list[ExecutionRecord]:
+        """Executions newest first (by `created_at`), optionally only those whose status as of
+        `now` is `status`, of one workflow, created in `[since, until)`, whose id starts with
+        `id_prefix`; the first `offset` matches skipped, at most `limit` returned."""
+
+    @abc.abstractmethod
+    def await_outcome(self, execution_id: str, waiter: str) -> ExecutionRecord:
+        """Unfenced: the record of `execution_id`; unless it is terminal, `waiter` is registered
+        (in the same transaction) to be woken when it becomes so.
+
+        Raises:
+            UnknownExecution: either id was never admitted.
+        """
+
+    @abc.abstractmethod
+    def ended(self, leases: list[ExecutionLease], *, now: Optional[int] = None) -> list[ExecutionLease]:
+        """Of `leases`, those whose delivery has ended (acknowledged, released, cancelled, or
+        claimed again after expiry): their holders should stop. A read; nothing changes."""
+
+    # -- operators (SPEC section 8) ----------------------------------------------------------
+
+    @abc.abstractmethod
+    def cancel(self, execution_id: str, *, reason: Optional[str] = None, now: Optional[int] = None
+               ) -> ExecutionRecord:
+        """Make the execution terminal as `cancelled`, `error_json` = `{"type": "Cancelled",
+        "message": reason}`. A live delivery ends in the same transaction: its holder's later
+        fenced writes, renewals and acknowledgement return `LeaseLost`. Its waiters are woken.
+        A terminal execution (cancelled, completed or failed) is returned unchanged.
+
+        Raises:
+            UnknownExecution: the id was never admitted.
+        """
+
+    @abc.abstractmethod
+    def resume(self, execution_id: str, *, now: Optional[int] = None) -> ExecutionRecord:
+        """A failed or cancelled execution becomes `admitted`, due at `now`, with no result or
+        error and no unacknowledged deliveries. Its recorded steps are kept, so a replay goes on
+        after the last one; if that step recorded a final error, it is tried again.
+
+        Raises:
+            UnknownExecution: the id was never admitted.
+            ExecutionConflict: the execution is neither failed nor cancelled (names its status).
+        """
+
+    @abc.abstractmethod
+    def purge(self, *, before: int, statuses=("completed", "failed", "cancelled"), now: Optional[int] = None,
+              dry_run: bool = False) -> int:
+        """Delete terminal executions in `statuses` whose `updated_at < before`, with everything
+        that is only theirs, in short batches; returns how many (with `dry_run`: how many would
+        be). Never a non-terminal execution, nor one a waiting execution waits for; effects and
+        stores, shared by identity, are kept.
+
+        Raises:
+            InvalidArgument: a status in `statuses` is not terminal.
+        """
+
+    @abc.abstractmethod
+    def waiting_for(self, execution_id: str, *, now: Optional[int] = None) -> list[WaitReason]:
+        """Why an admitted or suspended execution is not running (see `WaitReason`); empty for
+        a running or terminal one.
+
+        Raises:
+            UnknownExecution: the id was never admitted.
+        """
+
+    @abc.abstractmethod
+    def stats(self, *, now: Optional[int] = None, limit: int = 20) -> LedgerStats:
+        """A summary for operators, read in one transaction (see `LedgerStats`)."""
 
 
 class HeapClient(abc.ABC):
@@ -153,10 +222,13 @@ class HeapClient(abc.ABC):
 
 class WorkflowStartClient(abc.ABC):
     @abc.abstractmethod
-    def start(self, start_request_id: str, workflow: str, input_json: str = "null") -> str:
+    def start(self, start_request_id: str, workflow: str, input_json: str = "null", *,
+              parent: Optional[str] = None) -> str:
         """Idempotent by receipt: admit an execution for this start request and return its id.
 
-        Repeating the same start-request id starts nothing and returns the first target."""
+        Repeating the same start-request id starts nothing and returns the first target.
+        `parent`, the starting execution, is recorded so that `purge` keeps a child while its
+        parent may still wait for it."""
 
 
 class EffectClient(abc.ABC):
@@ -214,6 +286,7 @@ class StoreClient(abc.ABC):
         """From outside: replace the store's state, creating it when missing."""
 
     @abc.abstractmethod
-    def wait(self, name: str, execution_id: str, seen_version: int) -> bool:
+    def wait(self, name: str, execution_id: str, seen_version: int, *, match_json: Optional[str] = None) -> bool:
         """Unfenced: register to be woken by the store's next change; True (and nothing
-        registered) if the store already changed after `seen_version`."""
+        registered) if the store already changed after `seen_version`. `match_json`, the JSON
+        of what a `take` looks for, is kept for operators (`waiting_for`)."""

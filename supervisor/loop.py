@@ -88,6 +88,7 @@ class DispatchLoop:
         now = time.monotonic()
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
         self.claiming = False  # a claim is in flight
+        self.checking_ended = False  # an `ended` call is in flight
         self.next_poll = now
         self.claim_failures = 0
         self.next_beat = now
@@ -282,15 +283,41 @@ class DispatchLoop:
         if isinstance(reply.value, Renewed):
             delivery.lease = reply.value.lease
             return
+        self.lose(delivery, "the lease is lost")
+
+    def lose(self, delivery: Delivery, why: str) -> None:
+        """The delivery ended in the ledger (lost, or cancelled): kill its child, which may be
+        inside a step calling the outside world, so that it stops at once."""
         child = self.child_of(delivery)
-        if child is None:
+        if child is None or delivery.lost:
             return  # it raced the acknowledgement of this delivery: the acknowledgement decides
         delivery.lost = True
         self.stats.lost += 1
-        log.warning("execution %s token %d: the lease is lost; killing worker pid %d so that it stops at once",
-                    delivery.lease.execution_id, delivery.lease.token, child.pid)
+        log.warning("execution %s token %d: %s; killing worker pid %d so that it stops at once",
+                    delivery.lease.execution_id, delivery.lease.token, why, child.pid)
         child.delivery = None
         self.replace(child)
+
+    # -- deliveries ended elsewhere -------------------------------------------------------------
+
+    def check_ended(self, now: float) -> None:
+        """Once a heartbeat, ask the ledger whether any running delivery has ended there (an
+        operator cancelled its execution): renewals alone would find out only at the next one."""
+        if self.checking_ended:
+            return
+        running = [c.delivery for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
+        if running:
+            self.checking_ended = True
+            self.renewals.submit(Call("ended", ([d.lease for d in running],), about=running))
+
+    def on_ended(self, reply: Reply, now: float) -> None:
+        self.checking_ended = False
+        if reply.error is not None:
+            return  # renewals still find lost leases; the next heartbeat asks again
+        ended = {(lease.execution_id, lease.token) for lease in reply.value}
+        for delivery in reply.call.about:
+            if (delivery.lease.execution_id, delivery.lease.token) in ended:
+                self.lose(delivery, "its delivery ended in the ledger (cancelled?)")
 
     def child_of(self, delivery: Delivery) -> Optional[Child]:
         return next((c for c in self.pool.children if c.delivery is delivery), None)
@@ -309,6 +336,7 @@ class DispatchLoop:
             for child in self.pool.children:
                 child.last_answer = now
         self.last_beat_at = now
+        self.check_ended(now)
         for child in list(self.pool.children):
             if not child.ready:
                 if now > child.start_deadline:

@@ -16,10 +16,11 @@ class ExecutionStatus(str, enum.Enum):
     SUSPENDED = "suspended"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # by an operator (`executions.cancel`); terminal, and resumable
 
     @property
     def terminal(self) -> bool:
-        return self in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED)
+        return self in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
 
     def __str__(self) -> str:
         return self.value
@@ -32,6 +33,7 @@ class DeliveryEnd(str, enum.Enum):
     RELEASED = "released"
     EXPIRED = "expired"  # the lease ran out and nobody has claimed the execution since
     SUPERSEDED = "superseded"  # the lease ran out and a later claim took the execution over
+    CANCELLED = "cancelled"  # an operator cancelled the execution while the delivery was open
 
     def __str__(self) -> str:
         return self.value
@@ -179,3 +181,62 @@ class StoreReceipt:
     step_key: str
     result_json: str
     applied: bool
+
+
+@dataclass(frozen=True)
+class WaitReason:
+    """One thing a waiting execution is waiting for (`executions.waiting_for`).
+
+    `kind` is one of:
+    - `timer`: a durable timer (`ctx.sleep`); `target` is the step key, `at` when it fires;
+    - `retry`: a step's retry backoff; `target` the step key, `at` the next attempt,
+      `detail` the last attempt's error as "Type: message";
+    - `redelivery`: the backoff after unacknowledged deliveries (crashed or released);
+      `at` the earliest next claim, `detail` how many deliveries in a row went unacknowledged;
+    - `execution`: another execution to finish (`ctx.wait_for`); `target` its id;
+    - `effect`: an effect to be settled (`settle`); `target` the effect id;
+    - `store`: a change to a store; `target` the store's name, `detail` the match of a `take`
+      as JSON, when there is one;
+    - `wake`: a wake requested from outside (`at` set), or, with `at` None, nothing: the
+      execution is not due until something wakes it;
+    - `due`: nothing: it is due (since `at`) and waits for a supervisor to claim it.
+    """
+
+    kind: str
+    target: Optional[str] = None
+    at: Optional[int] = None
+    detail: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class LiveLease:
+    """A delivery in progress, for operators: who holds which execution under which token."""
+
+    execution_id: str
+    workflow: str
+    token: int
+    holder: str  # host:pid of the supervisor that claimed it
+    claimed_at: int
+    expires_at: int
+    renewals: int
+
+
+@dataclass(frozen=True)
+class LedgerStats:
+    """A summary of a ledger as of `now` (`executions.stats`), for `stats`, `metrics` and `top`.
+
+    `by_status` has every status, zeros included; `by_workflow` maps each workflow to its
+    non-zero counts by status. `oldest_due` is the claimable execution that has waited longest
+    (None when nothing is due); `unacknowledged` the executions whose last deliveries went
+    unacknowledged, most first (at most `limit`); `live_leases` every live lease, soonest
+    expiry first. `deliveries` counts every claim ever made (the lease history's rows), so two
+    readings give deliveries per second.
+    """
+
+    now: int
+    by_status: dict
+    by_workflow: dict
+    oldest_due: Optional[ExecutionRecord]
+    unacknowledged: list
+    live_leases: list
+    deliveries: int

@@ -18,25 +18,32 @@ class StartsMixin:
         key = self._named_key(key)
         input_json = to_json("input", input)
         return self._recorded_step(
-            key, lambda: self._writer.call(self._backend.starts.start, self._derived_id(key), workflow, input_json))
+            key, lambda: self._writer.call(self._backend.starts.start, self._derived_id(key), workflow, input_json,
+                                    parent=self.execution_id))
 
     def wait_for(self, execution_id: str, key: Optional[str] = None) -> Any:
         """Suspend until execution `execution_id` is terminal; return its result, or raise
-        `StepFailed` carrying its error's type and message."""
+        `StepFailed` carrying its error's type and message (type `Cancelled` for a cancelled one).
+
+        A failed outcome that was opened again (the waiting execution was resumed after failing
+        on it) is looked up again: the child may have been resumed and finished since."""
         key = self._named_key(key if key is not None else f"wait:{execution_id}")
         record = self._recorded.get(key)
-        if record is None:
+        if record is None or not record.done:
             target = self._writer.call(self._backend.executions.await_outcome, execution_id, self.execution_id)
             if target.status == ExecutionStatus.COMPLETED.value:
                 response = {"value": json.loads(target.result_json)}
-            elif target.status == ExecutionStatus.FAILED.value:
+            elif target.status in (ExecutionStatus.FAILED.value, ExecutionStatus.CANCELLED.value):
                 error = json.loads(target.error_json)
                 if not isinstance(error, dict):
                     error = {"type": "Error", "message": str(error)}
-                response = {"error": {"type": error.get("type", "Error"), "message": error.get("message", ""),
+                message = error.get("message")
+                if target.status == ExecutionStatus.CANCELLED.value:
+                    message = f"execution {execution_id!r} was cancelled" + (f": {message}" if message else "")
+                response = {"error": {"type": error.get("type", "Error"), "message": message or "",
                                       "traceback": error.get("traceback")}, "retry_at": None}
             else:
                 self._suspend_waiting(f"execution {execution_id!r} to finish")
             self.steps_run += 1
-            record = self._write(key, 1, True, response)
+            record = self._write(key, 1 if record is None else record.attempt + 1, True, response)
         return self._replay(key, record)

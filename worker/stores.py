@@ -91,7 +91,9 @@ class StoreHandle:
                 return ctx._recorded_step(key, lambda: json.loads(receipt.result_json))
             if not wait:
                 return ctx._recorded_step(key, lambda: None)
-            if not ctx._writer.call(stores.wait, self.name, ctx.execution_id, seen.version if seen else 0):
+            match_json = None if match is None else to_json("match", match)
+            if not ctx._writer.call(stores.wait, self.name, ctx.execution_id, seen.version if seen else 0,
+                                    match_json=match_json):
                 ctx._suspend_waiting(f"a change to store {self.name!r}")
 
     def _object(self, state: Any) -> dict:

@@ -118,10 +118,20 @@ CREATE TABLE store_receipts (
     PRIMARY KEY (store, execution_id, step_key)
 ) WITHOUT ROWID"""
 
+# Version 2: what operators need. Purge walks terminal executions by the time they last changed,
+# and keeps a child whose parent (now recorded with the start) is not terminal; `waiting_for`
+# finds an execution's registrations by waiter; a store waiter remembers its match.
+EXECUTIONS_BY_UPDATE = "CREATE INDEX executions_by_update ON executions (status, updated_at)"
+WAITERS_BY_WAITER = "CREATE INDEX waiters_by_waiter ON waiters (waiter)"
+WAITERS_DETAIL = "ALTER TABLE waiters ADD COLUMN detail TEXT"  # e.g. the match of a store take, as JSON
+STARTS_PARENT = "ALTER TABLE starts ADD COLUMN parent TEXT"  # the execution that started it; NULL: outside
+STARTS_BY_TARGET = "CREATE INDEX starts_by_target ON starts (execution_id)"
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
-    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE, LEASE_HISTORY, STEPS,
-     WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
+    (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
+     LEASE_HISTORY, STEPS, WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
+    (EXECUTIONS_BY_UPDATE, WAITERS_BY_WAITER, WAITERS_DETAIL, STARTS_PARENT, STARTS_BY_TARGET),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -15,7 +15,7 @@ from .connection import Connection
 from .executions import INSERT, SELECT_ONE
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = ?"
-RECORD = "INSERT INTO starts (start_request_id, execution_id, created_at) VALUES (?, ?, ?)"
+RECORD = "INSERT INTO starts (start_request_id, execution_id, created_at, parent) VALUES (?, ?, ?, ?)"
 
 
 class SqliteStartClient(WorkflowStartClient):
@@ -24,10 +24,12 @@ class SqliteStartClient(WorkflowStartClient):
         self._clock = clock
         self._on_due = on_due
 
-    def start(self, start_request_id, workflow, input_json="null") -> str:
+    def start(self, start_request_id, workflow, input_json="null", *, parent=None) -> str:
         arguments.identifier("start_request_id", start_request_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json)
+        if parent is not None:
+            arguments.identifier("parent", parent)
         now = self._clock()
         with self._conn.write() as db:
             found = db.execute(FIND, (start_request_id,)).fetchone()
@@ -38,6 +40,6 @@ class SqliteStartClient(WorkflowStartClient):
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
             db.execute(INSERT, (start_request_id, workflow, input_json, now, now, now, now))
-            db.execute(RECORD, (start_request_id, start_request_id, now))
+            db.execute(RECORD, (start_request_id, start_request_id, now, parent))
         self._on_due()
         return start_request_id

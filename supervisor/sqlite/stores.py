@@ -100,17 +100,19 @@ class SqliteStoreClient(StoreClient):
             self._on_due()
         return state
 
-    def wait(self, name, execution_id, seen_version) -> bool:
+    def wait(self, name, execution_id, seen_version, *, match_json=None) -> bool:
         """Register `execution_id` to be woken by the next change; True if one already came
         after `seen_version` (then there is nothing to wait for)."""
         arguments.identifier("store name", name)
         arguments.identifier("execution_id", execution_id)
         arguments.integer("seen_version", seen_version)
+        if match_json is not None:
+            arguments.json_text("match_json", match_json)
         with self._conn.write() as db:
             row = db.execute(GET, (name,)).fetchone()
             if row is not None and row[2] > seen_version:
                 return True
-            waiters.register(db, waiters.STORE, name, execution_id, self._clock())
+            waiters.register(db, waiters.STORE, name, execution_id, self._clock(), match_json)
         return False
 
 

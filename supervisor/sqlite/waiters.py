@@ -9,7 +9,7 @@ deletes it; a waiter that still needs to wait registers again. Registrations are
 from __future__ import annotations
 
 import sqlite3
-from typing import Callable
+from typing import Callable, Optional
 
 from ..errors import UnknownExecution
 
@@ -17,19 +17,22 @@ EXECUTION = "execution"
 EFFECT = "effect"
 STORE = "store"
 
-REGISTER = "INSERT OR IGNORE INTO waiters (kind, target, waiter, registered_at) VALUES (?, ?, ?, ?)"
+REGISTER = "INSERT OR IGNORE INTO waiters (kind, target, waiter, registered_at, detail) VALUES (?, ?, ?, ?, ?)"
 WAITING = "SELECT waiter FROM waiters WHERE kind = ? AND target = ?"
 CLEAR = "DELETE FROM waiters WHERE kind = ? AND target = ?"
+OF_WAITER = "SELECT kind, target, detail FROM waiters WHERE waiter = ? ORDER BY registered_at, kind, target"
+FORGET_WAITER = "DELETE FROM waiters WHERE waiter = ?"
 
 
-def register(db: sqlite3.Connection, kind: str, target: str, waiter: str, now: int) -> None:
+def register(db: sqlite3.Connection, kind: str, target: str, waiter: str, now: int, detail: Optional[str] = None
+             ) -> None:
     from .executions import SELECT_ONE  # here, not above: executions imports this module
 
     # Only an admitted execution can wait: a registration naming nobody would make every later
     # wake of the target fail, and with it the settle, store change or outcome that wakes it.
     if db.execute(SELECT_ONE, (waiter,)).fetchone() is None:
         raise UnknownExecution(f"execution_id {waiter!r} is not admitted: it cannot wait for {kind} {target!r}")
-    db.execute(REGISTER, (kind, target, waiter, now))
+    db.execute(REGISTER, (kind, target, waiter, now, detail))
 
 
 def wake(db: sqlite3.Connection, kind: str, target: str, now: int,
