@@ -1,3 +1,59 @@
 """Commands that act on executions: `cancel`, `resume`, and `purge` (SPEC section 8)."""
 
 from __future__ import annotations
+
+import click
+
+from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, main
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID")
+@click.option("--reason", default=None, help="Why: recorded as the message of the execution's error.")
+@click.pass_context
+@handles_errors
+def cancel(ctx, execution_id: str, reason: str | None) -> None:
+    """Cancel an execution: it becomes terminal, and a running delivery of it is stopped."""
+    with backend_of(ctx, create=False) as backend:
+        if backend.executions.get(execution_id) is None:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        before = backend.executions.get(execution_id).status
+        record = backend.executions.cancel(execution_id, reason=reason)
+    if before in TERMINAL:
+        click.echo(f"{execution_id} was already {record.status}; nothing changed")
+    else:
+        click.echo(f"{execution_id} cancelled (it was {before})")
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID")
+@click.pass_context
+@handles_errors
+def resume(ctx, execution_id: str) -> None:
+    """Run a failed or cancelled execution again from where it stopped: its recorded steps are kept."""
+    with backend_of(ctx, create=False) as backend:
+        if backend.executions.get(execution_id) is None:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        record = backend.executions.resume(execution_id)
+    click.echo(f"{execution_id} resumed: {record.status}, due now")
+
+
+@main.command()
+@click.option("--older-than", "older_than", required=True, metavar="DURATION",
+              help="Only executions last changed longer ago than this (30s, 15m, 2h, 7d).")
+@click.option("--status", "statuses", type=click.Choice(TERMINAL), multiple=True,
+              help="Only this terminal status (repeatable; default: all three).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.pass_context
+@handles_errors
+def purge(ctx, older_than: str, statuses: tuple[str, ...], dry_run: bool) -> None:
+    """Delete old terminal executions with their steps and lease history, in short batches."""
+    from ..humane import parse_duration
+
+    age_ms = parse_duration(older_than)
+    with backend_of(ctx, create=False) as backend:
+        count = backend.executions.purge(before=backend.clock() - age_ms, statuses=statuses or TERMINAL,
+                                         dry_run=dry_run)
+    click.echo(f"{count} executions {'would be' if dry_run else ''} deleted".replace("  ", " "))
