@@ -38,10 +38,10 @@ def test_cancel_resume_and_purge_from_the_command_line(tmp_path, db_snapshot):
     assert bad.returncode == 2 and "'a while' is not a duration" in bad.stderr
     assert db_snapshot(db) == before
 
-    assert cli(db, "purge", "--older-than", "0s", "--dry-run").stdout == "1 executions would be deleted\n"
+    assert cli(db, "purge", "--older-than", "0s", "--dry-run").stdout == "1 execution would be deleted\n"
     assert cli(db, "purge", "--older-than", "1d").stdout == "0 executions deleted\n"
     assert cli(db, "purge", "--older-than", "0s", "--status", "failed").stdout == "0 executions deleted\n"
-    assert cli(db, "purge", "--older-than", "0s").stdout == "1 executions deleted\n"
+    assert cli(db, "purge", "--older-than", "0s").stdout == "1 execution deleted\n"
     with open_backend(db) as backend:
         assert [r.execution_id for r in backend.executions.list()] == ["order-1"]
 

@@ -56,4 +56,5 @@ def purge(ctx, older_than: str, statuses: tuple[str, ...], dry_run: bool) -> Non
     with backend_of(ctx, create=False) as backend:
         count = backend.executions.purge(before=backend.clock() - age_ms, statuses=statuses or TERMINAL,
                                          dry_run=dry_run)
-    click.echo(f"{count} executions {'would be' if dry_run else ''} deleted".replace("  ", " "))
+    noun = "execution" if count == 1 else "executions"
+    click.echo(f"{count} {noun} {'would be deleted' if dry_run else 'deleted'}")
