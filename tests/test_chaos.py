@@ -315,6 +315,14 @@ def test_a_worker_frozen_just_before_it_was_handed_the_delivery_explains_the_tak
     assert takeover(ledger).violations == []
 
 
+def test_a_worker_frozen_just_after_it_moved_on_from_the_step_the_journal_names_explains_the_takeover(ledger):
+    # The injector saw the worker on another execution's step; the signal landed once it had
+    # been handed e1 (the step log shows only this worker on e1).
+    fault(ledger, "freeze_child", 1_000_005, seconds=3, step={"execution_id": "e0", "token": 1, "key": "k2",
+                                                             "pid": 4242})
+    assert takeover(ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
+
+
 def test_a_worker_thawed_before_the_claim_explains_nothing(ledger):
     fault(ledger, "freeze_child", 1_000_000 - 3_900, seconds=3)
     assert kinds(takeover(ledger)) == {"superseded_while_alive"}

@@ -22,10 +22,11 @@ times the harness takes a tick or so late):
   window runs one lease past the SIGCONT, because workers that gave up on their supervisor
   during the freeze leave their leases to expire after it;
 - `worker_fault`: a `kill_child` or `freeze_child` hit the holder's worker that ran this
-  delivery: the fault journal names the delivery (the step it hit), or, when the fault hit a
-  worker between steps, the worker was killed or frozen while the delivery was live (a freeze
-  from before the claim counts while it lasts: a supervisor may hand a delivery to a worker it
-  has not yet found silent) and no other worker left lines for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
+  delivery: the fault journal names the delivery (the step it hit), or the worker was killed
+  or frozen while the delivery was live (between steps, or just after it moved on from the
+  step the journal names; a freeze from before the claim counts while it lasts: a supervisor
+  may hand a delivery to a worker it has not yet found silent) and no other worker left lines
+  for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
   they never held a delivery, so a claim handed to one must be released at once;
 - `stall`: a window in which nobody could write to the ledger (a held write lock, from the lock
   holder's own log; a full disk, from the burst's own times; windows less than a renewal
@@ -113,10 +114,10 @@ class Takeovers:
                 return "holder_frozen"
         for fault in self.worker_faults.get(life.number, []):
             step = fault.get("step")
-            if step is not None:
-                if step.get("execution_id") == eid and step.get("token") == token:
-                    return "worker_fault"
-                continue
+            if step is not None and step.get("execution_id") == eid and step.get("token") == token:
+                return "worker_fault"
+            # The step the journal names is the one the injector saw last; the worker may have
+            # finished it and been handed the next delivery just before the signal landed.
             worker = fault["target"].get("worker_pid")
             # A frozen worker stays frozen: one frozen before the claim may have been handed
             # this delivery while its supervisor had not yet found it silent.
