@@ -17,9 +17,10 @@ TERMINAL = ("completed", "failed", "cancelled")
 def cancel(ctx, execution_id: str, reason: str | None) -> None:
     """Cancel an execution: it becomes terminal, and a running delivery of it is stopped."""
     with backend_of(ctx, create=False) as backend:
-        if backend.executions.get(execution_id) is None:
+        found = backend.executions.get(execution_id)
+        if found is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
-        before = backend.executions.get(execution_id).status
+        before = found.status
         record = backend.executions.cancel(execution_id, reason=reason)
     if before in TERMINAL:
         click.echo(f"{execution_id} was already {record.status}; nothing changed")
