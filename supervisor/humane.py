@@ -1,17 +1,91 @@
-"""Times and durations as people write and read them, for the command line."""
+"""Times and durations as people write and read them, for the command line.
+
+The ledger speaks integer ms since the epoch; an operator reads local ISO-8601 times with a
+hint of how far away they are (`2026-12-02T19:40:03+00:00 (3 min ago)`) and writes either an
+ISO time, a duration (`30s`, `15m`, `7d`, `1h30m`) or, in scripts, plain epoch ms. `--json`
+output keeps epoch ms: this module is for text output and option parsing only.
+"""
 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone, tzinfo
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_EPOCH_MS = re.compile(r"-?\d+")
 
 
 def parse_duration(text: str) -> int:
-    """`500ms`, `30s`, `15m`, `2h`, `7d`, `1w`, or a combination such as `1h30m`, in ms."""
+    """`500ms`, `30s`, `15m`, `2h`, `7d`, `1w`, or a combination such as `1h30m`, in ms.
+
+    Raises:
+        ValueError: `text` is no duration (the message quotes it and shows how to write one).
+    """
     spelled = text.strip().lower() if isinstance(text, str) else ""
     parts = _PART.findall(spelled)
     if not spelled or "".join(number + unit for number, unit in parts) != spelled:
         raise ValueError(f"{text!r} is not a duration: write a number and a unit, like 30s, 15m, 2h or 7d")
     return int(sum(float(number) * _UNITS_MS[unit] for number, unit in parts))
+
+
+def parse_time(text: str, *, now: int, future: bool = False, option: str = "time") -> int:
+    """An operator's time option, in epoch ms.
+
+    Accepts an ISO-8601 time (`2026-12-02T19:40:03+01:00`, `2026-12-02 19:40`, `2026-12-02`;
+    without an offset it is local time; `Z` means UTC), a duration counted back from `now`
+    (or forward with `future=True`: `wake --at 30s` is thirty seconds from now), or an integer,
+    taken as epoch ms as it stands (for scripts).
+
+    Raises:
+        ValueError: none of these; the message names `option` and quotes the text.
+    """
+    spelled = text.strip() if isinstance(text, str) else ""
+    if _EPOCH_MS.fullmatch(spelled):
+        return int(spelled)
+    try:
+        offset = parse_duration(spelled)
+    except ValueError:
+        pass
+    else:
+        return now + offset if future else now - offset
+    try:
+        # Python 3.10's fromisoformat does not read a trailing `Z`.
+        moment = datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", spelled))
+    except ValueError:
+        raise ValueError(
+            f"{option} {text!r} is not a time: write an ISO-8601 time (2026-12-02T19:40:03+00:00), a duration"
+            f" {'from now' if future else 'back from now'} (30s, 15m, 7d) or ms since the epoch"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # a naive time is the local time of this machine
+    return round(moment.timestamp() * 1000)
+
+
+def format_time(ms: int | None, *, now: int | None = None, tz: tzinfo | None = None) -> str:
+    """`2026-12-02T19:40:03+00:00 (3 min ago)`: local time (or `tz`) to the second with its
+    offset, and, given `now`, how far away it is. None reads `-` (no such time)."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).astimezone(tz)
+    text = moment.isoformat(timespec="seconds")
+    return text if now is None else f"{text} ({relative(ms, now)})"
+
+
+def relative(ms: int, now: int) -> str:
+    """`3 min ago`, `in 2 s`, or `now` (within a second either way)."""
+    delta = ms - now
+    if abs(delta) < 1000:
+        return "now"
+    span = format_duration(abs(delta))
+    return f"in {span}" if delta > 0 else f"{span} ago"
+
+
+def format_duration(ms: int) -> str:
+    """A duration in its largest whole unit, rounded down: `850 ms`, `4 s`, `3 min`, `5 h`, `2 d`."""
+    ms = int(ms)
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        # Two of a unit before switching to it keeps a hint close: `90 s`, not `1 min`.
+        if abs(ms) >= 2 * size or (unit == "s" and abs(ms) >= size):
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"

@@ -344,7 +344,8 @@ def test_cli_commands_over_a_supervised_run(db, tmp_path, supervisors, db_snapsh
     got = cli(db, "get", "order-1", "--json")
     assert got.returncode == 0, got.stderr
     record = json.loads(got.stdout)
-    assert set(record) == record_keys()
+    assert set(record) == record_keys() | {"waiting_for"}  # `get` adds what a waiting execution waits for
+    assert record["waiting_for"] == []  # a completed execution waits for nothing
     assert (record["input"], record["result"], record["error"]) == ({"order": 1}, "ok", None)
     assert (record["status"], record["token"], record["unacknowledged_deliveries"]) == ("completed", 1, 0)
     text = cli(db, "get", "order-1")

@@ -1,4 +1,9 @@
-"""Commands that look at executions: `get`, `ls`, `steps`, `history`, and `wake`."""
+"""Commands that look at executions: `get`, `ls`, `steps`, `history`, and `wake`.
+
+Text output is for people: local ISO-8601 times with a relative hint, JSON values as JSON,
+a failed execution's traceback as lines. `--json` is for programs: the field names of SPEC
+section 3 with epoch-ms times, unchanged by anything here.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from dataclasses import asdict
 
 import click
 
-from ..values import ExecutionStatus
+from ..humane import format_time, parse_time
+from ..values import ExecutionRecord, ExecutionStatus, WaitReason
 from . import (
     EXIT_UNKNOWN,
     as_json,
@@ -17,6 +23,9 @@ from . import (
     main,
 )
 
+TIME_FIELDS = ("due_at", "lease_expires_at", "created_at", "updated_at")
+LABEL = 27  # wide enough for `unacknowledged_deliveries`
+
 
 @main.command()
 @click.argument("execution_id", metavar="ID")
@@ -24,34 +33,121 @@ from . import (
 @click.pass_context
 @handles_errors
 def get(ctx, execution_id: str, as_json_: bool) -> None:
-    """Show one execution."""
+    """Show one execution, and what it waits for."""
     with backend_of(ctx, create=False) as backend:
-        record = backend.executions.get(execution_id)
-    if record is None:
-        fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        now = backend.clock()
+        record = backend.executions.get(execution_id, now=now)
+        if record is None:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        waiting = backend.executions.waiting_for(execution_id, now=now)
     if as_json_:
-        click.echo(json.dumps(as_json(record)))
+        click.echo(json.dumps({**as_json(record), "waiting_for": [asdict(w) for w in waiting]}))
         return
+    click.echo("\n".join(record_lines(record, waiting, now)))
+
+
+def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int) -> list[str]:
+    """`get`'s text: one labelled line per field, then the error's traceback and the waits."""
+    lines = []
     for key, value in as_json(record).items():
-        click.echo(f"{key:<26} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+        if key in TIME_FIELDS:
+            shown = format_time(value, now=now)
+        elif key == "error" and isinstance(value, dict):
+            lines += labelled(key, error_lines(value))
+            continue
+        elif key in ("input", "result", "error"):
+            shown = json.dumps(value)
+        else:
+            shown = str(value)
+        lines.append(f"{key:<{LABEL}} {shown}")
+    if waiting:
+        lines += labelled("waiting for", [describe_wait(w, now) for w in waiting])
+    return lines
+
+
+def labelled(label: str, texts: list[str]) -> list[str]:
+    """The first text after the label, the rest indented under it."""
+    return [f"{label if i == 0 else '':<{LABEL}} {text}" for i, text in enumerate(texts)]
+
+
+def error_lines(error: dict) -> list[str]:
+    """`Type: message`, then the traceback one line a line, then any other keys as JSON."""
+    head = str(error.get("type") or "error")
+    if error.get("message") is not None:
+        head += f": {error['message']}"
+    lines = [head]
+    traceback = error.get("traceback")
+    if isinstance(traceback, str):
+        lines += traceback.rstrip("\n").splitlines()
+    rest = {k: v for k, v in error.items() if k not in ("type", "message", "traceback")}
+    if rest:
+        lines.append(json.dumps(rest))
+    return lines
+
+
+def describe_wait(reason: WaitReason, now: int) -> str:
+    """One `WaitReason` as a phrase: `timer "nap" until 2026-...(in 4 s)`."""
+    at = format_time(reason.at, now=now)
+    target = json.dumps(reason.target) if reason.target is not None else ""
+    if reason.kind == "timer":
+        return f"timer {target} until {at}"
+    if reason.kind == "retry":
+        return f"retry of step {target} at {at}" + (f", after {reason.detail}" if reason.detail else "")
+    if reason.kind == "redelivery":
+        return f"redelivery backoff until {at}" + (f" ({reason.detail})" if reason.detail else "")
+    if reason.kind == "execution":
+        return f"execution {target} to finish"
+    if reason.kind == "effect":
+        return f"effect {target} to be settled"
+    if reason.kind == "store":
+        return f"a change to store {target}" + (f" matching {reason.detail}" if reason.detail else "")
+    if reason.kind == "wake":
+        return f"a wake requested for {at}" if reason.at is not None else "nothing: not due until something wakes it"
+    if reason.kind == "due":
+        return f"a supervisor to claim it, due since {at}"
+    return " ".join(str(part) for part in (reason.kind, reason.target, at, reason.detail) if part is not None)
 
 
 @main.command(name="ls")
+@click.option("--workflow", default=None, help="Only executions of this workflow.")
 @click.option("--status", type=click.Choice([s.value for s in ExecutionStatus]), help="Only executions in this status.")
-@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many.")
+@click.option("--since", default=None, metavar="TIME",
+              help="Only those created at or after TIME: ISO-8601 (local unless it has an offset), a duration ago"
+                   " (30s, 15m, 7d) or epoch ms.")
+@click.option("--until", default=None, metavar="TIME", help="Only those created before TIME (as --since).")
+@click.option("--id-prefix", default=None, metavar="PREFIX", help="Only those whose id starts with PREFIX.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many (0: print nothing).")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Skip this many matches first.")
 @click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
 @click.pass_context
 @handles_errors
-def list_executions(ctx, status: str | None, limit: int | None, as_json_: bool) -> None:
+def list_executions(ctx, workflow: str | None, status: str | None, since: str | None, until: str | None,
+                    id_prefix: str | None, limit: int | None, offset: int, as_json_: bool) -> None:
     """List executions, newest first."""
     with backend_of(ctx, create=False) as backend:
-        records = backend.executions.list(status=status, limit=limit)
+        now = backend.clock()
+        records = backend.executions.list(
+            status=status, workflow=workflow, id_prefix=id_prefix, limit=limit, offset=offset, now=now,
+            since=None if since is None else parse_time(since, now=now, option="--since"),
+            until=None if until is None else parse_time(until, now=now, option="--until"))
     if as_json_:
         click.echo(json.dumps([as_json(r) for r in records]))
         return
-    for r in records:
-        click.echo(f"{r.execution_id}\t{r.workflow}\t{r.status}\ttoken={r.token}"
-                   f"\tunacknowledged={r.unacknowledged_deliveries}")
+    if limit == 0:
+        return  # asked for nothing: not even a header
+    rows = [("ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED")]
+    rows += [(r.execution_id, r.workflow, str(r.status), str(r.token), str(r.unacknowledged_deliveries),
+              format_time(r.created_at, now=now), format_time(r.updated_at, now=now)) for r in records]
+    click.echo("\n".join(aligned(rows, right=(3, 4))))
+
+
+def aligned(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+    """Rows as columns padded to their widest cell, two spaces apart; the columns in `right`
+    (numbers) right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            .rstrip() for row in rows]
 
 
 @main.command()
@@ -80,26 +176,29 @@ def steps(ctx, execution_id: str, as_json_: bool) -> None:
 def history(ctx, execution_id: str, as_json_: bool) -> None:
     """Show the lease history of one execution: one row per delivery."""
     with backend_of(ctx, create=False) as backend:
-        if backend.executions.get(execution_id) is None:
+        now = backend.clock()
+        if backend.executions.get(execution_id, now=now) is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
-        records = backend.executions.history(execution_id)
+        records = backend.executions.history(execution_id, now=now)
     if as_json_:
         click.echo(json.dumps([asdict(r) for r in records]))
         return
     for r in records:
-        click.echo(f"token={r.token}\tholder={r.holder}\tclaimed_at={r.claimed_at}\texpires_at={r.expires_at}"
-                   f"\trenewals={r.renewals}\tended={r.ended_by or 'live'}"
-                   + (f"\toutcome={r.outcome}" if r.outcome else ""))
+        click.echo(f"token={r.token}  holder={r.holder}  claimed_at={format_time(r.claimed_at, now=now)}"
+                   f"  expires_at={format_time(r.expires_at, now=now)}  renewals={r.renewals}"
+                   f"  ended={r.ended_by or 'live'}" + (f"  outcome={r.outcome}" if r.outcome else ""))
 
 
 @main.command()
 @click.argument("execution_id", metavar="ID")
-@click.option("--at", type=int, default=None, help="When, in ms since the epoch (default: now).")
+@click.option("--at", default=None, metavar="TIME",
+              help="When: ISO-8601 (local unless it has an offset), a duration from now (30s, 15m) or epoch ms"
+                   " (default: now).")
 @click.pass_context
 @handles_errors
-def wake(ctx, execution_id: str, at: int | None) -> None:
+def wake(ctx, execution_id: str, at: str | None) -> None:
     """Request a wake of one execution."""
     with backend_of(ctx, create=False) as backend:
-        backend.executions.request_wake(execution_id, backend.clock() if at is None else at)
-
-
+        now = backend.clock()
+        at_ms = now if at is None else parse_time(at, now=now, future=True, option="--at")
+        backend.executions.request_wake(execution_id, at_ms, now=now)

@@ -1,0 +1,68 @@
+"""A ledger summary in the Prometheus text exposition format (version 0.0.4).
+
+`yieldstar metrics > DIR/yieldstar.prom.tmp && mv DIR/yieldstar.prom.tmp DIR/yieldstar.prom`
+lets a node exporter's textfile collector publish it (the rename makes each file whole):
+nothing here listens on a port. Every figure comes from one `LedgerStats` reading, so the
+samples agree with each other.
+"""
+
+from __future__ import annotations
+
+from .values import LedgerStats
+
+
+def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:
+    """The metrics text: `# HELP` and `# TYPE` before each family, one sample a line.
+
+    Args:
+        stats: one reading of `executions.stats()`.
+        unacknowledged: how many executions have unacknowledged deliveries (the caller reads
+            `stats` with a limit large enough to count them all).
+    """
+    families = [
+        ("yieldstar_executions", "gauge", "Executions by status (as of now) and workflow; zero counts are left out.",
+         [({"status": status, "workflow": workflow}, count)
+          for workflow, counts in sorted(stats.by_workflow.items())
+          for status, count in sorted(counts.items())]),
+        ("yieldstar_executions_by_status", "gauge", "Executions by status (as of now), zeros included.",
+         [({"status": status}, count) for status, count in stats.by_status.items()]),
+        ("yieldstar_live_leases", "gauge", "Deliveries in progress: leases that have not expired.",
+         [({}, len(stats.live_leases))]),
+        ("yieldstar_deliveries_total", "counter", "Claims ever made (rows of the lease history); purge lowers it.",
+         [({}, stats.deliveries)]),
+        ("yieldstar_unacknowledged_executions", "gauge",
+         "Executions whose last deliveries ended without an outcome (crashed, frozen or released).",
+         [({}, unacknowledged)]),
+        ("yieldstar_unacknowledged_deliveries_max", "gauge",
+         "The most unacknowledged deliveries in a row of any one execution.",
+         [({}, max((r.unacknowledged_deliveries for r in stats.unacknowledged), default=0))]),
+        ("yieldstar_oldest_due_seconds", "gauge",
+         "How long the longest-waiting claimable execution has been due; 0 when none is.",
+         [({}, _seconds(stats.now - stats.oldest_due.due_at) if stats.oldest_due is not None else 0)]),
+    ]
+    lines = []
+    for name, kind, help_text, samples in families:
+        lines.append(f"# HELP {name} {_escape_help(help_text)}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{_labels(labels)} {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _seconds(ms: int) -> str:
+    return f"{max(ms, 0) / 1000:.3f}"
+
+
+def _labels(labels: dict) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{key}="{_escape_label(str(value))}"' for key, value in labels.items()) + "}"
+
+
+def _escape_label(value: str) -> str:
+    # The format's three escapes in label values: backslash, double quote, line feed.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
