@@ -26,6 +26,12 @@ errors are replies like any other: a transient one (busy, disk full, I/O) is log
 is made again after a backoff; a lasting one (a corrupt, deleted or foreign file) stops the
 supervisor with exit code 5 and a message that says what to do.
 
+The app is loaded before the ledger is opened: the workers start first, and the supervisor
+opens its connections once one of them reports that it loaded the app (they open the ledger only
+then, too). An app that cannot be loaded (a mistyped path, a syntax error, an exception on
+import) stops the supervisor with `AppLoadFailed` and leaves no ledger file behind. This costs
+no time, as nothing can be delivered before a worker has loaded the app anyway.
+
 Signals only set flags (and wake the loop); the loop acts on them, also while the pool is still
 starting. The first SIGTERM/SIGINT stops claiming and lets running deliveries finish within the
 grace period, then stops the rest (their children are killed and confirmed gone before their
@@ -42,11 +48,13 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from worker.registry import AppNotFound, check_app_name
+
 from .errors import InvalidArgument, LedgerUnusable
 from .ledger_calls import LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
 from .nudge import NudgeListener
-from .pool import MAX_CONCURRENCY, Pool
+from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
 from .sqlite.backend import open_backend
 
 log = logging.getLogger("yieldstar.supervisor")
@@ -125,6 +133,7 @@ class Supervisor:
         self._on_delivery = on_delivery
         self._stop_requests = 0
         self._signals = Wakeup()
+        self._pool: Optional[Pool] = None
 
     # -- signals: flags only -------------------------------------------------------------------
 
@@ -149,39 +158,60 @@ class Supervisor:
         stop request, 5 when the ledger became unusable (the log says why and what to do).
         """
         cfg = self.config
-        previous_handlers = self._install_signal_handlers()
-        calls = renewals = None
         try:
-            calls = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "ledger-calls")
-            renewals = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "lease-renewals")
-        except LedgerUnusable as exc:
-            log.error("%s", exc)
-            self._close(calls, renewals)
-            self._restore(previous_handlers)
-            return EXIT_LEDGER_UNUSABLE
+            check_app_name(self.app)  # a mistyped APP is refused at once, before any process starts
+        except AppNotFound as exc:
+            raise AppLoadFailed(f"cannot load app {self.app}: {exc}") from None
+        previous_handlers = self._install_signal_handlers()
         pool = Pool(cfg.concurrency, app=self.app, db_path=self.db_path, durability=cfg.durability,
                     heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses)
-        try:
-            nudges: Optional[NudgeListener] = NudgeListener(self.db_path)
-        except OSError as exc:
-            log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
-            nudges = None
-        loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, db_path=self.db_path, signals=self._signals,
-                            stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
-                            on_delivery=self._on_delivery)
+        self._pool = pool
+        calls = renewals = nudges = loop = None
         try:
             pool.start()
+            # The ledger is opened only once the app is known to load: an app that cannot be
+            # loaded leaves no ledger file behind (a mistyped path must not create a database).
+            first = pool.wait_for_the_app(self._signals, lambda: self._stop_requests > 0)
+            if self._stop_requests:
+                log.info("stopped while the workers were loading the app")
+                return EXIT_STOPPED
+            try:
+                calls = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "ledger-calls")
+                renewals = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "lease-renewals")
+            except LedgerUnusable as exc:
+                log.error("%s", exc)
+                return EXIT_LEDGER_UNUSABLE
+            try:
+                nudges = NudgeListener(self.db_path)
+            except OSError as exc:
+                log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
+            loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, db_path=self.db_path, signals=self._signals,
+                                stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
+                                on_delivery=self._on_delivery)
             log.info("supervising %s on %s: concurrency %d, lease %d ms, renew every %d ms (pid %d)",
                      self.app, self.db_path, cfg.concurrency, cfg.lease_ms, cfg.renew_ms, os.getpid())
-            return loop.run()
+            if first is not None:
+                loop.started(*first)
+            try:
+                return loop.run()
+            except AppLoadFailed as exc:
+                if str(exc).startswith("cannot load app"):
+                    raise
+                raise AppLoadFailed(f"cannot load app {self.app}: {exc}") from None
         finally:
             if nudges is not None:
                 nudges.close()
-            killed = self._stop_requests > 1 or loop.fatal is not None
+            killed = self._stop_requests > 1 or loop is None or loop.fatal is not None
             pool.shutdown(kill=killed)
             # Told to stop at once, or with nothing left to write: do not wait for a busy database.
             self._close(calls, renewals, timeout=0.5 if killed else 5.0)
             self._restore(previous_handlers)
+
+    @property
+    def running(self) -> int:
+        """Deliveries running now (busy workers): for a status line, read from any thread."""
+        pool = self._pool
+        return 0 if pool is None else sum(1 for child in list(pool.children) if child.busy)
 
     @staticmethod
     def _close(*all_calls: Optional[LedgerCalls], timeout: float = 5.0) -> None:

@@ -19,8 +19,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 import psutil
@@ -78,7 +79,15 @@ class ChildProcess:
 
 
 class AppLoadFailed(YieldstarError):
-    """Raised when a child process cannot import the user's app."""
+    """Raised when a child process cannot import the user's app.
+
+    The message's first line says what failed ("cannot load app APP: CAUSE"); the lines after
+    it, if any, are the child's traceback, kept apart in `details` so that the command line can
+    print one line, and the whole of it only when asked (`supervise --verbose`)."""
+
+    def __init__(self, text: str):
+        summary, _, self.details = text.partition("\n")
+        super().__init__(summary)
 
 
 class DiedWhileStarting(AppLoadFailed):
@@ -210,7 +219,53 @@ class Pool:
         if message[3] is not None:  # the ledger, not the app: the message says what to do
             return message[2]
         if message[2] is not None:
-            return f"a worker process could not load the app {self._args[0]!r}:\n{message[2]}"
+            return message[2]  # "cannot load app APP: CAUSE", then the child's traceback
+        return None
+
+    def wait_for_the_app(self, wakeup, stopping: Callable[[], bool]) -> tuple[Child, tuple] | None:
+        """Wait for the first child's report on loading the app, before the ledger is opened.
+
+        Returns `(child, message)`, a report the dispatcher hands on to its loop: the app loaded
+        (or the ledger could not be opened, which is the loop's to report). Raises
+        `AppLoadFailed` if the app cannot be loaded, and `DiedWhileStarting` if every attempt
+        dies before reporting. Returns None if `stopping()` turns true first (`wakeup` is
+        readable then), or once a child outlives its start deadline (the loop deals with it).
+        This costs no time: no delivery can begin before a child has loaded the app anyway."""
+        deaths = 0
+        while not stopping():
+            owners: list[tuple[object, Child]] = []
+            for child in self.children:
+                owners.append((child.conn, child))
+                if child.process.sentinel is not None:
+                    owners.append((child.process.sentinel, child))
+            deadline = min(c.start_deadline for c in self.children if c.start_deadline is not None)
+            if time.monotonic() >= deadline:
+                return None
+            ready = wait([wakeup] + [w for w, _ in owners], timeout=deadline - time.monotonic())
+            for waitable in ready:
+                child = next((c for w, c in owners if w is waitable), None)
+                if child is None or not any(c is child for c in self.children):
+                    continue  # the wakeup, or a child replaced earlier in this round
+                try:
+                    # A child that reported and then exited shows on both: its report comes first.
+                    message = child.conn.recv() if child.conn.poll(0) else None
+                except (EOFError, OSError):
+                    message = None  # its end of the pipe closed: it died
+                if message is not None:
+                    child.last_answer = time.monotonic()  # heard from: its silence counts from now
+                    error = self.load_error(message)
+                    if error is not None and message[0] == READY and message[3] is None:
+                        raise AppLoadFailed(error)
+                    return child, message
+                child.process.join(1)  # it died before reporting (its sentinel, or end of file, says so)
+                deaths += 1
+                if deaths >= START_ATTEMPTS * self.size:
+                    raise DiedWhileStarting(f"cannot load app {self._args[0]}: a worker process died while"
+                                            f" loading it, {deaths} times in a row"
+                                            f" (last: {describe_exit(child.process)})")
+                log.warning("worker pid %d %s while loading the app; replacing it", child.pid,
+                            describe_exit(child.process))
+                self.replace(child)
         return None
 
     def replace(self, child: Child) -> Child:

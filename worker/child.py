@@ -27,7 +27,7 @@ from supervisor.values import ExecutionLease, Retry
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
 from .protocol import DONE, EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, READY
-from .registry import load_app
+from .registry import describe_load_failure, load_app
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, parent_started: float,
@@ -47,8 +47,10 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
     watch = ParentWatch(conn, parent_pid, parent_started, heartbeat_s, misses, tasks)
     try:
         registry = load_app(app)
-    except BaseException:
-        conn.send((READY, os.getpid(), traceback.format_exc(), None))
+    except BaseException as exc:
+        # The first line is the whole story for the operator; the traceback follows for --verbose.
+        conn.send((READY, os.getpid(), f"cannot load app {app}: {describe_load_failure(exc)}\n"
+                   + traceback.format_exc(), None))
         os._exit(EXIT_APP_FAILED)
     backend = _open_ledger(conn, db_path, durability)
     watch.start()

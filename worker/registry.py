@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from typing import Any, Callable, Optional
 
 from supervisor.arguments import identifier
@@ -70,19 +71,58 @@ def load_app(app: str) -> Registry:
     The app's workflows are those registered with `@workflow` while it was imported. A module
     may instead expose its own `Registry` as a module attribute named `registry`.
     """
-    if not isinstance(app, str) or not app:
-        raise InvalidArgument(f"app must be a module name or a .py path, got {app!r}")
+    check_app_name(app)
     try:
-        if app.endswith(".py") or os.sep in app:
+        if is_app_path(app):
             module = _import_path(app)
         else:
             module = importlib.import_module(app)
     except AppNotFound:
         raise
     except ImportError as exc:
-        raise AppNotFound(f"cannot import app {app!r}: {exc}") from exc
+        if isinstance(exc, ModuleNotFoundError) and exc.name is not None and (app + ".").startswith(exc.name + "."):
+            raise AppNotFound(f"no module named {exc.name!r}: a module name is imported from the current"
+                              " folder or the Python path; a file needs a path ending in .py") from exc
+        raise AppNotFound(f"{type(exc).__name__}: {exc}{_where(exc)}") from exc
     own = getattr(module, "registry", None)
     return own if isinstance(own, Registry) else default_registry
+
+
+def is_app_path(app: str) -> bool:
+    """Whether APP names a file (a .py path) rather than a module."""
+    return app.endswith(".py") or os.sep in app
+
+
+def check_app_name(app: str) -> None:
+    """What can be told of APP without importing it: a file that is not there, or a string that
+    cannot be a module name. Cheap, so that a supervisor refuses a mistyped APP at once."""
+    if not isinstance(app, str) or not app:
+        raise InvalidArgument(f"app must be a module name or a .py path, got {app!r}")
+    if is_app_path(app):
+        if not os.path.isfile(app):
+            raise AppNotFound(f"app file {os.path.abspath(app)} does not exist")
+    elif not all(part.isidentifier() for part in app.split(".")):
+        raise AppNotFound(f"{app!r} is neither a module name (like shop.workflows) nor a path to a .py file")
+
+
+def describe_load_failure(exc: BaseException) -> str:
+    """One line saying why importing the app failed: what a newcomer needs, without a traceback."""
+    if isinstance(exc, YieldstarError):  # ours (a missing app, two workflows under one name): says it all
+        return str(exc)
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) while being imported{_where(exc)}"
+    if isinstance(exc, SyntaxError):  # its message names the file and line already
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}{_where(exc)}"
+
+
+def _where(exc: BaseException) -> str:
+    """` (file.py, line N)`: the innermost frame of the traceback outside Python's import machinery."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
+              and not f.filename.startswith("<frozen")]
+    if not frames or os.path.abspath(frames[-1].filename) == os.path.abspath(__file__):
+        return ""
+    return f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
 
 
 def _import_path(path: str):
