@@ -5,8 +5,11 @@ port) in a folder that belongs to its database file: `$XDG_RUNTIME_DIR/yieldstar
 database's path>/`, or `/tmp/yieldstar-<uid>/<hash>/`. The folder is not beside the database
 because a socket path may be at most about 100 bytes long. `nudge(db_path)` sends one byte to every socket there; a supervisor
 woken by it claims at once instead of waiting for its next poll. A nudge is only a hint:
-losing one costs at most one poll interval, so every error is ignored, and sockets whose owner
-is gone are removed.
+losing one costs at most one poll interval, so every error is ignored.
+
+Sockets whose owner is gone (a supervisor killed by SIGKILL cannot remove its own) are removed
+by whoever finds them: a nudge that is refused, and every supervisor as it starts listening,
+which sweeps its folder, so that a folder of dead supervisors' sockets does not grow.
 """
 
 from __future__ import annotations
@@ -59,6 +62,37 @@ def nudge(db_path: str) -> None:
         sender.close()
 
 
+def sweep(folder: str) -> int:
+    """Remove the sockets in `folder` that no process listens on any more; returns how many.
+
+    A socket is stale when connecting to it is refused: whatever its name's pid now belongs to,
+    nobody reads it. Only names this module gives (`<pid>.sock`) are touched."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    removed = 0
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            stem, dot, suffix = name.partition(".")
+            if not (stem.isdigit() and dot and suffix == "sock") or int(stem) == os.getpid():
+                continue
+            path = os.path.join(folder, name)
+            try:
+                probe.connect(path)
+            except OSError as exc:
+                if exc.errno == errno.ECONNREFUSED:
+                    _remove(path)
+                    removed += 1
+            else:  # alive: start afresh, as a connected datagram socket cannot connect elsewhere
+                probe.close()
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    finally:
+        probe.close()
+    return removed
+
+
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
@@ -81,6 +115,7 @@ class NudgeListener:
         finally:
             os.umask(old)
         self._sock.setblocking(False)
+        sweep(folder)
 
     def fileno(self) -> int:
         return self._sock.fileno()
