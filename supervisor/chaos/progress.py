@@ -19,8 +19,12 @@ class Progress:
         self.every = 1.0 if tty else 5.0
         self._next = 0.0
         self._width = 0
+        self._explained = False
 
     def show(self, line: str, *, force: bool = False) -> None:
+        if not self._explained:  # once, before the first progress line: what its short names mean
+            self._explained = True
+            self.out(legend())
         now = time.monotonic()
         if not force and now < self._next:
             return
@@ -44,3 +48,10 @@ class Progress:
 SHORT = {FaultKind.KILL_CHILD: "kc", FaultKind.FREEZE_CHILD: "sc", FaultKind.KILL_SUPERVISOR: "ks",
          FaultKind.FREEZE_SUPERVISOR: "ss", FaultKind.TERM_SUPERVISOR: "ts", FaultKind.HOLD_WRITE_LOCK: "lk",
          FaultKind.DISK_FULL: "df", FaultKind.SLOW_START: "sl", FaultKind.CLOCK_SKEW: "ck"}
+
+
+def legend() -> str:
+    """The progress line's abbreviations, spelled out (printed once, before the first line)."""
+    kinds = ", ".join(f"{short} {kind.value}" for kind, short in SHORT.items())
+    return (f"progress: [phase elapsed] admitted by the harness/planned +started by workflows, completed and"
+            f" failed executions | faults injected by kind: {kinds} | supervisors running (frozen)")

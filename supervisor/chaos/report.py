@@ -185,12 +185,14 @@ def summary_lines(report: dict) -> list[str]:
 
 
 def save(report: dict, *, json_path: Optional[str] = None, summary_path: Optional[str] = None) -> list[str]:
-    """Write the JSON report and/or the summary where asked; return the summary's lines."""
+    """Write the JSON report and the summary (by default as report.json and summary.txt in the
+    run's work folder); return the lines to print: the summary, then where both were written."""
+    folder = report.get("work_folder") or "."
+    json_path = os.path.abspath(json_path or os.path.join(folder, "report.json"))
+    summary_path = os.path.abspath(summary_path or os.path.join(folder, "summary.txt"))
     lines = summary_lines(report)
-    if json_path:
-        write_report(report, json_path)
-    if summary_path:
-        os.makedirs(os.path.dirname(os.path.abspath(summary_path)), exist_ok=True)
-        with open(summary_path, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return lines
+    write_report(report, json_path)
+    os.makedirs(os.path.dirname(summary_path), exist_ok=True)
+    with open(summary_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines + [f"report   {json_path}", f"summary  {summary_path}"]
