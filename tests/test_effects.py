@@ -214,7 +214,7 @@ def yieldstar(db, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(60)
 def test_yieldstar_settle_reports_a_different_second_result_as_a_conflict_and_accepts_the_same_one_again(tmp_path):
     db = tmp_path / "ledger.db"
-    first = yieldstar(db, "settle", "ship-7", "--result", '{"tracking": "T1"}')
+    first = yieldstar(db, "settle", "ship-7", "--result", '{"tracking": "T1"}', "--create")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["result"] == {"tracking": "T1"}
 

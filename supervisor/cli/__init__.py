@@ -4,12 +4,24 @@ The group and what every command shares live here; the commands live in one modu
 concern: `submit` (start, settle, stores), `show` (get, ls, steps, history, wake),
 `operate` (cancel, resume, purge), `views` (stats, metrics, top), `run` (supervise, demo, chaos).
 
-Exit codes: 0 success; 1 the execution asked for is unknown (`get`, `steps`, `history`, `wake`);
-2 bad input or a database error (the message says which), printed on stderr without a traceback.
+Every error is one line on stderr, `yieldstar: <message>`, without a traceback, and one exit
+code per kind of error, the same in every command:
+
+- 0: done.
+- 1: the thing asked for is not there (an unknown execution for `get`, `steps`, `history`,
+  `wake`, `cancel`, `resume`; an unknown store for `store get`); also `demo` or `chaos` finding
+  a verdict or invariant that does not hold, and `supervise` stopped by a second signal.
+- 2: bad input: a usage error (an unknown option, a missing argument, a bad choice: one line
+  and a hint to `--help`), a value that is not valid JSON, a missing file, a conflict, an app
+  that cannot be loaded, a database error (the message says which).
+- 5: (`supervise`) the ledger can no longer be used; the log says why and what to do.
+- 130: interrupted (Ctrl-C, SIGINT) in any command but `supervise`, which stops gracefully (0).
+- 141: the reader of the output went away (`yieldstar ls | head -1`): quietly, like a command
+  killed by SIGPIPE.
+
 A command that only reads (`get`, `ls`, `steps`, `history`, `store ls`, `store get`), and `wake`,
 which needs an execution that exists, never creates a ledger: on a path with no file it prints
-"yieldstar: no ledger at PATH" and exits 2, like any other bad `--db`. `supervise` has its own
-exit codes (see `supervisor.dispatcher`).
+"yieldstar: no ledger at PATH" and exits 2, like any other bad `--db`.
 """
 
 from __future__ import annotations
@@ -29,6 +41,10 @@ from ..sqlite.backend import open_backend
 
 EXIT_UNKNOWN = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
+
+DEFAULT_DB = "yieldstar.db"
 
 
 def as_json(record: Any) -> dict:
@@ -59,6 +75,8 @@ def handles_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except UnknownExecution as exc:
             fail(str(exc), EXIT_UNKNOWN)
+        except BrokenPipeError:
+            raise  # the reader went away: `main` ends quietly
         except (YieldstarError, ValueError) as exc:
             fail(str(exc))
         except OSError as exc:
@@ -85,16 +103,115 @@ def parse_json_option(name: str, text: str) -> str:
     return text
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", envvar="YIELDSTAR_DB", default="yieldstar.db", show_default=True,
-              help="The ledger file (default: $YIELDSTAR_DB, else ./yieldstar.db).")
+def read_json_option(name: str, text: str) -> str:
+    """The JSON text an option names: itself, `@FILE` (the file's contents) or `-` (stdin);
+    checked to be valid JSON. Raises ValueError with a one-line message otherwise."""
+    if text == "-":
+        text, source = sys.stdin.read(), "stdin"
+    elif text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise ValueError(f"{name} @{path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name} @{path} is not UTF-8 text: {exc.reason}") from None
+        source = path
+    else:
+        return parse_json_option(name, text)
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{name} (from {source}) is not valid JSON: {exc}") from None
+    return text
+
+
+class _Group(click.Group):
+    """The `yieldstar` group, whose entry point gives every command the same error style.
+
+    Click's own handling would print a multi-line "Usage: ... Error: ..." block for a usage
+    error, "Aborted!" for Ctrl-C, and exit 1 for a closed pipe; here each kind of error is one
+    line (or none) and its exit code is the one in this module's docstring."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:  # a caller that handles click's exceptions itself
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        code = self._run(sys.argv[1:] if args is None else list(args), prog_name or "yieldstar",
+                         complete_var, extra)
+        try:
+            sys.stdout.flush()  # output still buffered may meet a closed pipe: here, not at exit
+        except BrokenPipeError:
+            code = EXIT_BROKEN_PIPE
+        if code == EXIT_BROKEN_PIPE:
+            # Python flushes stdout again as it exits: point it at /dev/null, so that nothing
+            # prints "Exception ignored ... BrokenPipeError".
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(code)
+
+    def _run(self, args: list, prog_name: str, complete_var, extra: dict) -> int:
+        self._main_shell_completion(extra, prog_name, complete_var)
+        try:
+            with self.make_context(prog_name, args, **extra) as ctx:
+                self.invoke(ctx)
+            return 0
+        except click.exceptions.Exit as exc:
+            return exc.exit_code
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()  # `yieldstar` alone: the help, which is what was wanted
+            return EXIT_BAD_INPUT
+        except click.UsageError as exc:
+            hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            _say(_sentence(exc.format_message()) + hint)
+            return EXIT_BAD_INPUT
+        except click.ClickException as exc:
+            _say(_sentence(exc.format_message()))
+            return EXIT_BAD_INPUT
+        except SystemExit as exc:  # `fail()` and the commands' own exit codes
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_BAD_INPUT)
+        except (KeyboardInterrupt, click.Abort):
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            return EXIT_BROKEN_PIPE
+
+
+def _say(message: str) -> None:
+    try:
+        click.echo(f"yieldstar: {message}", err=True)
+    except OSError:
+        pass  # stderr is gone too: the exit code has to say it
+
+
+def _sentence(message: str) -> str:
+    """Click's message in this CLI's style: lower case first, no full stop (as `fail()` writes)."""
+    message = message.strip().rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():
+        message = message[0].lower() + message[1:]
+    return message
+
+
+class _DbOption(click.Option):
+    """`--db`, whose help shows the default in effect: $YIELDSTAR_DB when set, else ./yieldstar.db."""
+
+    def get_help_record(self, ctx):
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        env = os.environ.get("YIELDSTAR_DB")
+        default = f"{env} (from $YIELDSTAR_DB)" if env else f"./{DEFAULT_DB}"
+        return record[0], f"{record[1]}  [default: {default}]"
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", cls=_DbOption, envvar="YIELDSTAR_DB", default=DEFAULT_DB,
+              help="The ledger file ($YIELDSTAR_DB when set, else ./yieldstar.db).")
+@click.version_option(package_name="yieldstar", prog_name="yieldstar", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context, db: str) -> None:
     """Yieldstar: durable workflows on one host, with execution leases and fencing tokens."""
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
-
-
 
 
 # Registers every command on `main`.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
 import click
 
 from . import (
+    fail,
     handles_errors,
     main,
 )
@@ -31,23 +33,123 @@ from . import (
 @click.option("--summary", "summary_s", type=click.FloatRange(min=0.1), default=None,
               help="Print a summary line every this many seconds.")
 @click.option("--quiet", is_flag=True, help="No line per delivery.")
+@click.option("--verbose", is_flag=True, help="When the app cannot be loaded, print the whole traceback too.")
 @click.pass_context
 @handles_errors
 def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, grace_ms,
-              durability, until_idle, summary_s, quiet) -> None:
-    """Run a supervisor for the workflows defined in APP (a module name or a .py path)."""
+              durability, until_idle, summary_s, quiet, verbose) -> None:
+    """Run a supervisor for the workflows defined in APP (a module name or a .py path).
+
+    On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
+    place twice a second below the log lines."""
     from ..dispatcher import Supervisor, SupervisorConfig
+    from ..pool import AppLoadFailed
 
     config = SupervisorConfig(
         concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
         heartbeat_misses=heartbeat_misses,
         poll_ms=poll_ms, grace_ms=grace_ms, durability=durability)
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s yieldstar[%(process)d] %(message)s")
     supervisor = Supervisor(ctx.obj["db"], app, config)
+    status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() else None
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        handlers=[status.log_handler() if status else logging.StreamHandler(sys.stderr)],
+                        format="%(asctime)s yieldstar[%(process)d] %(message)s")
     if summary_s:
-        _print_summaries(supervisor, summary_s)
-    sys.exit(supervisor.run(until_idle=until_idle))
+        _print_summaries(supervisor, summary_s, status)
+    if status:
+        status.start()
+    try:
+        code = supervisor.run(until_idle=until_idle)
+    except AppLoadFailed as exc:
+        if status:
+            status.stop(keep=False)
+        if verbose and exc.details:
+            click.echo(exc.details.rstrip("\n"), err=True)
+        fail(str(exc))
+    if status:
+        status.stop()
+    sys.exit(code)
+
+
+class StatusLine:
+    """The live status of `supervise` on a terminal: one line, redrawn in place (a carriage
+    return) about twice a second, always the last line. Log lines are written above it: the
+    line is cleared, the log line written whole, and the status drawn again, under one lock, so
+    that neither is ever cut into the other. (The workers' own warnings go straight to the
+    terminal and may land beside it; they are rare.)"""
+
+    def __init__(self, supervisor, stream, every_s: float = 0.5):
+        self.supervisor = supervisor
+        self.stream = stream
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._width = 0  # of the status as last drawn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="status-line", daemon=True)
+
+    def text(self) -> str:
+        s = self.supervisor.stats
+        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  running {self.supervisor.running}"
+                + (f"  suspended {s.suspended}" if s.suspended else "")
+                + (f"  worker deaths {s.child_deaths}" if s.child_deaths else ""))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, keep: bool = True) -> None:
+        """Stop redrawing; leave the last status on its own line (`keep`), or erase it."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            if keep:
+                self._draw()
+                self._write("\n")
+            else:
+                self._write("\r" + " " * self._width + "\r")
+            self._width = 0
+
+    def line(self, text: str) -> None:
+        """Write a whole line above the status."""
+        with self._lock:
+            self._write("\r" + text.ljust(self._width) + "\n")
+            if not self._stop.is_set():
+                self._draw()
+
+    def log_handler(self) -> logging.Handler:
+        status = self
+
+        class AboveTheStatus(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                try:
+                    status.line(self.format(record))
+                except (TypeError, ValueError):  # a bad format string in a log call
+                    self.handleError(record)
+
+        return AboveTheStatus()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._draw()
+            if self._stop.wait(self.every_s):
+                return
+
+    def _draw(self) -> None:
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: a terminal of unknown size
+        except (OSError, ValueError):
+            columns = 80
+        text = self.text()[: max(1, columns - 1)]  # a wrapped line cannot be redrawn in place
+        self._write("\r" + text.ljust(self._width))
+        self._width = len(text)
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # the terminal went away: the supervisor runs on
 
 
 @main.command()
@@ -92,12 +194,18 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
                    " The global --db is not used, so chaos never lands in a real ledger by accident.")
 @click.option("--workdir", default=None, help="The work folder for logs and evidence (default: a new"
                                                " temporary folder, kept).")
-@click.option("--report", "report_path", default=None, help="Write the JSON report to this file.")
-@click.option("--summary", "summary_path", default=None, help="Write the one-screen summary to this file too.")
+@click.option("--report", "report_path", default=None,
+              help="Write the JSON report to this file (default: report.json in the work folder).")
+@click.option("--summary", "summary_path", default=None,
+              help="Write the one-screen summary to this file too (default: summary.txt in the work folder).")
 @handles_errors
 def chaos(seed, duration_s, supervisors, concurrency, executions, lease_ms, renew_ms, heartbeat_ms, fault_kinds,
           fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path, summary_path) -> None:
     """Kill, freeze and orphan supervisors and workers mid-step, then prove nothing was lost.
+
+    The progress line abbreviates the fault kinds (kc kill_child, sc freeze_child, ...): a legend
+    line printed at the start spells them out. At the end it prints the summary and where the
+    JSON report and the summary were written (by default into the work folder).
 
     Exit code 0 only if every execution is terminal and no invariant was violated."""
     from ..chaos import ChaosConfig, parse_kinds, run_chaos
@@ -108,17 +216,19 @@ def chaos(seed, duration_s, supervisors, concurrency, executions, lease_ms, rene
                          faults=parse_kinds(fault_kinds), fault_interval_s=fault_interval_ms / 1000,
                          lenient_supervisors=lenient_supervisors, drain_timeout_s=drain_timeout_s)
     report = run_chaos(config, folder=workdir, db_path=chaos_db, out=click.echo, tty=sys.stdout.isatty())
-    click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path)))
+    click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path)))  # and where it went
     sys.exit(0 if report["ok"] else 1)
 
-def _print_summaries(supervisor, every_s: float) -> None:
+def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> None:
     def loop() -> None:
         stop = threading.Event()
         while not stop.wait(every_s):
             s = supervisor.stats
-            click.echo(f"claimed {s.claimed}  completed {s.completed}  failed {s.failed}  suspended {s.suspended}"
-                       f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}", err=True)
+            line = (f"claimed {s.claimed}  completed {s.completed}  failed {s.failed}  suspended {s.suspended}"
+                    f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}")
+            if status:
+                status.line(line)
+            else:
+                click.echo(line, err=True)
 
     threading.Thread(target=loop, name="summary", daemon=True).start()
-
-

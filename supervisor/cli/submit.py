@@ -16,18 +16,20 @@ from . import (
     handles_errors,
     main,
     parse_json_option,
+    read_json_option,
 )
 
 
 @main.command()
 @click.argument("workflow")
 @click.option("--id", "execution_id", help="The execution id; repeating a start with the same id starts nothing.")
-@click.option("--input", "input_json", default="null", help="The workflow's input, as JSON.")
+@click.option("--input", "input_json", default="null", show_default=True,
+              help="The workflow's input: JSON, @FILE to read it from a file, or - to read it from stdin.")
 @click.pass_context
 @handles_errors
 def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None:
     """Admit an execution of WORKFLOW and print its id."""
-    parse_json_option("--input", input_json)
+    input_json = read_json_option("--input", input_json)
     execution_id = execution_id if execution_id is not None else uuid.uuid4().hex
     with backend_of(ctx) as backend:
         record = backend.executions.admit(execution_id, workflow, input_json)
@@ -36,16 +38,23 @@ def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None
 
 @main.command()
 @click.argument("effect_id")
-@click.option("--result", "result_json", required=True, help="The effect's result, as JSON.")
+@click.option("--result", "result_json", required=True,
+              help="The effect's result: JSON, @FILE to read it from a file, or - to read it from stdin.")
+@click.option("--create", is_flag=True,
+              help="Settle it even if no execution has begun this effect yet (it finds the result when it does).")
 @click.pass_context
 @handles_errors
-def settle(ctx, effect_id: str, result_json: str) -> None:
+def settle(ctx, effect_id: str, result_json: str, create: bool) -> None:
     """Settle an effect from outside (an external system finishing its work).
 
     The first result is kept: settling again with a different one is reported as a conflict
-    (exit 2) and changes nothing."""
-    parse_json_option("--result", result_json)
-    with backend_of(ctx) as backend:
+    (exit 2) and changes nothing. An effect id that no execution has begun is refused (exit 2,
+    nothing written), as it is most often a typo, unless `--create` is given."""
+    result_json = read_json_option("--result", result_json)
+    with backend_of(ctx, create=create) as backend:
+        if not create and backend.effects.get(effect_id) is None:
+            fail(f"no execution has begun effect {effect_id!r}: check the id, or pass --create to settle it"
+                 " before it begins")
         reply = backend.effects.settle(effect_id, result_json)
     if isinstance(reply, SettleConflict):
         fail(f"effect {effect_id!r} is already settled with {reply.kept_result_json}; {result_json} was not applied")
