@@ -89,6 +89,7 @@ class DispatchLoop:
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
         self.claiming = False  # a claim is in flight
         self.checking_ended = False  # an `ended` call is in flight
+        self.next_ended_check = now
         self.next_poll = now
         self.claim_failures = 0
         self.next_beat = now
@@ -303,7 +304,7 @@ class DispatchLoop:
     def check_ended(self, now: float) -> None:
         """Once a heartbeat, ask the ledger whether any running delivery has ended there (an
         operator cancelled its execution): renewals alone would find out only at the next one."""
-        if self.checking_ended:
+        if self.checking_ended or now < self.next_ended_check:
             return
         running = [c.delivery for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
         if running:
@@ -335,6 +336,9 @@ class DispatchLoop:
             log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at)
             for child in self.pool.children:
                 child.last_answer = now
+            # Its workers may have given up on it during the pause and be reporting so now: let
+            # them, and let the next renewal round decide about their leases, as before the pause.
+            self.next_ended_check = now + self.cfg.renew_ms / 1000
         self.last_beat_at = now
         self.check_ended(now)
         for child in list(self.pool.children):
