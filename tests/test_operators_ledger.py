@@ -80,6 +80,17 @@ def test_cancel_ends_a_live_delivery_every_fenced_call_of_its_holder_is_lost(bac
     assert (delivery.ended_by, delivery.ended_at) == ("cancelled", clock.now)
 
 
+def test_cancel_of_a_suspended_execution_is_not_woken_again(backend, clock):
+    backend.executions.admit("sleeper", "w")
+    backend.executions.acknowledge(claim(backend, "sleeper"), Suspended())
+    backend.executions.request_wake("sleeper", clock.now + 1000)
+    backend.executions.cancel("sleeper")
+    backend.executions.request_wake("sleeper", clock.now)  # ignored, as for any terminal execution
+    clock.advance(2000)
+    assert backend.executions.claim_due(limit=10, duration=LEASE_MS) == []
+    assert backend.executions.get("sleeper").status == "cancelled"
+
+
 def test_cancel_after_the_lease_ran_out_records_the_delivery_as_expired(backend, clock):
     backend.executions.admit("order-1", "order")
     lease = claim(backend, "order-1")

@@ -64,3 +64,34 @@ def test_resume_after_the_bug_is_fixed_runs_only_the_steps_not_done(tmp_path, su
     assert log.read_text().split() == ["reserve", "charge", "charge", "ship"]
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(20) == 0
+
+
+@pytest.mark.timeout(90)
+def test_purge_while_a_supervisor_runs_deletes_only_finished_executions(tmp_path, supervisors, monkeypatch):
+    from supervisor.sqlite import executions as sqlite_executions
+
+    monkeypatch.setattr(sqlite_executions, "PURGE_BATCH", 10)  # many short transactions beside the supervisor's
+    db = tmp_path / "ledger.db"
+    with open_backend(db) as backend:
+        for n in range(200):
+            backend.executions.admit(f"old-{n}", "sv.noop3")
+    supervisor = supervisors.start(db, concurrency=2)
+    with open_backend(db) as backend:
+        wait_until(lambda: backend.executions.stats().by_status["completed"] == 200, timeout=60)
+        options = {"log": str(tmp_path / "effects.log"), "gate": str(tmp_path / "gate")}
+        backend.executions.admit("held", "sv.hold", json.dumps(options))  # running during the purge
+        wait_until(lambda: backend.executions.get("held").status == "running")
+        for n in range(100):
+            backend.executions.admit(f"new-{n}", "sv.noop3")
+        purged = backend.executions.purge(before=backend.clock() + 1)
+        assert 200 <= purged <= 300
+        Path(options["gate"]).touch()
+        wait_until(lambda: backend.executions.get("held") is not None
+                   and backend.executions.get("held").status == "completed", timeout=30)
+        left = backend.executions.list(id_prefix="old-")
+        assert left == []
+        # Every execution that was not finished when the purge ran is still there, and finishes.
+        wait_until(lambda: all(r.status == "completed" for r in backend.executions.list(id_prefix="new-"))
+                   and len(backend.executions.list(id_prefix="new-")) + purged - 200 == 100, timeout=30)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0
