@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
-import psutil
-
 from worker.protocol import EXIT_CODES, READY
 
 from .errors import YieldstarError
@@ -168,7 +166,6 @@ class Pool:
         self._heartbeat_s = heartbeat_s
         self._misses = misses
         self.start_timeout_s = start_timeout_s
-        self._me = psutil.Process(os.getpid())
         self.children: list[Child] = []
 
     def start(self) -> None:
@@ -200,7 +197,7 @@ class Pool:
         app, db_path, durability = self._args
         settings = {
             "fd": theirs.fileno(), "app": app, "db_path": os.path.abspath(db_path), "durability": durability,
-            "parent_pid": os.getpid(), "parent_started": self._me.create_time(),
+            "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses,
             # The child imports what the supervisor could import, as multiprocessing would arrange.
             "sys_path": [p for p in sys.path if p],

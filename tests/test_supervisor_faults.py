@@ -276,6 +276,26 @@ def test_replacing_a_dead_worker_of_a_slow_loading_app_leaves_the_other_workers_
     wait_gone([idle])
 
 
+@pytest.mark.timeout(60)
+def test_a_stepped_system_clock_does_not_make_workers_take_their_live_supervisor_for_gone(db, ledger, supervisors):
+    # A worker checks that its supervisor's pid was not reused by another process. The
+    # supervisor's wall-clock start time moves when the clock is stepped (the kernel derives it
+    # from the boot time, which moves with the clock): a check that compared it would have every
+    # worker quit mid-step, and every lease expire, after one clock step.
+    supervisor = supervisors.start(db, concurrency=2, env={"SV_BOOT_TIME_SHIFT_S": "1.5"})
+    workers = set(supervisor.workers())
+    for n in range(6):
+        admit(db, f"after-step-{n}", "sv.noop3")
+    wait_until(lambda: all(status(ledger, f"after-step-{n}") == "completed" for n in range(6)), timeout=20)
+    # Several heartbeats go by with the workers idle, each one checking on its supervisor.
+    time.sleep(5 * HEARTBEAT_MS / 1000)
+    admit(db, "probe", "sv.noop3")
+    wait_until(lambda: status(ledger, "probe") == "completed", timeout=20)
+    assert "lost its supervisor" not in supervisor.log() and "is gone" not in supervisor.log()
+    assert set(supervisor.workers()) == workers, "a worker quit while its supervisor was alive"
+    assert [h.token for h in ledger.executions.history("probe")] == [1]
+
+
 # -- shutdown -----------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)

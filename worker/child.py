@@ -30,8 +30,8 @@ from .protocol import DONE, EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, READ
 from .registry import describe_load_failure, load_app
 
 
-def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, parent_started: float,
-               heartbeat_s: float, misses: int) -> None:
+def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
+               misses: int) -> None:
     """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
     die_with_parent(parent_pid)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -44,7 +44,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, p
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     tasks: "queue.Queue" = queue.Queue()
-    watch = ParentWatch(conn, parent_pid, parent_started, heartbeat_s, misses, tasks)
+    watch = ParentWatch(conn, parent_pid, heartbeat_s, misses, tasks)
     try:
         registry = load_app(app)
     except BaseException as exc:
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> None:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     child_main(Connection(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
-               settings["parent_pid"], settings["parent_started"], settings["heartbeat_s"], settings["misses"])
+               settings["parent_pid"], settings["heartbeat_s"], settings["misses"])
 
 
 if __name__ == "__main__":

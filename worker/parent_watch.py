@@ -6,7 +6,9 @@ The child treats its supervisor as gone when any of these happens, and then shut
 
 - the pipe closes (the supervisor exited or was killed);
 - its parent process changes, or the pid now belongs to a younger process (pid reuse), checked
-  with psutil against the supervisor's start time;
+  with psutil against the supervisor's start time counted from boot (never its wall-clock start
+  time: that moves whenever the system clock is stepped, and a child comparing it would take a
+  live supervisor for a dead one);
 - no heartbeat for `misses` heartbeat intervals (the supervisor is frozen, e.g. SIGSTOP).
 
 On Linux the kernel also delivers SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), so an
@@ -46,11 +48,15 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 class ParentWatch:
-    def __init__(self, conn, parent_pid: int, parent_started: float, heartbeat_s: float, misses: int,
-                 tasks: "queue.Queue[Any]"):
+    def __init__(self, conn, parent_pid: int, heartbeat_s: float, misses: int, tasks: "queue.Queue[Any]"):
         self._conn = conn
         self._parent_pid = parent_pid
-        self._parent_started = parent_started
+        # Taken while the parent is known to be alive (`die_with_parent` checked): psutil keys a
+        # process by its pid and its start time since boot, which no clock step changes.
+        try:
+            self._parent = psutil.Process(parent_pid)
+        except psutil.Error:
+            os._exit(EXIT_PARENT_GONE)
         self._limit = heartbeat_s * misses
         self._check_every = heartbeat_s / 2
         self._tasks = tasks
@@ -81,7 +87,7 @@ class ParentWatch:
         if os.getppid() != self._parent_pid:
             return False
         try:
-            return psutil.Process(self._parent_pid).create_time() == self._parent_started
+            return self._parent.is_running()
         except psutil.Error:
             return False
 

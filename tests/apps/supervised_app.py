@@ -36,6 +36,15 @@ if IMPORT_STAGGER_S:
         counter.write("x")
         counter.seek(0)
         time.sleep(IMPORT_STAGGER_S * len(counter.read()))
+# The system clock stepped (NTP, a virtual machine resumed from a snapshot) after the supervisor
+# started: from now on every wall-clock time derived from the boot time reads this much later
+# in the worker, as the kernel's boot time moves with the clock.
+BOOT_TIME_SHIFT_S = float(os.environ.get("SV_BOOT_TIME_SHIFT_S", "0"))
+if BOOT_TIME_SHIFT_S:
+    import psutil._pslinux as _pslinux
+
+    _boot_time = _pslinux.boot_time
+    _pslinux.boot_time = lambda: _boot_time() + BOOT_TIME_SHIFT_S
 
 
 # -- step bodies --------------------------------------------------------------------------------
