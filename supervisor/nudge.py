@@ -7,8 +7,14 @@ because a socket path may be at most about 100 bytes long. `nudge(db_path)` send
 woken by it claims at once instead of waiting for its next poll. A nudge is only a hint:
 losing one costs at most one poll interval, so every error is ignored.
 
+Outcomes travel the same way the other way round: an application waiting for the result of
+an execution (`worker.Client`, `handle.result()`) binds a socket in the subfolder `outcomes/`,
+and the commit that makes an execution terminal (an acknowledgement of `completed` or `failed`,
+a cancellation) sends its id there with `announce_ended(db_path, ids)`. The waiter reads the
+record again only for the ids it waits for; a lost datagram costs it one slow poll.
+
 Sockets whose owner is gone (a supervisor killed by SIGKILL cannot remove its own) are removed
-by whoever finds them: a nudge that is refused, and every supervisor as it starts listening,
+by whoever finds them: a nudge that is refused, and every listener as it starts listening,
 which sweeps its folder, so that a folder of dead supervisors' sockets does not grow.
 """
 
@@ -16,10 +22,16 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import socket
 import stat
 from typing import Optional
+
+
+# An announcement larger than this names no ids (see `announce_ended`): well inside what a Unix
+# datagram socket takes in one message by default.
+MAX_DATAGRAM = 16_384
 
 
 def _private_root() -> str:
@@ -42,6 +54,11 @@ def nudge_dir(db_path: str) -> str:
     return os.path.join(_private_root(), digest)
 
 
+def outcomes_dir(db_path: str) -> str:
+    """The folder of the sockets of every process waiting for outcomes of `db_path`."""
+    return os.path.join(nudge_dir(db_path), "outcomes")
+
+
 def nudge(db_path: str) -> None:
     try:
         folder = nudge_dir(db_path)
@@ -62,11 +79,45 @@ def nudge(db_path: str) -> None:
         sender.close()
 
 
+def announce_ended(db_path: str, execution_ids: list[str]) -> None:
+    """Tell every process waiting for outcomes of `db_path` that these executions are terminal."""
+    try:
+        names = os.listdir(outcomes_dir(db_path))
+    except OSError:
+        return  # nobody waits (the usual case): one failed look-up, nothing sent
+    folder = outcomes_dir(db_path)
+    message = "\n".join(execution_ids).encode()
+    if len(message) > MAX_DATAGRAM:
+        message = b""  # too many to name: "look at everything you wait for"
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender.setblocking(False)
+    try:
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                sender.sendto(message, path)
+            except OSError as exc:
+                if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                    _remove(path)
+    finally:
+        sender.close()
+
+
+def _our_socket(name: str) -> bool:
+    """A name this module gives, of a socket another process bound: `<pid>.sock` or `<pid>-<n>.sock`."""
+    stem, dot, suffix = name.partition(".")
+    pid, _, number = stem.partition("-")
+    if not (dot and suffix == "sock" and pid.isdigit() and (number.isdigit() or not number and "-" not in stem)):
+        return False
+    return int(pid) != os.getpid()
+
+
 def sweep(folder: str) -> int:
     """Remove the sockets in `folder` that no process listens on any more; returns how many.
 
     A socket is stale when connecting to it is refused: whatever its name's pid now belongs to,
-    nobody reads it. Only names this module gives (`<pid>.sock`) are touched."""
+    nobody reads it. Only names this module gives (`<pid>.sock`, `<pid>-<n>.sock`) are touched,
+    and never this process's own."""
     try:
         names = os.listdir(folder)
     except OSError:
@@ -75,8 +126,7 @@ def sweep(folder: str) -> int:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         for name in names:
-            stem, dot, suffix = name.partition(".")
-            if not (stem.isdigit() and dot and suffix == "sock") or int(stem) == os.getpid():
+            if not _our_socket(name):
                 continue
             path = os.path.join(folder, name)
             try:
@@ -100,22 +150,31 @@ def _remove(path: str) -> None:
         pass
 
 
+def _bind(folder: str, name: str) -> tuple[socket.socket, str]:
+    """A non-blocking datagram socket bound at `folder/name`, owner read/write only."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, name)
+    _remove(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    old = os.umask(0o177)  # the socket file is created owner read/write only
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    sock.setblocking(False)
+    sweep(folder)
+    return sock, path
+
+
 class NudgeListener:
     """The receiving end, owned by one supervisor. `fileno()` lets it join a `wait()` call."""
 
     def __init__(self, db_path: str):
-        folder = nudge_dir(db_path)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        self.path = os.path.join(folder, f"{os.getpid()}.sock")
-        _remove(self.path)
-        self._sock: Optional[socket.socket] = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        old = os.umask(0o177)  # the socket file is created owner read/write only
-        try:
-            self._sock.bind(self.path)
-        finally:
-            os.umask(old)
-        self._sock.setblocking(False)
-        sweep(folder)
+        sock, self.path = _bind(nudge_dir(db_path), f"{os.getpid()}.sock")
+        self._sock: Optional[socket.socket] = sock
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -136,3 +195,39 @@ class NudgeListener:
                 os.rmdir(os.path.dirname(self.path))  # only if no other supervisor is listening
             except OSError:
                 pass
+
+
+class OutcomeListener:
+    """The receiving end of `announce_ended`, owned by one waiting client. `fileno()` lets it
+    join a `select()`; `read()` returns the ids announced since the last read."""
+
+    _count = itertools.count(1)
+
+    def __init__(self, db_path: str):
+        self._sock, self.path = _bind(outcomes_dir(db_path), f"{os.getpid()}-{next(self._count)}.sock")
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def read(self) -> Optional[set[str]]:
+        """The ids announced since the last read; None when one announcement named none (too
+        many to name), so that the reader looks at everything it waits for."""
+        ids: set[str] = set()
+        everything = False
+        while True:
+            try:
+                data = self._sock.recv(MAX_DATAGRAM)
+            except OSError:
+                return None if everything else ids
+            if data:
+                ids.update(data.decode(errors="replace").split("\n"))
+            else:
+                everything = True
+
+    def close(self) -> None:
+        self._sock.close()
+        _remove(self.path)
+        try:
+            os.rmdir(os.path.dirname(self.path))  # only if nobody else is waiting
+        except OSError:
+            pass

@@ -1,4 +1,5 @@
-"""Yieldstar's child side: the workflow SDK, the replay driver, fenced writes, the parent watch.
+"""Yieldstar's application side: the workflow SDK, the client that starts workflows and waits
+for their results, and the child processes' replay driver, fenced writes and parent watch.
 
     from worker import workflow
 
@@ -7,8 +8,14 @@
         order = ctx.run("load", load_order, input["order_id"])
         receipt = ctx.run("charge", charge_card, order)
         return {"receipt": receipt}
+
+    from worker import Client
+
+    with Client("shop.db") as client:
+        receipt = client.start(order, {"order_id": 42}, id="order-42").result(timeout=30)
 """
 
+from .client import AsyncClient, AsyncHandle, Client, Handle, WorkflowCancelled, WorkflowFailed
 from .context import WorkflowContext
 from .driver import run_delivery
 from .registry import AppNotFound, Registry, default_registry, load_app, workflow
@@ -16,6 +23,7 @@ from .retry import RetryableError, RetryPolicy, StepFailed
 from .unwinding import ReplayDiverged
 
 __all__ = [
+    "Client", "AsyncClient", "Handle", "AsyncHandle", "WorkflowFailed", "WorkflowCancelled",
     "workflow", "Registry", "default_registry", "load_app", "AppNotFound",
     "WorkflowContext", "run_delivery",
     "RetryableError", "RetryPolicy", "StepFailed", "ReplayDiverged",

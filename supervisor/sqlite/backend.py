@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
-from ..nudge import nudge
+from ..nudge import OutcomeListener, announce_ended, nudge
 from . import files
 from .connection import BUSY_TIMEOUT_MS, MEMORY, Connection, check_durability, patiently, probe
 from .executions import SqliteExecutionClient
@@ -115,7 +115,8 @@ class SqliteBackend:
         self.durability = durability
         self._conn = self._open(create)
         announce = self._announce_due
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce)
+        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce,
+                                                on_ended=self._announce_ended)
         self.heap = SqliteHeapClient(self._conn, self._clock)
         self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
         self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
@@ -175,6 +176,17 @@ class SqliteBackend:
 
     def _announce_due(self) -> None:
         nudge(self.path)
+
+    def _announce_ended(self, execution_ids: list[str]) -> None:
+        if self.path != MEMORY:
+            announce_ended(self.path, execution_ids)
+
+    def listen_for_outcomes(self) -> OutcomeListener:
+        """A listener told the ids of executions as they become terminal (see `supervisor.nudge`):
+        what `worker.Client` waits on. Raises `OSError` if no socket can be made."""
+        if self.path == MEMORY:
+            raise OSError("an in-memory ledger has no neighbours to hear from")
+        return OutcomeListener(self.path)
 
     def _clock(self) -> int:
         return arguments.integer("clock()", self.clock())

@@ -203,9 +203,10 @@ class _Row:
 
 class SqliteExecutionClient(ExecutionClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int],
-                 on_due: Callable[[], None] = lambda: None):
+                 on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None):
         self._conn = conn
         self._on_due = on_due  # told after a commit that may have made an execution due
+        self._on_ended = on_ended  # told the ids after a commit that made executions terminal
         self._clock = clock
         self._delay = delay
         self._holder = _holder()
@@ -423,6 +424,8 @@ class SqliteExecutionClient(ExecutionClient):
                 woke = waiters.wake(db, waiters.EXECUTION, lease.execution_id, now, self.wake_in)
         if woke:
             self._on_due()
+        if not isinstance(outcome, Suspended):
+            self._on_ended([lease.execution_id])
         return outcome
 
     def _end(self, db: sqlite3.Connection, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
@@ -542,6 +545,7 @@ class SqliteExecutionClient(ExecutionClient):
             row = self._row(db, execution_id)
         if woke:
             self._on_due()
+        self._on_ended([execution_id])
         return self._as_of(row, now)
 
     def resume(self, execution_id, *, now=None) -> ExecutionRecord:

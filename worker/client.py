@@ -1,0 +1,415 @@
+"""The application client: start workflows and wait for their results, from sync or async code.
+
+    from worker import Client, WorkflowFailed
+
+    with Client("shop.db") as client:
+        handle = client.start("order", {"order_id": 42}, id="order-42")
+        receipt = handle.result(timeout=30)
+
+`start` admits an execution (idempotent by `id`); any supervisor on the ledger runs it. A
+`Handle` names one execution: `status()`, `result(timeout=None)`, `cancel()`. `AsyncClient`
+has the same calls as coroutines, for asyncio code (`await handle.result()`), and never blocks
+its event loop: ledger calls run on a thread of the client's own.
+
+Waiting (SPEC section 9): `result()` does not poll the ledger in a loop. The commit that makes
+an execution terminal announces its id to every waiting client on the host (a datagram to a
+socket of theirs, see `supervisor.nudge`); one thread per client listens, reads the records of
+the announced executions it waits for, and wakes their waiters, however many threads or tasks
+wait on them. An announcement can be lost (a full socket buffer, a commit made by a process of
+an older version): the thread then finds the outcome at its next slow poll, every `poll_s`
+seconds while anything waits; with nothing waiting it sleeps until something does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import select
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, Optional
+
+from supervisor import arguments, open_backend
+from supervisor.errors import InvalidArgument, UnknownExecution, YieldstarError
+from supervisor.values import EffectState, ExecutionRecord, SettleConflict
+
+from .registry import Registry
+
+TERMINAL = frozenset(("completed", "failed", "cancelled"))
+POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement it missed
+
+
+class WorkflowFailed(YieldstarError):
+    """`result()` of an execution that failed. `error` is its recorded error: a dict with
+    `type`, `message` and `traceback` (the workflow's own, as a string, or None)."""
+
+    def __init__(self, execution_id: str, error: dict):
+        self.execution_id = execution_id
+        self.error = error
+        super().__init__(f"execution {execution_id!r} failed: {error.get('type')}: {error.get('message')}")
+
+
+class WorkflowCancelled(YieldstarError):
+    """`result()` of an execution that was cancelled; `reason` is the one given, or None."""
+
+    def __init__(self, execution_id: str, reason: Optional[str]):
+        self.execution_id = execution_id
+        self.reason = reason
+        super().__init__(f"execution {execution_id!r} was cancelled" + (f": {reason}" if reason else ""))
+
+
+def outcome_of(record: ExecutionRecord) -> Any:
+    """The decoded result of a terminal execution, or the exception its outcome raises."""
+    if record.status == "completed":
+        return json.loads(record.result_json)
+    error = json.loads(record.error_json) if record.error_json else {}
+    if record.status == "cancelled":
+        raise WorkflowCancelled(record.execution_id, error.get("message"))
+    raise WorkflowFailed(record.execution_id, error)
+
+
+def workflow_name(workflow: Any) -> str:
+    """The registered name of `workflow`: a name, or a function decorated with `@workflow`."""
+    if isinstance(workflow, str):
+        return arguments.identifier("workflow", workflow)
+    name = getattr(workflow, "workflow_name", None)
+    if callable(workflow) and isinstance(name, str):
+        return name
+    raise InvalidArgument(f"workflow must be a registered workflow's name or a function decorated with @workflow,"
+                          f" not {workflow!r}")
+
+
+class OutcomeWatch:
+    """One client's waiters, woken by announcements of outcomes (or found by the slow poll).
+
+    `add(execution_id, notify)` registers `notify(record)`, called once, from the watch's
+    thread, when the execution is found terminal; the caller reads the record itself after
+    registering, so an outcome committed before registration is not missed either."""
+
+    def __init__(self, backend, poll_s: float = POLL_S):
+        self._backend = backend
+        self._poll_s = poll_s
+        try:
+            self._listener = backend.listen_for_outcomes()
+        except OSError:
+            self._listener = None  # no socket can be made here: the slow poll alone finds outcomes
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._lock = threading.Lock()
+        self._waiters: dict[str, dict[int, Callable[[ExecutionRecord], None]]] = {}
+        self._next = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="yieldstar-outcomes", daemon=True)
+        self._thread.start()
+
+    def add(self, execution_id: str, notify: Callable[[ExecutionRecord], None]) -> int:
+        with self._lock:
+            self._next += 1
+            self._waiters.setdefault(execution_id, {})[self._next] = notify
+            key = self._next
+        self._poke()  # a thread asleep with nothing to wait for starts its slow poll
+        return key
+
+    def remove(self, execution_id: str, key: int) -> None:
+        with self._lock:
+            waiting = self._waiters.get(execution_id)
+            if waiting is not None:
+                waiting.pop(key, None)
+                if not waiting:
+                    del self._waiters[execution_id]
+
+    def close(self) -> None:
+        self._closed = True
+        self._poke()
+        self._thread.join(5)
+        for fd in (self._wake_read, self._wake_write):
+            os.close(fd)
+        if self._listener is not None:
+            self._listener.close()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._wake_write, b"!")
+        except BlockingIOError:
+            pass  # already poked
+
+    def _run(self) -> None:
+        sources = [self._wake_read] + ([self._listener] if self._listener is not None else [])
+        while not self._closed:
+            with self._lock:
+                waiting = bool(self._waiters)
+            readable, _, _ = select.select(sources, [], [], self._poll_s if waiting else None)
+            if self._wake_read in readable:
+                os.read(self._wake_read, 4096)
+                if self._closed:
+                    return
+            if self._listener is not None and self._listener in readable:
+                self._check(self._listener.read())
+            elif not readable:
+                self._check(None)  # the slow poll: everything waited for
+
+    def _check(self, announced: Optional[set[str]]) -> None:
+        with self._lock:
+            ids = [i for i in self._waiters if announced is None or i in announced]
+        for execution_id in ids:
+            try:
+                record = self._backend.executions.get(execution_id)
+            except YieldstarError:
+                continue  # a busy or failing ledger: the next announcement or poll tries again
+            if record is None or record.status not in TERMINAL:
+                continue
+            with self._lock:
+                notify = list(self._waiters.pop(execution_id, {}).values())
+            for call in notify:
+                call(record)
+
+
+class _Base:
+    """What `Client` and `AsyncClient` share: the backend, the registry check, the watch."""
+
+    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S):
+        if registry is not None and not isinstance(registry, Registry):
+            raise InvalidArgument(f"registry must be a worker.Registry, not {type(registry).__name__}")
+        if not (arguments.finite(poll_s) and poll_s > 0):
+            raise InvalidArgument(f"poll_s must be a number of seconds > 0, got {poll_s!r}")
+        self._registry = registry
+        self._poll_s = poll_s
+        self.backend = open_backend(target)
+        self._watch: Optional[OutcomeWatch] = None
+        self._watch_lock = threading.Lock()
+
+    def _admission(self, workflow: Any, input: Any, id: Optional[str]) -> tuple[str, str, str]:
+        name = workflow_name(workflow)
+        if self._registry is not None and name not in self._registry:
+            known = ", ".join(self._registry.names()) or "none"
+            raise InvalidArgument(f"no workflow is registered as {name!r} (registered: {known})")
+        input_json = arguments.to_json("input", input)
+        execution_id = uuid.uuid4().hex if id is None else arguments.identifier("id", id)
+        return execution_id, name, input_json
+
+    def _start(self, workflow: Any, input: Any, id: Optional[str]) -> ExecutionRecord:
+        execution_id, name, input_json = self._admission(workflow, input, id)
+        return self.backend.executions.admit(execution_id, name, input_json)
+
+    def _record(self, execution_id: str) -> ExecutionRecord:
+        record = self.backend.executions.get(execution_id)
+        if record is None:
+            raise UnknownExecution(f"no execution {execution_id!r} in {self.backend.path}")
+        return record
+
+    def _settle(self, effect_id: str, result: Any, create: bool) -> EffectState | SettleConflict:
+        result_json = arguments.to_json("result", result)
+        if not create and self.backend.effects.get(effect_id) is None:
+            raise InvalidArgument(f"no execution has begun effect {effect_id!r}: check the id, or pass create=True"
+                                  " to settle it before it begins")
+        return self.backend.effects.settle(effect_id, result_json)
+
+    def _put(self, store: str, item: Any) -> Any:
+        return json.loads(self.backend.stores.put(store, arguments.to_json("item", item)).state_json)
+
+    def _watching(self) -> OutcomeWatch:
+        with self._watch_lock:
+            if self._watch is None:
+                self._watch = OutcomeWatch(self.backend, self._poll_s)
+            return self._watch
+
+    def _close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        self.backend.close()
+
+
+def _timeout(timeout: Optional[float]) -> Optional[float]:
+    if timeout is not None and not (arguments.finite(timeout) and timeout >= 0):
+        raise InvalidArgument(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return timeout
+
+
+def _timed_out(execution_id: str, record: Optional[ExecutionRecord], timeout: float) -> TimeoutError:
+    status = record.status if record is not None else "unknown"
+    return TimeoutError(f"execution {execution_id!r} was not finished within {timeout} s (it is {status})")
+
+
+# -- sync ------------------------------------------------------------------------------------------
+
+class Handle:
+    """One execution, as the client that started or found it sees it."""
+
+    def __init__(self, client: "Client", execution_id: str, workflow: str):
+        self._client = client
+        self.execution_id = execution_id
+        self.workflow = workflow
+
+    def record(self) -> ExecutionRecord:
+        """The execution's whole ledger record, as of now."""
+        return self._client._record(self.execution_id)
+
+    def status(self) -> str:
+        """`admitted`, `running`, `suspended`, `completed`, `failed` or `cancelled`."""
+        return self.record().status
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """Wait until the execution is terminal and return its decoded result. Raises
+        `WorkflowFailed`, `WorkflowCancelled`, or `TimeoutError` after `timeout` seconds."""
+        timeout = _timeout(timeout)
+        done = threading.Event()
+        found: list[ExecutionRecord] = []
+
+        def notify(record: ExecutionRecord) -> None:
+            found.append(record)
+            done.set()
+
+        watch = self._client._watching()
+        key = watch.add(self.execution_id, notify)
+        try:
+            record = self.record()  # after registering: an outcome from before is seen here
+            if record.status not in TERMINAL:
+                if not done.wait(timeout):
+                    raise _timed_out(self.execution_id, self._client.backend.executions.get(self.execution_id),
+                                     timeout)
+                record = found[0]
+        finally:
+            watch.remove(self.execution_id, key)
+        return outcome_of(record)
+
+    def cancel(self, reason: Optional[str] = None) -> str:
+        """Cancel the execution (see `yieldstar cancel`); returns its status afterwards, which
+        is that of its outcome if it had already finished."""
+        return self._client.backend.executions.cancel(self.execution_id, reason=reason).status
+
+    def __repr__(self) -> str:
+        return f"Handle({self.execution_id!r}, workflow={self.workflow!r})"
+
+
+class Client(_Base):
+    """Start workflows and wait for their results. Safe to share between threads.
+
+    Args:
+        target: the ledger: a SQLite path (created when missing), as `open_backend` takes.
+        registry: when given, `start` refuses workflow names it does not know.
+        poll_s: how often a waiting `result()` looks for outcomes whose announcement it missed.
+    """
+
+    def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None) -> Handle:
+        """Admit an execution of `workflow` (a name, or the decorated function) with `input` (any
+        JSON value) and return its handle. `id` is the idempotency key: the same id with the same
+        workflow and input returns the same execution; with others it raises `ExecutionConflict`.
+        Without it, a new id is made."""
+        record = self._start(workflow, input, id)
+        return Handle(self, record.execution_id, record.workflow)
+
+    def handle(self, execution_id: str) -> Handle:
+        """A handle for an existing execution; `UnknownExecution` if there is none."""
+        record = self._record(arguments.identifier("execution_id", execution_id))
+        return Handle(self, record.execution_id, record.workflow)
+
+    def settle(self, effect_id: str, result: Any, *, create: bool = False) -> EffectState | SettleConflict:
+        """Settle an effect from outside (an external system finishing its work), as `yieldstar
+        settle` does: the first result is kept, and a later different one comes back as a
+        `SettleConflict` naming the kept one. An effect no execution has begun is refused
+        (a `ValueError`) unless `create`."""
+        return self._settle(effect_id, result, create)
+
+    def put(self, store: str, item: Any) -> Any:
+        """Append `item` to a list store (a mailbox), waking its waiters; returns the new state."""
+        return self._put(store, item)
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- async -----------------------------------------------------------------------------------------
+
+class AsyncHandle:
+    """`Handle` for asyncio code: the same calls, as coroutines."""
+
+    def __init__(self, client: "AsyncClient", execution_id: str, workflow: str):
+        self._client = client
+        self.execution_id = execution_id
+        self.workflow = workflow
+
+    async def record(self) -> ExecutionRecord:
+        return await self._client._call(self._client._record, self.execution_id)
+
+    async def status(self) -> str:
+        return (await self.record()).status
+
+    async def result(self, timeout: Optional[float] = None) -> Any:
+        """As `Handle.result`; waiting blocks no thread of the event loop's."""
+        timeout = _timeout(timeout)
+        loop = asyncio.get_running_loop()
+        found: asyncio.Future = loop.create_future()
+
+        def settle(record: ExecutionRecord) -> None:
+            if not found.done():
+                found.set_result(record)
+
+        watch = await self._client._call(self._client._watching)
+        key = watch.add(self.execution_id, lambda record: loop.call_soon_threadsafe(settle, record))
+        try:
+            record = await self.record()
+            if record.status not in TERMINAL:
+                try:
+                    record = await asyncio.wait_for(found, timeout)
+                except asyncio.TimeoutError:
+                    now = await self._client._call(self._client.backend.executions.get, self.execution_id)
+                    raise _timed_out(self.execution_id, now, timeout) from None
+        finally:
+            watch.remove(self.execution_id, key)
+        return outcome_of(record)
+
+    async def cancel(self, reason: Optional[str] = None) -> str:
+        record = await self._client._call(self._client.backend.executions.cancel, self.execution_id, reason=reason)
+        return record.status
+
+    def __repr__(self) -> str:
+        return f"AsyncHandle({self.execution_id!r}, workflow={self.workflow!r})"
+
+
+class AsyncClient(_Base):
+    """`Client` for asyncio code: `async with AsyncClient(target) as client: ...`.
+
+    Its ledger calls run on one thread of its own, so a database that is slow or busy never
+    blocks the event loop; waiting for results costs no thread per waiter."""
+
+    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S):
+        super().__init__(target, registry=registry, poll_s=poll_s)
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yieldstar-client")
+
+    async def _call(self, fn: Callable, *args, **kwargs) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None) -> AsyncHandle:
+        """As `Client.start`."""
+        record = await self._call(self._start, workflow, input, id)
+        return AsyncHandle(self, record.execution_id, record.workflow)
+
+    async def handle(self, execution_id: str) -> AsyncHandle:
+        record = await self._call(self._record, arguments.identifier("execution_id", execution_id))
+        return AsyncHandle(self, record.execution_id, record.workflow)
+
+    async def settle(self, effect_id: str, result: Any, *, create: bool = False) -> EffectState | SettleConflict:
+        return await self._call(self._settle, effect_id, result, create)
+
+    async def put(self, store: str, item: Any) -> Any:
+        return await self._call(self._put, store, item)
+
+    async def close(self) -> None:
+        await self._call(self._close)
+        self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
