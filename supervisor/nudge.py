@@ -60,39 +60,29 @@ def outcomes_dir(db_path: str) -> str:
 
 
 def nudge(db_path: str) -> None:
-    try:
-        folder = nudge_dir(db_path)
-        names = os.listdir(folder)
-    except OSError:
-        return
-    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sender.setblocking(False)
-    try:
-        for name in names:
-            path = os.path.join(folder, name)
-            try:
-                sender.sendto(b"!", path)
-            except OSError as exc:
-                if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                    _remove(path)
-    finally:
-        sender.close()
+    _send_to_all(nudge_dir(db_path), b"!")
 
 
 def announce_ended(db_path: str, execution_ids: list[str]) -> None:
     """Tell every process waiting for outcomes of `db_path` that these executions are terminal."""
-    try:
-        names = os.listdir(outcomes_dir(db_path))
-    except OSError:
-        return  # nobody waits (the usual case): one failed look-up, nothing sent
-    folder = outcomes_dir(db_path)
     message = "\n".join(execution_ids).encode()
     if len(message) > MAX_DATAGRAM:
         message = b""  # too many to name: "look at everything you wait for"
+    _send_to_all(outcomes_dir(db_path), message)
+
+
+def _send_to_all(folder: str, message: bytes) -> None:
+    """Send `message` to every socket in `folder`, removing those nobody listens on."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return  # nobody listens (for outcomes, the usual case): one failed look-up, nothing sent
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sender.setblocking(False)
     try:
         for name in names:
+            if not name.endswith(".sock"):
+                continue  # the outcomes/ folder beside the supervisors' sockets
             path = os.path.join(folder, name)
             try:
                 sender.sendto(message, path)
