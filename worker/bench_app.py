@@ -18,6 +18,13 @@ def noop3(ctx, input):
     return input
 
 
+@workflow("echo1")
+def echo1(ctx, input):
+    """One recorded no-op step that returns the input: a client's start-to-result round trip."""
+    ctx.run("a", noop)
+    return input
+
+
 @workflow("sleepy")
 def sleepy(ctx, seconds):
     """One step that sleeps: a delivery that is busy for a while."""
