@@ -137,6 +137,31 @@ def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(db, supervisors, 
     assert waiting == [3]
 
 
+@pytest.mark.timeout(30)
+def test_an_execution_purged_while_its_result_is_awaited_is_unknown(db):
+    with Client(db, poll_s=0.2) as client:
+        handle = client.start("cl.echo", 1)  # no supervisor runs it
+        raised: list = []
+
+        def wait() -> None:
+            try:
+                handle.result(timeout=20)
+            except UnknownExecution as exc:
+                raised.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        folder = outcomes_dir(str(db))
+        wait_until(lambda: os.path.isdir(folder) and os.listdir(folder))
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))  # it learns of the end only by polling, too late
+        with open_backend(db) as backend:
+            backend.executions.cancel(handle.execution_id)
+            assert backend.executions.purge(before=backend.clock() + 1) == 1
+        waiter.join(15)
+    assert "was purged while its result was awaited" in str(raised[0])
+
+
 @pytest.mark.timeout(60)
 def test_result_times_out_naming_the_status(db, supervisors, tmp_path):
     supervisors.start(db, app=APP)

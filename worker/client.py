@@ -86,8 +86,9 @@ class OutcomeWatch:
     """One client's waiters, woken by announcements of outcomes (or found by the slow poll).
 
     `add(execution_id, notify)` registers `notify(record)`, called once, from the watch's
-    thread, when the execution is found terminal; the caller reads the record itself after
-    registering, so an outcome committed before registration is not missed either."""
+    thread, when the execution is found terminal (with None if it is found gone: purged); the
+    caller reads the record itself after registering, so an outcome committed before
+    registration is not missed either."""
 
     def __init__(self, backend, poll_s: float = POLL_S):
         self._backend = backend
@@ -159,7 +160,7 @@ class OutcomeWatch:
                 record = self._backend.executions.get(execution_id)
             except YieldstarError:
                 continue  # a busy or failing ledger: the next announcement or poll tries again
-            if record is None or record.status not in TERMINAL:
+            if record is not None and record.status not in TERMINAL:
                 continue
             with self._lock:
                 notify = list(self._waiters.pop(execution_id, {}).values())
@@ -228,6 +229,12 @@ def _timeout(timeout: Optional[float]) -> Optional[float]:
     return timeout
 
 
+def _found(execution_id: str, record: Optional[ExecutionRecord]) -> ExecutionRecord:
+    if record is None:
+        raise UnknownExecution(f"execution {execution_id!r} was purged while its result was awaited")
+    return record
+
+
 def _timed_out(execution_id: str, record: Optional[ExecutionRecord], timeout: float) -> TimeoutError:
     status = record.status if record is not None else "unknown"
     return TimeoutError(f"execution {execution_id!r} was not finished within {timeout} s (it is {status})")
@@ -256,9 +263,9 @@ class Handle:
         `WorkflowFailed`, `WorkflowCancelled`, or `TimeoutError` after `timeout` seconds."""
         timeout = _timeout(timeout)
         done = threading.Event()
-        found: list[ExecutionRecord] = []
+        found: list[Optional[ExecutionRecord]] = []
 
-        def notify(record: ExecutionRecord) -> None:
+        def notify(record: Optional[ExecutionRecord]) -> None:
             found.append(record)
             done.set()
 
@@ -270,7 +277,7 @@ class Handle:
                 if not done.wait(timeout):
                     raise _timed_out(self.execution_id, self._client.backend.executions.get(self.execution_id),
                                      timeout)
-                record = found[0]
+                record = _found(self.execution_id, found[0])
         finally:
             watch.remove(self.execution_id, key)
         return outcome_of(record)
@@ -349,7 +356,7 @@ class AsyncHandle:
         loop = asyncio.get_running_loop()
         found: asyncio.Future = loop.create_future()
 
-        def settle(record: ExecutionRecord) -> None:
+        def settle(record: Optional[ExecutionRecord]) -> None:
             if not found.done():
                 found.set_result(record)
 
@@ -359,7 +366,7 @@ class AsyncHandle:
             record = await self.record()
             if record.status not in TERMINAL:
                 try:
-                    record = await asyncio.wait_for(found, timeout)
+                    record = _found(self.execution_id, await asyncio.wait_for(found, timeout))
                 except asyncio.TimeoutError:
                     now = await self._client._call(self._client.backend.executions.get, self.execution_id)
                     raise _timed_out(self.execution_id, now, timeout) from None
