@@ -4,7 +4,8 @@ The ledger API (SPEC section 3) is importable from here.
 """
 
 from .errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
-from .sqlite.backend import SqliteBackend, open_backend
+from .backends import open_backend
+from .sqlite.backend import SqliteBackend
 from .values import (
     Completed,
     DeliveryEnd,

@@ -55,7 +55,7 @@ from .ledger_calls import LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
 from .nudge import NudgeListener
 from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
-from .sqlite.backend import open_backend
+from .backends import open_backend
 
 log = logging.getLogger("yieldstar.supervisor")
 

@@ -21,7 +21,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from supervisor.errors import StorageError
-from supervisor.sqlite.backend import open_backend
+from supervisor.backends import open_backend
 from supervisor.values import ExecutionLease, Retry
 
 from .driver import run_delivery, storage_retry

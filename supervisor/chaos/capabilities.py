@@ -20,7 +20,7 @@ from .fleet import CLOCK_SKEW_ENV, ROOT
 
 CLOCK_PROBE = """
 import json, os, sys, time
-from supervisor.sqlite.backend import open_backend
+from supervisor.backends import open_backend
 with open_backend(sys.argv[1]) as backend:
     before = time.time_ns() // 1_000_000
     record = backend.executions.admit("clock-probe", "clock-probe")

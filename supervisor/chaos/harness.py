@@ -53,7 +53,8 @@ import psutil
 from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
 
 from ..errors import InvalidArgument, YieldstarError
-from ..sqlite.backend import SqliteBackend, open_backend
+from ..backends import open_backend
+from ..sqlite.backend import SqliteBackend
 from . import faults
 from .capabilities import applicable_kinds
 from .checker import check

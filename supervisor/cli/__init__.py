@@ -37,7 +37,7 @@ from typing import Any
 import click
 
 from ..errors import UnknownExecution, YieldstarError
-from ..sqlite.backend import open_backend
+from ..backends import open_backend
 
 EXIT_UNKNOWN = 1
 EXIT_BAD_INPUT = 2

@@ -1,0 +1,32 @@
+"""`open_backend(target)`: the ledger a target names, whichever backend keeps it.
+
+Every caller (the supervisor, its children, the command line, the client, the chaos harness)
+opens its ledger here, so that the backend is chosen in one place. A `postgresql://` or
+`postgres://` URI names a PostgreSQL database (SPEC section 7); anything else is the path of
+a SQLite file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import InvalidArgument
+from .sqlite.backend import SqliteBackend
+from .sqlite.backend import open_backend as open_sqlite
+
+URI_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_uri(target) -> bool:
+    return isinstance(target, str) and target.startswith(URI_SCHEMES)
+
+
+def open_backend(target, *, clock=None, redelivery_delay=None, durability="normal", create=True) -> SqliteBackend:
+    """Open the ledger at `target` (see SPEC section 3 for the arguments)."""
+    if is_uri(target):
+        raise InvalidArgument(f"{target.split('://')[0]}:// ledgers are not supported by this version: give the path"
+                              " of a SQLite file")
+    if not isinstance(target, (str, os.PathLike)):
+        raise InvalidArgument(f"the ledger must be a path (str or os.PathLike), not {type(target).__name__}")
+    return open_sqlite(target, clock=clock, redelivery_delay=redelivery_delay, durability=durability,
+                       create=create)
