@@ -18,6 +18,7 @@ changed, or it took a different path, and its records can no longer be trusted t
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 import json
 import traceback
 from typing import Any, Callable, Optional
@@ -40,6 +41,10 @@ AUTO_PREFIX = "@"
 _to_json = json.JSONEncoder(allow_nan=False).encode
 # Values of exactly these types come back from a JSON round trip unchanged.
 _JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def error_info(exc: BaseException) -> dict:
@@ -91,17 +96,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         again after a delay (the workflow suspends meanwhile); once it fails for good,
         `StepFailed` is raised into the workflow.
         """
-        if isinstance(key_or_fn, str):
-            if not args or not callable(args[0]):
-                raise InvalidArgument(f"ctx.run({key_or_fn!r}, fn, ...) needs a callable after the step key")
-            key, fn, args = self._named_key(key_or_fn), args[0], args[1:]
-        elif callable(key_or_fn):
-            fn = key_or_fn
-            key = self._auto_key(fn)
-        else:
-            raise InvalidArgument(f"ctx.run() takes a step key or a callable first, not {type(key_or_fn).__name__}")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        key, fn, args = self._step_call(key_or_fn, args, retry)
         return self._step(key, fn, args, kwargs, retry)
 
     def sleep(self, key: str, seconds: float) -> None:
@@ -123,6 +118,21 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         self._timer(self._named_key(key), lambda now: target)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _step_call(self, key_or_fn: Any, args: tuple, retry: Any) -> tuple[str, Callable, tuple]:
+        """The step key, function and arguments of a `ctx.run(...)` call."""
+        if isinstance(key_or_fn, str):
+            if not args or not callable(args[0]):
+                raise InvalidArgument(f"ctx.run({key_or_fn!r}, fn, ...) needs a callable after the step key")
+            key, fn, args = self._named_key(key_or_fn), args[0], args[1:]
+        elif callable(key_or_fn):
+            fn = key_or_fn
+            key = self._auto_key(fn)
+        else:
+            raise InvalidArgument(f"ctx.run() takes a step key or a callable first, not {type(key_or_fn).__name__}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        return key, fn, args
 
     def _guard(self) -> None:
         """Once the workflow unwound, nothing may carry on, however the unwinding was caught."""
@@ -202,16 +212,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         return self._replay(key, record)
 
     def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
-        record = self._recorded.get(key)
-        attempt = 1
-        if record is not None:
-            if record.done:
-                return self._replay(key, record)
-            retry_at = json.loads(record.step_response_json).get("retry_at")
-            attempt = record.attempt + 1
-            if retry_at is not None and self._now() < retry_at:
-                self._suspend_until(retry_at)
-        self.steps_run += 1
+        attempt, replayed = self._step_start(key)
+        if attempt is None:
+            return replayed
         try:
             value = fn(*args, **kwargs)
         except StorageError as exc:
@@ -220,6 +223,29 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
             raise self._writer.failed(exc) from exc
         except Exception as exc:
             return self._failed_attempt(key, attempt, exc, policy)
+        if inspect.iscoroutine(value):
+            value.close()  # never run: nothing of it happened
+            raise InvalidArgument(f"step {key!r}: {_name(fn)} is a coroutine function; run it from an async def"
+                                  " workflow, with await ctx.run(...)")
+        return self._step_done(key, attempt, value)
+
+    def _step_start(self, key: str) -> tuple[Optional[int], Any]:
+        """`(None, value)` for a step whose recorded value replays, else `(attempt, None)` for a
+        step whose function runs now (a retry backoff not yet over suspends instead)."""
+        record = self._recorded.get(key)
+        attempt = 1
+        if record is not None:
+            if record.done:
+                return None, self._replay(key, record)
+            retry_at = json.loads(record.step_response_json).get("retry_at")
+            attempt = record.attempt + 1
+            if retry_at is not None and self._now() < retry_at:
+                self._suspend_until(retry_at)
+        self.steps_run += 1
+        return attempt, None
+
+    def _step_done(self, key: str, attempt: int, value: Any) -> Any:
+        """Record the value a step's function returned, and return the recorded value."""
         try:
             response = _to_json({"value": value})
         except (TypeError, ValueError) as exc:

@@ -11,6 +11,9 @@
 | meets a storage error anywhere in the delivery     | `Retry(reason, storage_error=kind)`: never a workflow outcome |
 | loses its lease, or its parent goes silent         | `LeaseLost`: stopped at once, no more writes |
 
+An `async def` workflow runs on an event loop of its own for the delivery (`asyncio.run`), with
+an `AsyncWorkflowContext`, and ends in the same outcomes by the same rules.
+
 A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
 `StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
 own reads, the clock of a backend that asks its server, or a step function that called the
@@ -27,12 +30,15 @@ claimable not yet due, ask for a wake that is already due, and be claimed again 
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 from typing import Callable, Optional
 
 from supervisor.errors import StorageError
 from supervisor.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
+from .async_context import AsyncWorkflowContext
 from .context import WorkflowContext, error_info
 from .fenced import FencedWriter, always
 from .registry import Registry
@@ -80,10 +86,14 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
             known = ", ".join(registry.names()) or "none"
             return failure("UnknownWorkflow",
                            f"no workflow is registered as {execution.workflow!r} (registered: {known})")
-        ctx = WorkflowContext(writer, execution, backend.heap.steps(lease.execution_id), backend.clock,
-                              claimed_at)
+        asynchronous = inspect.iscoroutinefunction(fn)
+        context = AsyncWorkflowContext if asynchronous else WorkflowContext
+        ctx = context(writer, execution, backend.heap.steps(lease.execution_id), backend.clock, claimed_at)
         try:
-            result = fn(ctx, json.loads(execution.input_json))
+            if asynchronous:  # on an event loop of its own, closed with the delivery
+                result = asyncio.run(fn(ctx, json.loads(execution.input_json)))
+            else:
+                result = fn(ctx, json.loads(execution.input_json))
         except Suspend:
             return Suspended()
         except StopDelivery:

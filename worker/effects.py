@@ -8,12 +8,16 @@ the idempotency key, and the ledger keeps the first settled result for everyone.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.arguments import to_json
 from supervisor.values import SettleConflict
 
 from .retry import RetryPolicy
+
+
+class Settled(NamedTuple):
+    value: Any
 
 
 class EffectsMixin:
@@ -29,20 +33,26 @@ class EffectsMixin:
         """
         key = self._named_key(key)
         effect_id = self._derived_id(key)
-        effects = self._backend.effects
         if external:
             return self._external_effect(key, effect_id, fn)
 
         def perform() -> Any:
-            state = self._writer.call(effects.begin, effect_id)
-            if state.status == "settled":  # another holder, or an outside system, got there first
-                return json.loads(state.result_json)
-            result_json = to_json(f"the result of effect {key!r}", fn(effect_id))
-            reply = self._writer.call(effects.settle, effect_id, result_json)
-            kept = reply.kept_result_json if isinstance(reply, SettleConflict) else reply.result_json
-            return json.loads(kept)
+            settled = self._effect_begin(effect_id)
+            return settled.value if settled is not None else self._effect_settle(key, effect_id, fn(effect_id))
 
         return self._step(key, perform, (), {}, retry)
+
+    def _effect_begin(self, effect_id: str) -> Optional["Settled"]:
+        """Begin the effect; its result if it is settled already (by another holder, or an
+        outside system), else None: the caller performs it and settles it."""
+        state = self._writer.call(self._backend.effects.begin, effect_id)
+        return Settled(json.loads(state.result_json)) if state.status == "settled" else None
+
+    def _effect_settle(self, key: str, effect_id: str, result: Any) -> Any:
+        """Settle the effect with `result`; returns the result kept (the first one settled)."""
+        result_json = to_json(f"the result of effect {key!r}", result)
+        reply = self._writer.call(self._backend.effects.settle, effect_id, result_json)
+        return json.loads(reply.kept_result_json if isinstance(reply, SettleConflict) else reply.result_json)
 
     def _external_effect(self, key: str, effect_id: str, fn: Callable[[str], Any]) -> Any:
         # The request is a step of its own, and its key is taken like any other: a step the

@@ -15,6 +15,7 @@ ledger, so a test can see what really ran, in which process and under which fenc
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -194,4 +195,34 @@ def _before_hold_after(ctx, input):
     ctx.run("before", logged_step, log, ctx.execution_id, ctx.token, "before")
     pid = ctx.run("hold", held_step, log, ctx.execution_id, ctx.token, input["gate"], input.get("hold_tokens"))
     ctx.run("after", logged_step, log, ctx.execution_id, ctx.token, "after")
+    return {"token": ctx.token, "pid": pid}
+
+
+# -- async workflows ----------------------------------------------------------------------------
+
+async def async_logged_step(log: str, execution_id: str, token: int, key: str) -> str:
+    """`logged_step` as a coroutine: it yields to the event loop between its two lines."""
+    log_event(log, "begin", execution_id, token, key)
+    await asyncio.sleep(0.001)
+    log_event(log, "end", execution_id, token, key)
+    return key
+
+
+@workflow("sv.async3")
+async def async3(ctx, input):
+    """Three logged steps of an `async def` workflow: async, sync, async."""
+    log = input["log"]
+    one = await ctx.run("one", async_logged_step, log, ctx.execution_id, ctx.token, "one")
+    await ctx.run("two", logged_step, log, ctx.execution_id, ctx.token, "two")
+    three = await ctx.run("three", async_logged_step, log, ctx.execution_id, ctx.token, "three")
+    return [one, "two", three]
+
+
+@workflow("sv.async_hold")
+async def async_hold(ctx, input):
+    """`sv.hold` as an `async def` workflow: `before`, `hold` (gated on `hold_tokens`), `after`."""
+    log = input["log"]
+    await ctx.run("before", logged_step, log, ctx.execution_id, ctx.token, "before")
+    pid = await ctx.run("hold", held_step, log, ctx.execution_id, ctx.token, input["gate"], input.get("hold_tokens"))
+    await ctx.run("after", async_logged_step, log, ctx.execution_id, ctx.token, "after")
     return {"token": ctx.token, "pid": pid}

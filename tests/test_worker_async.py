@@ -1,0 +1,284 @@
+"""`async def` workflows (SPEC section 9): the sync SDK's replay, retry, suspension, fencing and
+unwinding rules, with sync and async step functions, in-process and under a real supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections import Counter
+
+import pytest
+
+from faults import (TESTS, admit, db, dump_on_hang, freeze, ledger, read_log, step_tokens, supervisors, wait_gone,
+                    wait_until)
+from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Retry, Suspended, open_backend
+from worker import Registry, RetryableError, StepFailed, run_delivery
+from worker.testing import FakeClock, run_workflow
+
+__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+
+LEASE_MS = 30_000
+calls: Counter = Counter()
+hooks: dict = {}
+registry = Registry()
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls():
+    calls.clear()
+    hooks.clear()
+    yield
+
+
+async def fetch(x):
+    await asyncio.sleep(0)  # really suspends the coroutine once
+    calls["fetch"] += 1
+    return x * 2
+
+
+def plain(x):
+    calls["plain"] += 1
+    hook = hooks.get("plain")
+    if hook is not None:
+        hook()
+    return x + 1
+
+
+async def flaky(n):
+    calls["flaky"] += 1
+    if calls["flaky"] <= n:
+        raise RetryableError("not yet", max_attempts=5, interval=2.0)
+    return calls["flaky"]
+
+
+async def broken():
+    raise KeyError("no such order")
+
+
+@registry.workflow("a.mixed")
+async def mixed(ctx, input):
+    doubled = await ctx.run("fetch", fetch, input)
+    await ctx.sleep("nap", 10)
+    plus = await ctx.run("plain", plain, doubled)
+    return [doubled, plus, await ctx.run(fetch, plus)]
+
+
+@registry.workflow("a.retry")
+async def retry(ctx, input):
+    return await ctx.run("flaky", flaky, input)
+
+
+@registry.workflow("a.catch")
+async def catch(ctx, input):
+    try:
+        await ctx.run("broken", broken)
+    except StepFailed as failed:
+        return {"caught": failed.error_type}
+
+
+@registry.workflow("a.swallow")
+async def swallow(ctx, input):
+    try:
+        await ctx.sleep("t", 5)
+    except Exception:  # noqa: BLE001 - what the test shows cannot catch a suspension
+        return "swallowed"
+    return "slept"
+
+
+@registry.workflow("a.gather")
+async def gather(ctx, input):
+    return await asyncio.gather(ctx.run("x", fetch, 1), ctx.run("y", fetch, 2))
+
+
+@registry.workflow("a.sync_calls_async")
+def sync_calls_async(ctx, input):
+    return ctx.run("x", fetch, 1)
+
+
+@registry.workflow("a.child")
+async def child(ctx, input):
+    return await ctx.run("fetch", fetch, input)
+
+
+@registry.workflow("a.parent")
+async def parent(ctx, input):
+    first = await ctx.start("child", "a.child", input)
+    return {"child": first, "result": await ctx.wait_for(first)}
+
+
+@registry.workflow("a.effect")
+async def effect(ctx, input):
+    async def charge(effect_id):
+        calls["charge"] += 1
+        await asyncio.sleep(0)
+        return {"charged": effect_id}
+
+    receipt = await ctx.effect("charge", charge)
+    await ctx.sleep("after", 1)
+    return receipt
+
+
+@registry.workflow("a.store")
+async def store(ctx, input):
+    box = ctx.store("box")
+    await box.get_or_create("create", [])
+    await box.update("add", lambda items: items + [input])
+    return await box.take("take", input)
+
+
+def record_of(backend, execution_id):
+    record = backend.executions.get(execution_id)
+    return record.status, json.loads(record.result_json or "null"), json.loads(record.error_json or "null")
+
+
+# -- in-process ---------------------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+def test_sync_and_async_steps_record_once_and_replay_after_a_timer():
+    record = run_workflow(registry, "a.mixed", 3)
+    assert record.status == "completed" and json.loads(record.result_json) == [6, 7, 14]
+    # fetch(3) ran before the timer and replayed after it; plain and the unnamed fetch once each.
+    assert calls == {"fetch": 2, "plain": 1}
+
+
+@pytest.mark.timeout(30)
+def test_an_async_step_is_retried_at_its_interval_then_succeeds(tmp_path):
+    clock = FakeClock()
+    with open_backend(tmp_path / "l.db", clock=clock, redelivery_delay=lambda n: 1) as backend:
+        started = clock.now
+        record = run_workflow(registry, "a.retry", 2, backend=backend, clock=clock)
+        assert record.status == "completed" and json.loads(record.result_json) == 3
+        attempts = [(s.attempt, s.done) for s in backend.heap.steps("test-execution")]
+        assert attempts == [(1, False), (2, False), (3, True)]
+        assert clock.now - started >= 4000  # two backoffs of 2 s on the fake clock
+
+
+@pytest.mark.timeout(30)
+def test_an_async_step_failure_is_a_step_failed_the_workflow_can_catch():
+    record = run_workflow(registry, "a.catch")
+    assert json.loads(record.result_json) == {"caught": "KeyError"}
+
+
+@pytest.mark.timeout(30)
+def test_except_exception_in_an_async_workflow_cannot_swallow_a_suspension():
+    assert json.loads(run_workflow(registry, "a.swallow").result_json) == "slept"
+
+
+@pytest.mark.timeout(30)
+def test_steps_started_together_are_refused_and_fail_the_execution():
+    record = run_workflow(registry, "a.gather")
+    error = json.loads(record.error_json)
+    assert record.status == "failed" and error["type"] == "InvalidArgument"
+    assert "one at a time" in error["message"]
+
+
+@pytest.mark.timeout(30)
+def test_a_sync_workflow_running_a_coroutine_function_gets_a_clear_error():
+    record = run_workflow(registry, "a.sync_calls_async")
+    error = json.loads(record.error_json)
+    assert record.status == "failed" and "fetch is a coroutine function" in error["message"]
+
+
+@pytest.mark.timeout(30)
+def test_an_async_parent_starts_and_waits_for_an_async_child():
+    record = run_workflow(registry, "a.parent", 5)
+    result = json.loads(record.result_json)
+    assert record.status == "completed" and result["result"] == 10
+
+
+@pytest.mark.timeout(30)
+def test_an_async_effect_is_performed_once_across_a_suspension():
+    record = run_workflow(registry, "a.effect")
+    assert json.loads(record.result_json) == {"charged": "test-execution/charge"}
+    assert calls["charge"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_async_store_operations_apply_once():
+    assert json.loads(run_workflow(registry, "a.store", {"n": 1}).result_json) == {"n": 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_stale_async_holder_is_stopped_and_writes_nothing_more(tmp_path):
+    clock = FakeClock()
+    with open_backend(tmp_path / "l.db", clock=clock, redelivery_delay=lambda n: 1) as backend:
+        backend.executions.admit("e1", "a.mixed", "1")
+        stale = backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
+
+        def take_over():  # inside the `plain` step of the first delivery after the timer
+            clock.now = stale.expires_at + 1
+            assert backend.executions.claim_due(limit=1, duration=LEASE_MS)[0].token == stale.token + 1
+
+        assert run_delivery(backend, stale, registry) == Suspended()  # fetch, then the timer
+        assert backend.executions.acknowledge(stale, Suspended()) == Suspended()
+        clock.now += 10_000
+        stale = backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
+        hooks["plain"] = take_over
+        before = step_tokens(tmp_path / "l.db", "e1")
+
+        assert run_delivery(backend, stale, registry) == LeaseLost()
+
+        assert step_tokens(tmp_path / "l.db", "e1") == before  # plain's write refused
+        assert calls == {"fetch": 1, "plain": 1}  # nothing ran after the refused write
+        assert backend.executions.acknowledge(stale, Completed("1")) == LeaseLost()
+
+
+@pytest.mark.timeout(30)
+def test_a_busy_database_in_an_async_workflow_asks_for_a_retry(tmp_path):
+    path = tmp_path / "l.db"
+    with open_backend(path, redelivery_delay=lambda n: 1) as backend:
+        backend.executions.admit("e1", "a.mixed", "1")
+        lease = backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
+        backend.connection.raw.execute("PRAGMA busy_timeout = 50")
+        locker = sqlite3.connect(path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        try:
+            outcome = run_delivery(backend, lease, registry)
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert isinstance(outcome, Retry) and "locked" in outcome.reason
+        assert backend.heap.steps("e1") == []
+        assert calls["fetch"] == 1  # it ran; its write was the one the lock held up
+
+
+# -- under a real supervisor --------------------------------------------------------------------
+
+APP = str(TESTS / "apps" / "supervised_app.py")
+
+
+@pytest.mark.timeout(60)
+def test_async_workflows_run_under_a_supervisor(db, ledger, supervisors, tmp_path):
+    log = str(tmp_path / "effects.log")
+    supervisors.start(db, concurrency=2)
+    for n in range(4):
+        admit(db, f"async-{n}", "sv.async3", {"log": log})
+    wait_until(lambda: all(ledger.executions.get(f"async-{n}").status == "completed" for n in range(4)),
+               timeout=30)
+    for n in range(4):
+        assert json.loads(ledger.executions.get(f"async-{n}").result_json) == ["one", "two", "three"]
+    begun = Counter((e.execution_id, e.step_key) for e in read_log(log) if e.event == "begin")
+    assert set(begun.values()) == {1} and len(begun) == 12
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_async_worker_is_killed_and_replaced_and_its_execution_delivered_again(db, ledger, supervisors,
+                                                                                       tmp_path):
+    log, gate = str(tmp_path / "effects.log"), str(tmp_path / "gate")
+    admit(db, "frozen", "sv.async_hold", {"log": log, "gate": gate, "hold_tokens": [1]})
+    supervisor = supervisors.start(db, concurrency=1)
+    frozen = wait_until(lambda: next((e for e in read_log(log) if e.event == "waiting" and e.token == 1), None)).pid
+    freeze(frozen)
+    supervisor.wait_log(f"worker pid {frozen} silent for")
+    wait_gone([frozen], timeout=10)  # killed while frozen: it never ran again
+    wait_until(lambda: ledger.executions.get("frozen").status == "completed", timeout=20)
+    first, second = ledger.executions.history("frozen")
+    assert (first.token, first.ended_by) == (1, "superseded")
+    assert (second.token, second.ended_by, second.outcome) == (2, "acknowledged", "completed")
+    assert [(key, token) for key, _, token in step_tokens(db, "frozen")] == [("before", 1), ("hold", 2), ("after", 2)]
+    assert json.loads(ledger.executions.get("frozen").result_json)["pid"] != frozen
+    stale = ExecutionLease("frozen", 1, first.expires_at)
+    assert ledger.executions.acknowledge(stale, Failed('{"type": "late"}')) == LeaseLost()
+    assert ledger.heap.write_step(stale, step_key="late", step_attempt=1, done=True,
+                                  step_response_json='{"value": 1}') == LeaseLost()
