@@ -252,14 +252,15 @@ APP = str(TESTS / "apps" / "supervised_app.py")
 def test_async_workflows_run_under_a_supervisor(db, ledger, supervisors, tmp_path):
     log = str(tmp_path / "effects.log")
     supervisors.start(db, concurrency=2)
-    for n in range(4):
-        admit(db, f"async-{n}", "sv.async3", {"log": log})
+    for n in range(4):  # half of them suspend on a timer after their first step
+        admit(db, f"async-{n}", "sv.async3", {"log": log, "pause": 0.3 if n % 2 else 0})
     wait_until(lambda: all(ledger.executions.get(f"async-{n}").status == "completed" for n in range(4)),
                timeout=30)
     for n in range(4):
         assert json.loads(ledger.executions.get(f"async-{n}").result_json) == ["one", "two", "three"]
     begun = Counter((e.execution_id, e.step_key) for e in read_log(log) if e.event == "begin")
-    assert set(begun.values()) == {1} and len(begun) == 12
+    assert set(begun.values()) == {1} and len(begun) == 12  # the replay after a timer ran no step again
+    assert [h.outcome for h in ledger.executions.history("async-1")] == ["suspended", "completed"]
 
 
 @pytest.mark.timeout(90)

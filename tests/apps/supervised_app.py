@@ -210,9 +210,12 @@ async def async_logged_step(log: str, execution_id: str, token: int, key: str) -
 
 @workflow("sv.async3")
 async def async3(ctx, input):
-    """Three logged steps of an `async def` workflow: async, sync, async."""
+    """Three logged steps of an `async def` workflow: async, a durable timer of
+    `input["pause"]` seconds (if any), sync, async."""
     log = input["log"]
     one = await ctx.run("one", async_logged_step, log, ctx.execution_id, ctx.token, "one")
+    if input.get("pause"):
+        await ctx.sleep("pause", input["pause"])
     await ctx.run("two", logged_step, log, ctx.execution_id, ctx.token, "two")
     three = await ctx.run("three", async_logged_step, log, ctx.execution_id, ctx.token, "three")
     return [one, "two", three]
