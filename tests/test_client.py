@@ -36,6 +36,19 @@ def rows(db: Path) -> list[tuple]:
         return conn.execute("SELECT execution_id, workflow, input_json, status FROM executions ORDER BY 1").fetchall()
 
 
+def tell_when_read(client: Client) -> threading.Event:
+    """An event set once the client has read an execution's record (a waiter's first look)."""
+    read, get = threading.Event(), client.backend.executions.get
+
+    def get_and_tell(execution_id):
+        record = get(execution_id)
+        read.set()
+        return record
+
+    client.backend.executions.get = get_and_tell
+    return read
+
+
 # -- across processes, with a real supervisor -----------------------------------------------------
 
 @pytest.mark.timeout(60)
@@ -126,10 +139,11 @@ def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(db, supervisors, 
     with Client(db, poll_s=0.2) as client:
         handle = client.start("cl.gated", {"gate": str(gate), "value": 3})
         waiting: list = []
+        read = tell_when_read(client)
         waiter = threading.Thread(target=lambda: waiting.append(handle.result(timeout=30)))
         waiter.start()
+        assert read.wait(10)  # it found the execution not yet ended, and waits
         folder = outcomes_dir(str(db))
-        wait_until(lambda: os.path.isdir(folder) and os.listdir(folder))
         for name in os.listdir(folder):
             os.unlink(os.path.join(folder, name))  # nobody can tell this client any more
         gate.touch()
@@ -141,6 +155,11 @@ def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(db, supervisors, 
 def test_an_execution_purged_while_its_result_is_awaited_is_unknown(db):
     with Client(db, poll_s=0.2) as client:
         handle = client.start("cl.echo", 1)  # no supervisor runs it
+        folder = outcomes_dir(str(db))
+        client._watching()
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))  # it learns of the end only by polling, too late
+        read = tell_when_read(client)
         raised: list = []
 
         def wait() -> None:
@@ -151,10 +170,7 @@ def test_an_execution_purged_while_its_result_is_awaited_is_unknown(db):
 
         waiter = threading.Thread(target=wait)
         waiter.start()
-        folder = outcomes_dir(str(db))
-        wait_until(lambda: os.path.isdir(folder) and os.listdir(folder))
-        for name in os.listdir(folder):
-            os.unlink(os.path.join(folder, name))  # it learns of the end only by polling, too late
+        assert read.wait(10)  # it found the execution not yet ended, and waits
         with open_backend(db) as backend:
             backend.executions.cancel(handle.execution_id)
             assert backend.executions.purge(before=backend.clock() + 1) == 1
