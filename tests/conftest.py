@@ -68,3 +68,17 @@ def backend(db_path, clock):
 def db_snapshot():
     """`db_snapshot(path)` -> a deterministic dump of every table, for "nothing changed" checks."""
     return snapshot
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A throwaway PostgreSQL cluster for the whole run, on a Unix socket only (tests/pgcluster.py)."""
+    from pgcluster import cluster_fixture
+
+    yield from cluster_fixture()
+
+
+@pytest.fixture
+def pg_uri(pg_cluster) -> str:
+    """The URI of a fresh, empty database of the test's own."""
+    return pg_cluster.new_database()

@@ -1,0 +1,235 @@
+"""One PostgreSQL connection, the settings every session of the ledger runs with, the single way
+to run a transaction, and the one place where PostgreSQL's errors become Yieldstar's.
+
+Isolation. Transactions run at READ COMMITTED; a read-modify-write locks the rows it decides on
+(`SELECT ... FOR UPDATE`, or `FOR SHARE` inside a fenced statement), so that a claim that moves a
+token and a stale holder's write can never both commit (SPEC section 7). No transaction is ever
+retried on a serialization failure: there are none at this level, and a deadlock between two
+writers is reported as `StorageBusy`, which the caller retries like a busy SQLite file.
+
+Settings (`Connection._settings`). `lock_timeout` bounds how long a statement waits for a row lock;
+`idle_in_transaction_session_timeout` makes the server end a session that sits inside a
+transaction (a client frozen or cut off mid-transaction), so that it cannot keep an execution
+row locked for long; TCP keepalives and `tcp_user_timeout` let the client notice a dead link
+(both only mean something on TCP; a Unix socket ignores them). `application_name` names the
+session in `pg_stat_activity`.
+
+Errors, by SQLSTATE class (https://www.postgresql.org/docs/current/errcodes-appendix.html):
+
+    a broken connection (08xxx, no code), 57P01-3 (shutdown), 53xxx,
+    25P03 (idle in transaction too long)                    StorageUnavailable  transient
+    55P03 (lock timeout), 40001, 40P01 (deadlock), 57014    StorageBusy         transient
+    3D000 (no such database)                                NoLedger            lasting
+    28xxx (authentication), 42501 (no privilege)            LedgerGone          lasting
+    XX001, XX002 (data corrupted)                           StorageCorrupt      lasting
+
+Any other error (a syntax or constraint error, a call on a closed backend) is a mistake in the
+calling code and propagates unchanged. A connection that broke is closed, and the next call
+opens a new one: a server restart costs the calls made while it was down, nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from contextlib import contextmanager
+from typing import Any, ContextManager, Iterator, NoReturn, Optional, Sequence
+
+from ..errors import (
+    InvalidArgument,
+    LedgerGone,
+    NoLedger,
+    StorageBusy,
+    StorageCorrupt,
+    StorageError,
+    StorageUnavailable,
+)
+from ..sqlite.connection import Rows
+
+LOCK_TIMEOUT_MS = 15_000  # as SQLite's busy timeout
+IDLE_IN_TRANSACTION_MS = 30_000
+CONNECT_TIMEOUT_S = 10
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+              "tcp_user_timeout": 10_000}
+# `durability`: "normal" lets a commit return before its WAL record is flushed (a server crash may
+# lose the last moments of commits, never corrupt anything); "full" waits for the flush. Claims
+# flush whatever this says (see `Connection.write(flush=True)`): a claim lost in a crash could
+# hand out the same token twice.
+SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
+
+
+def redacted(uri: str) -> str:
+    """The URI without its password, for messages and logs."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def storage_error(exc: Exception, target: str) -> Optional[StorageError]:
+    """The contract error for a psycopg error met on the database `target`; None for a mistake."""
+    import psycopg
+
+    code = getattr(exc, "sqlstate", None) or _refused_connection_code(str(exc))
+    where = redacted(target)
+    if isinstance(exc, psycopg.OperationalError) and (not code or code.startswith("08")):
+        return StorageUnavailable(f"the ledger database {where} cannot be reached: {_first_line(exc)}")
+    if code in ("55P03", "40001", "40P01", "57014"):
+        return StorageBusy(f"the ledger database {where} is busy: {_first_line(exc)} (lock timeout"
+                           f" {LOCK_TIMEOUT_MS} ms)")
+    if code.startswith("53") or code in ("57P01", "57P02", "57P03", "25P03"):
+        return StorageUnavailable(f"the ledger database {where} failed the call: {_first_line(exc)}")
+    if code == "3D000":
+        return NoLedger(f"no ledger database at {where}: {_first_line(exc)}; create it (createdb) or check the URI")
+    if code.startswith("28") or code == "42501":
+        return LedgerGone(f"the ledger database {where} refuses this user: {_first_line(exc)}; check the role and"
+                          f" its privileges")
+    if code in ("XX001", "XX002"):
+        return StorageCorrupt(f"the ledger database {where} reports corrupt data: {_first_line(exc)}; see the"
+                              f" server's log and restore from a backup")
+    return None
+
+
+# A connection the server refuses carries no SQLSTATE in psycopg, only the server's message.
+_REFUSALS = (("does not exist", "database \"", "3D000"), ("password authentication failed", "", "28P01"),
+             ("no pg_hba.conf entry", "", "28000"), ("permission denied for database", "", "42501"))
+
+
+def _refused_connection_code(message: str) -> str:
+    if "FATAL" not in message:
+        return ""
+    if 'role "' in message and "does not exist" in message:
+        return "28000"
+    return next((code for text, also, code in _REFUSALS if text in message and also in message), "")
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def check_uri(uri: Any) -> str:
+    if not isinstance(uri, str) or not uri.startswith(("postgresql://", "postgres://")):
+        raise InvalidArgument(f"a PostgreSQL ledger is named by a postgresql:// URI, not {uri!r}")
+    return uri
+
+
+class Session:
+    """What a transaction's block runs its statements on: every statement's rows fetched at once."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        cursor = self._conn.execute(sql, params)
+        rows = cursor.fetchall() if cursor.description is not None else []
+        return Rows(rows, cursor.rowcount)
+
+
+class Connection:
+    """A thread-safe wrapper around one psycopg connection, opened again after it breaks."""
+
+    def __init__(self, uri: str, *, durability: str = "normal", lock_timeout_ms: int = LOCK_TIMEOUT_MS,
+                 idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS):
+        self.target = check_uri(uri)
+        if durability not in SYNCHRONOUS_COMMIT:
+            raise InvalidArgument(f"durability must be one of {sorted(SYNCHRONOUS_COMMIT)}, got {durability!r}")
+        self.durability = durability
+        self._settings = {"lock_timeout": str(lock_timeout_ms),
+                          "idle_in_transaction_session_timeout": str(idle_in_transaction_ms),
+                          "synchronous_commit": SYNCHRONOUS_COMMIT[durability]}
+        self._lock = threading.RLock()
+        self._conn = None
+        self._closed = False
+        with self._lock:
+            self._connected()
+
+    def _connected(self):
+        """The open connection, opening one if there is none (the last one broke)."""
+        if self._closed:
+            raise InvalidArgument("the backend is closed")
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        import psycopg
+
+        options = " ".join(f"-c {name}={value}" for name, value in self._settings.items())
+        try:
+            self._conn = psycopg.connect(self.target, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                         options=options, application_name="yieldstar", **KEEPALIVES)
+        except psycopg.Error as exc:
+            self._raise_mapped(exc)
+        return self._conn
+
+    def write(self, *, flush: bool = False) -> ContextManager[Session]:
+        """Run the block in one READ COMMITTED transaction: commit on success, else roll back.
+        `flush`: the commit waits for its WAL record to reach the disk, whatever the durability."""
+        return self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED", flush)
+
+    def read(self) -> ContextManager[Session]:
+        """Run the block in one read-only transaction that sees one snapshot."""
+        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", False)
+
+    @contextmanager
+    def _transaction(self, begin: str, flush: bool) -> Iterator[Session]:
+        import psycopg
+
+        with self._lock:
+            conn = self._connected()
+            try:
+                conn.execute(begin)
+                if flush and self.durability != "full":
+                    conn.execute("SET LOCAL synchronous_commit = on")
+            except psycopg.Error as exc:
+                self._failed(exc)
+            try:
+                yield Session(conn)
+            except psycopg.Error as exc:
+                self._failed(exc)
+            except BaseException:
+                self._roll_back()
+                raise
+            try:
+                conn.execute("COMMIT")
+            except psycopg.Error as exc:
+                self._failed(exc)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        """One statement, atomic on its own; its rows are fetched at once."""
+        import psycopg
+
+        with self._lock:
+            conn = self._connected()
+            try:
+                return Session(conn).execute(sql, params)
+            except psycopg.Error as exc:
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        self._roll_back()
+        self._raise_mapped(exc)
+
+    def _roll_back(self) -> None:
+        """End the open transaction, if any; a connection that cannot is dropped (a new one is
+        opened by the next call), so that no transaction is ever left open."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        try:
+            if conn.info.transaction_status != 0:  # not IDLE
+                conn.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - whatever broke, the connection goes
+            conn.close()
+
+    def _raise_mapped(self, exc: Exception) -> NoReturn:
+        error = storage_error(exc, self.target)
+        if error is None:
+            raise exc
+        if self._conn is not None and (self._conn.broken or isinstance(error, StorageUnavailable)):
+            self._conn.close()  # the next call connects again
+        raise error from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()

@@ -1,0 +1,155 @@
+"""The PostgreSQL backend's connection and schema (SPEC section 7), against a real server: the
+schema is created once however many processes open a new database at once, a database that is
+not a ledger is refused untouched, and every way a session can fail becomes a storage error
+that the next call recovers from."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import urllib.parse
+
+import psycopg
+import pytest
+
+from supervisor.errors import LedgerGone, NoLedger, NotALedger, SchemaTooNew, StorageBusy, StorageUnavailable
+from supervisor.postgres.connection import Connection, redacted
+from supervisor.postgres.schema import SCHEMA_VERSION, TABLES, migrate
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def tables(uri: str) -> set[str]:
+    with psycopg.connect(uri) as conn:
+        return {name for (name,) in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'").fetchall()}
+
+
+def open_ledger(uri: str, **kwargs) -> Connection:
+    conn = Connection(uri, **kwargs)
+    with conn.write() as db:
+        migrate(db, uri)
+    return conn
+
+
+OPEN_AND_MIGRATE = """
+import sys
+from supervisor.postgres.connection import Connection
+from supervisor.postgres.schema import migrate
+conn = Connection(sys.argv[1])
+with conn.write() as db:
+    print(migrate(db, sys.argv[1]))
+"""
+
+
+def test_many_processes_opening_one_new_database_create_the_schema_once(pg_uri):
+    openers = [subprocess.Popen([sys.executable, "-c", OPEN_AND_MIGRATE, pg_uri], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(8)]
+    found = []
+    for opener in openers:
+        out, err = opener.communicate(timeout=50)
+        assert opener.returncode == 0, err
+        found.append(int(out))
+    assert sorted(found) == [0] + [SCHEMA_VERSION] * 7  # one created it; the others found it made
+    assert tables(pg_uri) == {*TABLES, "yieldstar_schema"}
+    with psycopg.connect(pg_uri) as conn:
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)]
+
+
+def test_a_database_holding_other_tables_is_refused_untouched(pg_uri):
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+    with pytest.raises(NotALedger, match="invoices"):
+        open_ledger(pg_uri)
+    assert tables(pg_uri) == {"invoices"}
+
+
+def test_a_ledger_of_a_newer_version_is_refused(pg_uri):
+    open_ledger(pg_uri).close()
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute("UPDATE yieldstar_schema SET version = version + 1")
+    with pytest.raises(SchemaTooNew, match=f"understands up to version {SCHEMA_VERSION}"):
+        open_ledger(pg_uri)
+
+
+def test_a_missing_database_is_no_ledger_naming_it(pg_cluster):
+    with pytest.raises(NoLedger, match="no ledger database at .*/nowhere"):
+        Connection(pg_cluster.uri("nowhere"))
+
+
+def test_a_role_that_may_not_connect_is_ledger_gone(pg_cluster, pg_uri):
+    with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
+        admin.execute("CREATE ROLE stranger LOGIN")
+        admin.execute(f'REVOKE CONNECT ON DATABASE "{urllib.parse.urlsplit(pg_uri).path[1:]}" FROM PUBLIC')
+    stranger = pg_uri.replace("postgres@", "stranger@", 1)
+    try:
+        with pytest.raises(LedgerGone, match="refuses this user"):
+            Connection(stranger)
+    finally:
+        with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
+            admin.execute("DROP OWNED BY stranger")
+            admin.execute("DROP ROLE stranger")
+
+
+def test_sessions_run_with_the_ledger_settings_and_claims_flush_whatever_the_durability(pg_uri):
+    for durability, committed in (("normal", "off"), ("full", "on")):
+        conn = Connection(pg_uri, durability=durability)
+        with conn.read() as db:
+            assert db.execute("SHOW synchronous_commit").fetchone() == (committed,)
+            assert db.execute("SHOW lock_timeout").fetchone() == ("15s",)
+            assert db.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("30s",)
+            assert db.execute("SHOW application_name").fetchone() == ("yieldstar",)
+        with conn.write(flush=True) as db:
+            assert db.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        conn.close()
+
+
+def test_a_killed_session_is_a_transient_error_and_the_next_call_connects_again(pg_cluster, pg_uri):
+    conn = open_ledger(pg_uri)
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+    with pytest.raises(StorageUnavailable) as raised:
+        conn.execute("SELECT 1")
+    assert raised.value.transient
+    assert conn.execute("SELECT count(*) FROM executions").fetchone() == (0,)  # a new session
+    assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] != pid
+
+
+def test_a_row_locked_past_the_lock_timeout_is_busy_and_the_transaction_is_rolled_back(pg_uri):
+    conn = open_ledger(pg_uri, lock_timeout_ms=200)
+    conn.execute("INSERT INTO stores VALUES ('s', '1', 1, 0, 0)")
+    with psycopg.connect(pg_uri) as holder:
+        holder.execute("SELECT * FROM stores WHERE name = 's' FOR UPDATE")
+        with pytest.raises(StorageBusy, match="busy"):
+            with conn.write() as db:
+                db.execute("UPDATE stores SET version = 2 WHERE name = 's'")
+                db.execute("UPDATE stores SET version = 3 WHERE name = 's'")
+        holder.rollback()
+    assert conn.execute("SELECT version FROM stores").fetchone() == (1,)
+    with conn.write() as db:  # the connection is usable again: nothing was left open
+        db.execute("UPDATE stores SET version = 4 WHERE name = 's'")
+    assert conn.execute("SELECT version FROM stores").fetchone() == (4,)
+
+
+def test_a_session_left_inside_a_transaction_is_ended_by_the_server(pg_uri):
+    conn = open_ledger(pg_uri, idle_in_transaction_ms=300)
+    conn.execute("INSERT INTO stores VALUES ('s', '1', 1, 0, 0)")
+    released = threading.Event()
+    # A client that froze mid-transaction (here: a block that waits) holds its row lock only until
+    # the server ends its session.
+    with pytest.raises(StorageUnavailable):
+        with conn.write() as db:
+            db.execute("SELECT * FROM stores WHERE name = 's' FOR UPDATE")
+            released.wait(1.5)
+            db.execute("SELECT 1")
+    with psycopg.connect(pg_uri) as other:
+        other.execute("SET lock_timeout = '1s'")
+        assert other.execute("SELECT version FROM stores WHERE name = 's' FOR UPDATE").fetchone() == (1,)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_messages_never_show_the_password():
+    assert redacted("postgresql://app:s3cret@db.internal/ledger") == "postgresql://app:***@db.internal/ledger"
+    assert redacted("postgresql://app@/ledger?host=/run") == "postgresql://app@/ledger?host=/run"
