@@ -22,7 +22,11 @@ ON CONFLICT (effect_id) DO UPDATE SET begun = begun + 1"""
 SETTLE = "UPDATE effects SET status = 'settled', result_json = ?, settled_at = ? WHERE effect_id = ?"
 CREATE_SETTLED = """
 INSERT INTO effects (effect_id, status, result_json, begun, conflicts, created_at, settled_at)
-VALUES (?, 'settled', ?, 0, 0, ?, ?)"""
+VALUES (?, 'settled', ?, 0, 0, ?, ?)
+ON CONFLICT (effect_id) DO NOTHING"""
+# Writes lock the effect's row first (see `executions.LOCKED`): a settle and a wait that checks
+# the status before it registers see each other's commits, never a state in between.
+GET_LOCKED = GET + " /*FOR UPDATE*/"
 CONFLICT = "UPDATE effects SET conflicts = conflicts + 1 WHERE effect_id = ?"
 
 
@@ -54,15 +58,18 @@ class SqliteEffectClient(EffectClient):
         now = self._clock()
         woke = False
         with self._conn.write() as db:
-            row = db.execute(GET, (effect_id,)).fetchone()
+            row = db.execute(GET_LOCKED, (effect_id,)).fetchone()
+            created = False
+            if row is None:  # settled from outside before any workflow began it
+                created = db.execute(CREATE_SETTLED, (effect_id, result_json, now, now)).rowcount == 1
+                if not created:  # another settle made it in the meantime: as if it came first
+                    row = db.execute(GET_LOCKED, (effect_id,)).fetchone()
             if row is not None and row[1] == "settled":
                 if arguments.canonical_json(row[2]) != arguments.canonical_json(result_json):
                     db.execute(CONFLICT, (effect_id,))
                     return SettleConflict(effect_id, row[2], result_json)
                 return _state(row)
-            if row is None:  # settled from outside before any workflow began it
-                db.execute(CREATE_SETTLED, (effect_id, result_json, now, now))
-            else:
+            if not created:
                 db.execute(SETTLE, (result_json, now, effect_id))
             woke = waiters.wake(db, waiters.EFFECT, effect_id, now, self._executions.wake_in)
             state = _state(db.execute(GET, (effect_id,)).fetchone())
@@ -74,7 +81,7 @@ class SqliteEffectClient(EffectClient):
         arguments.identifier("effect_id", effect_id)
         arguments.identifier("execution_id", execution_id)
         with self._conn.write() as db:
-            row = db.execute(GET, (effect_id,)).fetchone()
+            row = db.execute(GET_LOCKED, (effect_id,)).fetchone()
             if row is not None and row[1] == "settled":
                 return _state(row)
             waiters.register(db, waiters.EFFECT, effect_id, execution_id, self._clock())

@@ -19,8 +19,6 @@ import socket
 import sqlite3
 from typing import Callable, Optional
 
-import sqlite_utils
-
 from .. import arguments
 from ..errors import ExecutionConflict, UnknownExecution
 from ..ledger import ExecutionClient
@@ -54,6 +52,7 @@ RESUMABLE = (FAILED, CANCELLED)
 # How many executions one purge transaction deletes: small enough that each holds the write lock
 # for a few ms, so supervisors sharing the file barely notice a purge of millions.
 PURGE_BATCH = 100
+LIST_PAGE = 500  # rows `list` reads at a time, as a stored status may not be the status as of now
 
 COLUMNS = (
     "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
@@ -61,11 +60,18 @@ COLUMNS = (
     " result_json, error_json, created_at, updated_at"
 )
 SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = ?"
+# Row locks are written as comments: SQLite ignores them (its write transactions take the whole
+# database's write lock), and the PostgreSQL connection makes them clauses (see
+# `supervisor.postgres.connection.translate`). Every read that a write transaction decides on
+# locks the rows it reads, so that on PostgreSQL, too, no other writer changes them in between.
+LOCKED = " /*FOR UPDATE*/"
+SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 
 INSERT = """
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
-VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)"""
+VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)
+ON CONFLICT (execution_id) DO NOTHING"""
 
 # Waiting executions that are due, earliest first; ties come out in rowid (admission) order, as
 # the index stores them. Those still in their redelivery delay are stepped over.
@@ -79,6 +85,7 @@ EXPIRED = f"""
 SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
 WHERE status = 'running' AND ready_at <= ?"""
 NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
+SKIP_LOCKED = " /*FOR UPDATE SKIP LOCKED*/"
 
 CLAIM = """
 UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = ?,
@@ -267,11 +274,8 @@ class SqliteExecutionClient(ExecutionClient):
         arguments.json_text("input_json", input_json)
         now = self._now(now)
         with self._conn.write() as db:
+            created = db.execute(INSERT, (execution_id, workflow, input_json, now, now, now, now)).rowcount == 1
             found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
-            created = found is None
-            if created:
-                db.execute(INSERT, (execution_id, workflow, input_json, now, now, now, now))
-                found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
         if created:
             self._on_due()
         row = _Row(found)
@@ -301,7 +305,7 @@ class SqliteExecutionClient(ExecutionClient):
 
     def wake_in(self, db: sqlite3.Connection, execution_id: str, at: int, now: int) -> bool:
         """`request_wake` inside a write transaction the caller holds; False for a terminal one."""
-        found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+        found = db.execute(SELECT_ONE_LOCKED, (execution_id,)).fetchone()
         if found is None:
             raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
         row = _Row(found)
@@ -327,7 +331,7 @@ class SqliteExecutionClient(ExecutionClient):
         arguments.identifier("waiter", waiter)
         now = self._clock()
         with self._conn.write() as db:
-            found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+            found = db.execute(SELECT_ONE_LOCKED, (execution_id,)).fetchone()
             if found is None:
                 raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
             row = _Row(found)
@@ -335,10 +339,12 @@ class SqliteExecutionClient(ExecutionClient):
                 waiters.register(db, waiters.EXECUTION, execution_id, waiter, now)
         return self._as_of(row, now)
 
-    def _claimable(self, db, now: int, limit: int) -> list[_Row]:
-        """Up to `limit` claimable rows, earliest due first."""
-        rows = [_Row(found) for found in db.execute(CLAIMABLE, (now, now, limit)).fetchall()]
-        expired = [_Row(found) for found in db.execute(EXPIRED, (now,)).fetchall()]
+    def _claimable(self, db, now: int, limit: int, *, lock: bool = False) -> list[_Row]:
+        """Up to `limit` claimable rows, earliest due first; with `lock`, rows no other claimer
+        holds (on PostgreSQL, each claimer skips the rows another has locked)."""
+        skip = SKIP_LOCKED if lock else ""
+        rows = [_Row(found) for found in db.execute(CLAIMABLE + skip, (now, now, limit)).fetchall()]
+        expired = [_Row(found) for found in db.execute(EXPIRED + skip, (now,)).fetchall()]
         if expired:
             rows = sorted(rows + expired, key=lambda row: row.due_at)[:limit]
         return rows
@@ -357,7 +363,7 @@ class SqliteExecutionClient(ExecutionClient):
         leases = []
         with self._conn.write() as db:
             now = self._now_locked(given, now)
-            for row in self._claimable(db, now, limit):
+            for row in self._claimable(db, now, limit, lock=True):
                 unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
                 if row.status == RUNNING:
                     # The previous delivery's lease expired; this claim supersedes it.
@@ -431,7 +437,8 @@ class SqliteExecutionClient(ExecutionClient):
     def _end(self, db: sqlite3.Connection, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
         """End the lease's delivery with `sql` if it is current; record how in the history."""
         expires = db.execute(
-            "SELECT lease_expires_at FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'",
+            "SELECT lease_expires_at FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"
+            + LOCKED,
             (lease.execution_id, lease.token),
         ).fetchone()
         if expires is None:
@@ -501,20 +508,24 @@ class SqliteExecutionClient(ExecutionClient):
         if id_prefix is not None:
             where.append("substr(execution_id, 1, ?) = ?")
             params += [len(id_prefix), id_prefix]
-        table = sqlite_utils.Database(self._conn.raw)["executions"]
-        records, skipped = [], 0
-        with self._conn.read():
-            rows = table.rows_where(" AND ".join(where) or None, params, select=COLUMNS,
-                                    order_by="created_at DESC, rowid DESC")
-            for found in rows:
-                record = self._as_of(_Row(tuple(found.values())), now)
-                if status is not None and record.status != status:
-                    continue
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                records.append(record)
-                if limit is not None and len(records) >= limit:
+        sql = (f"SELECT {COLUMNS} FROM executions" + (f" WHERE {' AND '.join(where)}" if where else "")
+               + " ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?")
+        records, skipped, read = [], 0, 0
+        with self._conn.read() as db:  # one snapshot, read a page at a time until enough match
+            while limit is None or len(records) < limit:
+                page = db.execute(sql, (*params, LIST_PAGE, read)).fetchall()
+                read += len(page)
+                for found in page:
+                    record = self._as_of(_Row(found), now)
+                    if status is not None and record.status != status:
+                        continue
+                    if skipped < offset:
+                        skipped += 1
+                        continue
+                    records.append(record)
+                    if limit is not None and len(records) >= limit:
+                        break
+                if len(page) < LIST_PAGE:
                     break
         return records
 
@@ -590,7 +601,8 @@ class SqliteExecutionClient(ExecutionClient):
             after: tuple[int, int] = (-(2 ** 63), -1)
             while True:
                 with (self._conn.read() if dry_run else self._conn.write()) as db:
-                    batch = db.execute(PURGEABLE, (status, before, *after, PURGE_BATCH)).fetchall()
+                    batch = db.execute(PURGEABLE if dry_run else PURGEABLE + SKIP_LOCKED,
+                                       (status, before, *after, PURGE_BATCH)).fetchall()
                     for eid, _, _ in batch:
                         if db.execute(AWAITED, (eid,)).fetchone() is not None:
                             continue
@@ -609,7 +621,7 @@ class SqliteExecutionClient(ExecutionClient):
         arguments.identifier("execution_id", execution_id)
         now = self._now(now)
         with self._conn.read() as db:
-            row = self._row(db, execution_id)
+            row = self._row(db, execution_id, lock=False)
             record = self._as_of(row, now)
             if record.status not in (ADMITTED, SUSPENDED):
                 return []
@@ -661,8 +673,8 @@ class SqliteExecutionClient(ExecutionClient):
                     current[eid] = (token, status)
         return [lease for lease in leases if current.get(lease.execution_id) != (lease.token, RUNNING)]
 
-    def _row(self, db: sqlite3.Connection, execution_id: str) -> _Row:
-        found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+    def _row(self, db: sqlite3.Connection, execution_id: str, *, lock: bool = True) -> _Row:
+        found = db.execute(SELECT_ONE_LOCKED if lock else SELECT_ONE, (execution_id,)).fetchone()
         if found is None:
             raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
         return _Row(found)

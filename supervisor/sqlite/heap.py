@@ -51,7 +51,7 @@ class SqliteHeapClient(HeapClient):
         arguments.json_text("step_response_json", step_response_json)
         eid, token = lease.execution_id, lease.token
         cursor = self._conn.execute(
-            WRITE, (eid, step_key, step_attempt, done, step_response_json, token, self._clock(), eid, token)
+            WRITE, (eid, step_key, step_attempt, int(done), step_response_json, token, self._clock(), eid, token)
         )
         if cursor.rowcount == 1:
             return HeapRecord(eid, step_key, step_attempt, done, step_response_json)

@@ -15,7 +15,9 @@ from .connection import Connection
 from .executions import INSERT, SELECT_ONE
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = ?"
-RECORD = "INSERT INTO starts (start_request_id, execution_id, created_at, parent) VALUES (?, ?, ?, ?)"
+RECORD = """
+INSERT INTO starts (start_request_id, execution_id, created_at, parent) VALUES (?, ?, ?, ?)
+ON CONFLICT (start_request_id) DO NOTHING"""
 
 
 class SqliteStartClient(WorkflowStartClient):
@@ -32,14 +34,14 @@ class SqliteStartClient(WorkflowStartClient):
             arguments.identifier("parent", parent)
         now = self._clock()
         with self._conn.write() as db:
-            found = db.execute(FIND, (start_request_id,)).fetchone()
-            if found is not None:
-                return found[0]
+            # The receipt first: of two starts with one id, the second waits here for the first
+            # to commit (on PostgreSQL), then finds its receipt and starts nothing.
+            if db.execute(RECORD, (start_request_id, start_request_id, now, parent)).rowcount == 0:
+                return db.execute(FIND, (start_request_id,)).fetchone()[0]
             # The target's id is the start-request id: readable, and unique by construction.
             if db.execute(SELECT_ONE, (start_request_id,)).fetchone() is not None:
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
             db.execute(INSERT, (start_request_id, workflow, input_json, now, now, now, now))
-            db.execute(RECORD, (start_request_id, start_request_id, now, parent))
         self._on_due()
         return start_request_id

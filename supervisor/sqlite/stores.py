@@ -19,7 +19,12 @@ from . import waiters
 from .connection import Connection
 
 GET = "SELECT name, state_json, version FROM stores WHERE name = ?"
-CREATE = "INSERT OR IGNORE INTO stores (name, state_json, version, created_at, updated_at) VALUES (?, ?, 1, ?, ?)"
+# Writes lock the store's row first (see `executions.LOCKED`): changes, and a wait that checks the
+# version before it registers, each see the last committed change and none slips in between.
+GET_LOCKED = GET + " /*FOR UPDATE*/"
+CREATE = """
+INSERT INTO stores (name, state_json, version, created_at, updated_at) VALUES (?, ?, 1, ?, ?)
+ON CONFLICT (name) DO NOTHING"""
 UPDATE = "UPDATE stores SET state_json = ?, version = version + 1, updated_at = ? WHERE name = ?"
 LIST = "SELECT name, state_json, version FROM stores ORDER BY name"
 RECEIPT = "SELECT result_json FROM store_receipts WHERE store = ? AND execution_id = ? AND step_key = ?"
@@ -57,10 +62,10 @@ class SqliteStoreClient(StoreClient):
         arguments.identifier("step_key", step_key)
         now = self._clock()
         with self._conn.write() as db:
+            row = db.execute(GET_LOCKED, (name,)).fetchone()
             recorded = db.execute(RECEIPT, (name, execution_id, step_key)).fetchone()
             if recorded is not None:
                 return StoreReceipt(name, execution_id, step_key, recorded[0], applied=False)
-            row = db.execute(GET, (name,)).fetchone()
             if row is None:
                 raise InvalidArgument(f"store {name!r} does not exist; create it with get_or_create first")
             try:
@@ -92,7 +97,7 @@ class SqliteStoreClient(StoreClient):
         now = self._clock()
         with self._conn.write() as db:
             db.execute(CREATE, (name, initial_json, now, now))
-            row = db.execute(GET, (name,)).fetchone()
+            row = db.execute(GET_LOCKED, (name,)).fetchone()
             db.execute(UPDATE, (arguments.to_json("state", change(json.loads(row[1]))), now, name))
             woke = waiters.wake(db, waiters.STORE, name, now, self._executions.wake_in)
             state = StoreState(*db.execute(GET, (name,)).fetchone())
@@ -109,7 +114,7 @@ class SqliteStoreClient(StoreClient):
         if match_json is not None:
             arguments.json_text("match_json", match_json)
         with self._conn.write() as db:
-            row = db.execute(GET, (name,)).fetchone()
+            row = db.execute(GET_LOCKED, (name,)).fetchone()
             if row is not None and row[2] > seen_version:
                 return True
             waiters.register(db, waiters.STORE, name, execution_id, self._clock(), match_json)

@@ -17,7 +17,9 @@ EXECUTION = "execution"
 EFFECT = "effect"
 STORE = "store"
 
-REGISTER = "INSERT OR IGNORE INTO waiters (kind, target, waiter, registered_at, detail) VALUES (?, ?, ?, ?, ?)"
+REGISTER = """
+INSERT INTO waiters (kind, target, waiter, registered_at, detail) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT DO NOTHING"""
 WAITING = "SELECT waiter FROM waiters WHERE kind = ? AND target = ?"
 CLEAR = "DELETE FROM waiters WHERE kind = ? AND target = ?"
 OF_WAITER = "SELECT kind, target, detail FROM waiters WHERE waiter = ? ORDER BY registered_at, kind, target"
