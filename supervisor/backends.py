@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 from .errors import InvalidArgument
-from .sqlite.backend import SqliteBackend
 from .sqlite.backend import open_backend as open_sqlite
 
 URI_SCHEMES = ("postgresql://", "postgres://")
@@ -21,11 +20,27 @@ def is_uri(target) -> bool:
     return isinstance(target, str) and target.startswith(URI_SCHEMES)
 
 
-def open_backend(target, *, clock=None, redelivery_delay=None, durability="normal", create=True) -> SqliteBackend:
+def shown(target) -> str:
+    """The target as logs and messages show it: a URI without its password."""
+    if is_uri(target):
+        from .postgres.connection import redacted
+
+        return redacted(target)
+    return str(target)
+
+
+def open_backend(target, *, clock=None, redelivery_delay=None, durability="normal", create=True):
     """Open the ledger at `target` (see SPEC section 3 for the arguments)."""
     if is_uri(target):
-        raise InvalidArgument(f"{target.split('://')[0]}:// ledgers are not supported by this version: give the path"
-                              " of a SQLite file")
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise InvalidArgument(f"a PostgreSQL ledger ({target.split('://')[0]}://...) needs psycopg 3: pip install"
+                                  " 'yieldstar[postgres]'") from None
+        from .postgres.backend import PostgresBackend
+
+        return PostgresBackend(target, clock=clock, redelivery_delay=redelivery_delay, durability=durability,
+                               create=create)
     if not isinstance(target, (str, os.PathLike)):
         raise InvalidArgument(f"the ledger must be a path (str or os.PathLike), not {type(target).__name__}")
     return open_sqlite(target, clock=clock, redelivery_delay=redelivery_delay, durability=durability,

@@ -55,7 +55,7 @@ from .ledger_calls import LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
 from .nudge import NudgeListener
 from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
-from .backends import open_backend
+from .backends import open_backend, shown
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -189,7 +189,7 @@ class Supervisor:
                                 stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
                                 on_delivery=self._on_delivery)
             log.info("supervising %s on %s: concurrency %d, lease %d ms, renew every %d ms (pid %d)",
-                     self.app, self.db_path, cfg.concurrency, cfg.lease_ms, cfg.renew_ms, os.getpid())
+                     self.app, shown(self.db_path), cfg.concurrency, cfg.lease_ms, cfg.renew_ms, os.getpid())
             if first is not None:
                 loop.started(*first)
             try:

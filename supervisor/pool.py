@@ -26,6 +26,7 @@ from typing import Optional
 
 from worker.protocol import EXIT_CODES, READY
 
+from .backends import is_uri
 from .errors import YieldstarError
 from .values import ExecutionLease
 
@@ -196,7 +197,7 @@ class Pool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         app, db_path, durability = self._args
         settings = {
-            "fd": theirs.fileno(), "app": app, "db_path": os.path.abspath(db_path), "durability": durability,
+            "fd": theirs.fileno(), "app": app, "db_path": db_path if is_uri(db_path) else os.path.abspath(db_path), "durability": durability,
             "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses,
             # The child imports what the supervisor could import, as multiprocessing would arrange.

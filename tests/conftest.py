@@ -30,6 +30,8 @@ def snapshot(path) -> dict:
 
     Read through a separate connection, so it sees exactly what other processes would see.
     """
+    if isinstance(path, str) and path.startswith("postgresql://"):
+        return _pg_snapshot(path)
     path = os.fspath(path)
     if not os.path.exists(path):
         return {}
@@ -46,6 +48,20 @@ def snapshot(path) -> dict:
         return dump
     finally:
         conn.close()
+
+
+def _pg_snapshot(uri: str) -> dict:
+    """`snapshot` of a PostgreSQL ledger: schema version, tables and every table's rows."""
+    import psycopg
+
+    with psycopg.connect(uri) as conn:
+        tables = [name for (name,) in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            " ORDER BY table_name").fetchall()]
+        dump: dict = {"tables": tables}
+        for name in tables:
+            dump[name] = sorted(conn.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
+        return dump
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 """The ledger contract (SPEC section 3, RFC 002's conformance and fencing tables).
 
-Every backend implementation must pass this module. Times come from the injected fake clock
+Every backend implementation must pass this module, and every test runs on each: `db_path` is
+a SQLite file or the URI of a fresh PostgreSQL database (a throwaway server, see
+`tests/pgcluster.py`). Times come from the injected fake clock
 (`clock` fixture) or an explicit `now=`; nothing here waits on real time except the
 two-dispatcher race, which releases two threads at one barrier.
 """
@@ -23,11 +25,20 @@ from supervisor import (
     LeaseLost,
     Released,
     Renewed,
+    SqliteBackend,
     Suspended,
     open_backend,
 )
 
 LEASE_MS = 30_000
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_path(request, tmp_path):
+    """The ledger every test of this module runs against, once on each backend."""
+    if request.param == "sqlite":
+        return tmp_path / "ledger.db"
+    return request.getfixturevalue("pg_uri")
 
 
 def default_delay(n: int) -> int:
@@ -736,7 +747,8 @@ def test_lease_history_records_acknowledged_released_expired_and_superseded_deli
 # -- the backend itself ----------------------------------------------------------------------
 
 
-def test_the_database_file_is_readable_and_writable_by_its_owner_only(db_path, clock):
+def test_the_database_file_is_readable_and_writable_by_its_owner_only(tmp_path, clock):
+    db_path = tmp_path / "ledger.db"  # SQLite only: a PostgreSQL ledger is the server's to keep
     with open_backend(db_path, clock=clock) as backend:
         backend.executions.admit("order-42", "charge")
         files = [p for p in (db_path, db_path.with_name(db_path.name + "-wal"),
@@ -761,11 +773,19 @@ def test_the_default_redelivery_delay_is_one_second_doubling_up_to_five_minutes(
     assert observed == [1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 300000, 300000]
 
 
-@pytest.mark.parametrize("durability, pragma", [("normal", 1), ("full", 2)])
-def test_both_durability_settings_run_the_whole_lifecycle(db_path, clock, durability, pragma):
+def durability_in_effect(backend) -> tuple:
+    """What the backend's connection was told about flushing commits."""
+    if isinstance(backend, SqliteBackend):
+        raw = backend.connection.raw
+        return raw.execute("PRAGMA synchronous").fetchone()[0], raw.execute("PRAGMA journal_mode").fetchone()[0]
+    return backend.connection.execute("SHOW synchronous_commit").fetchone()
+
+
+@pytest.mark.parametrize("durability, sqlite, postgres", [("normal", (1, "wal"), ("off",)),
+                                                          ("full", (2, "wal"), ("on",))])
+def test_both_durability_settings_run_the_whole_lifecycle(db_path, clock, durability, sqlite, postgres):
     with open_backend(db_path, clock=clock, durability=durability) as backend:
-        assert backend.connection.raw.execute("PRAGMA synchronous").fetchone()[0] == pragma
-        assert backend.connection.raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert durability_in_effect(backend) == (sqlite if isinstance(backend, SqliteBackend) else postgres)
         backend.executions.admit("order-42", "charge")
         lease = claim_one(backend)
         backend.heap.write_step(lease, step_key="charge", step_attempt=0, done=True, step_response_json='"ch"')

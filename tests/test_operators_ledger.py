@@ -26,6 +26,19 @@ from supervisor.values import WaitReason
 LEASE_MS = 30_000
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_path(request, tmp_path):
+    """The ledger every test of this module runs against, once on each backend."""
+    if request.param == "sqlite":
+        return tmp_path / "ledger.db"
+    return request.getfixturevalue("pg_uri")
+
+
+def rows_of(backend, sql: str) -> list[tuple]:
+    """Rows read on the backend's own connection (either backend)."""
+    return backend.connection.execute(sql).fetchall()
+
+
 def claim(backend, execution_id, *, now=None):
     """Claim the next due execution, which the test expects to be `execution_id`."""
     (lease,) = backend.executions.claim_due(limit=1, duration=LEASE_MS, now=now)
@@ -143,8 +156,7 @@ def test_a_cancelled_execution_forgets_what_it_waited_for(backend):
     backend.executions.admit("waiter", "w")
     backend.effects.wait("effect-1", "waiter")
     backend.executions.cancel("waiter")
-    rows = sqlite3.connect(backend.path).execute("SELECT count(*) FROM waiters").fetchone()[0]
-    assert rows == 0
+    assert rows_of(backend, "SELECT count(*) FROM waiters") == [(0,)]
 
 
 # -- resume ------------------------------------------------------------------------------------
@@ -230,12 +242,12 @@ def test_purge_deletes_old_terminal_executions_with_what_is_only_theirs(backend,
     assert backend.executions.purge(before=cutoff) == 3
     left = {r.execution_id: r.status for r in backend.executions.list()}
     assert left == {"old-waiting": "suspended", "new-done": "completed"}
-    db = sqlite3.connect(db_path)
-    owners = {table: {row[0] for row in db.execute(f"SELECT execution_id FROM {table}")}
+    owners = {table: {row[0] for row in rows_of(backend, f"SELECT execution_id FROM {table}")}
               for table in ("steps", "lease_history", "store_receipts")}
     assert owners == {"steps": set(), "lease_history": {"old-waiting", "new-done"}, "store_receipts": set()}
     # Effects and stores are shared by identity: kept.
-    assert {row[0] for row in db.execute("SELECT effect_id FROM effects")} == {"old-done/charge", "old-failed/charge"}
+    assert {row[0] for row in rows_of(backend, "SELECT effect_id FROM effects")} == {"old-done/charge",
+                                                                                  "old-failed/charge"}
     assert json.loads(backend.stores.get("stock").state_json) == {"apples": 1}
     assert backend.executions.purge(before=cutoff) == 0
 
@@ -259,10 +271,11 @@ def test_purge_keeps_a_child_while_its_parent_is_not_terminal(backend, clock, mo
         f"parent/child-{n}" for n in range(5)]
     backend.executions.cancel("parent")
     assert backend.executions.purge(before=clock.advance(1000)) == 6
-    assert sqlite3.connect(backend.path).execute("SELECT count(*) FROM starts").fetchone()[0] == 0
+    assert rows_of(backend, "SELECT count(*) FROM starts") == [(0,)]
 
 
-def test_purge_works_in_batches_each_its_own_transaction(backend, clock, monkeypatch):
+def test_purge_works_in_batches_each_its_own_transaction(tmp_path, clock, monkeypatch):
+    backend = open_backend(tmp_path / "ledger.db", clock=clock)  # SQLite's trace shows the transactions
     monkeypatch.setattr(sqlite_executions, "PURGE_BATCH", 7)
     for n in range(50):
         backend.executions.admit(f"e{n}", "order")
@@ -275,6 +288,7 @@ def test_purge_works_in_batches_each_its_own_transaction(backend, clock, monkeyp
         backend.connection.raw.set_trace_callback(None)
     assert len(begins) >= 50 // 7 + 1, begins
     assert backend.executions.list() == []
+    backend.close()
 
 
 def test_purge_refuses_non_terminal_statuses_and_changes_nothing(backend, clock, db_path, db_snapshot):

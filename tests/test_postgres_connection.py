@@ -13,6 +13,7 @@ import urllib.parse
 import psycopg
 import pytest
 
+from supervisor import open_backend
 from supervisor.errors import LedgerGone, NoLedger, NotALedger, SchemaTooNew, StorageBusy, StorageUnavailable
 from supervisor.postgres.connection import Connection, redacted
 from supervisor.postgres.schema import SCHEMA_VERSION, TABLES, migrate
@@ -76,6 +77,12 @@ def test_a_ledger_of_a_newer_version_is_refused(pg_uri):
 def test_a_missing_database_is_no_ledger_naming_it(pg_cluster):
     with pytest.raises(NoLedger, match="no ledger database at .*/nowhere"):
         Connection(pg_cluster.uri("nowhere"))
+
+
+def test_an_empty_database_opened_without_create_is_no_ledger_and_stays_empty(pg_uri):
+    with pytest.raises(NoLedger, match="no ledger in the database"):
+        open_backend(pg_uri, create=False)
+    assert tables(pg_uri) == set()
 
 
 def test_a_role_that_may_not_connect_is_ledger_gone(pg_cluster, pg_uri):

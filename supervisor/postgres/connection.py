@@ -30,6 +30,8 @@ opens a new one: a server restart costs the calls made while it was down, nothin
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 import urllib.parse
 from contextlib import contextmanager
@@ -56,6 +58,16 @@ KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "
 # flush whatever this says (see `Connection.write(flush=True)`): a claim lost in a crash could
 # hand out the same token twice.
 SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
+
+
+# What the shared statements call that SQLite has built in or as a Python function: made for each
+# session, in its own temporary schema (so nothing is left behind, and no other session sees them).
+SESSION_FUNCTIONS = """
+CREATE FUNCTION pg_temp.yieldstar_delay(n bigint) RETURNS bigint LANGUAGE sql IMMUTABLE
+    AS $$ SELECT (ARRAY[{delays}]::bigint[])[LEAST(GREATEST(n, 1), {count})] $$;
+CREATE FUNCTION pg_temp.yieldstar_max(a bigint, b bigint) RETURNS bigint LANGUAGE sql IMMUTABLE
+    AS $$ SELECT CASE WHEN a IS NULL OR b IS NULL THEN NULL ELSE GREATEST(a, b) END $$;
+"""
 
 
 def redacted(uri: str) -> str:
@@ -114,6 +126,26 @@ def check_uri(uri: Any) -> str:
     return uri
 
 
+_INDEXED_BY = re.compile(r"\s+INDEXED BY \w+")
+_ROW_LOCK = re.compile(r"/\*(FOR (?:UPDATE|SHARE)(?: SKIP LOCKED)?)\*/")
+_ROWID = re.compile(r"\browid\b")
+_PARAMETER = re.compile(r"%|\?|(?<!:):(\w+)")
+
+
+@functools.lru_cache(maxsize=4096)
+def translate(sql: str) -> str:
+    """The PostgreSQL form of a ledger statement, as the table modules write them for SQLite:
+    `?` and `:name` parameters become psycopg's, a row lock written as a comment
+    (`/*FOR UPDATE*/`, which SQLite ignores) becomes a clause, an index hint goes, `rowid` is
+    the `seq` column, and the redelivery delay is the session's own function."""
+    sql = _INDEXED_BY.sub("", sql)
+    sql = _ROW_LOCK.sub(r"\1", sql)
+    sql = _ROWID.sub("seq", sql)
+    sql = sql.replace("yieldstar_delay(", "pg_temp.yieldstar_delay(").replace("MAX(", "pg_temp.yieldstar_max(")
+    return _PARAMETER.sub(lambda m: "%%" if m.group(0) == "%" else "%s" if m.group(0) == "?"
+                          else f"%({m.group(1)})s", sql)
+
+
 class Session:
     """What a transaction's block runs its statements on: every statement's rows fetched at once."""
 
@@ -121,7 +153,7 @@ class Session:
         self._conn = conn
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        cursor = self._conn.execute(sql, params)
+        cursor = self._conn.execute(translate(sql), params)
         rows = cursor.fetchall() if cursor.description is not None else []
         return Rows(rows, cursor.rowcount)
 
@@ -130,8 +162,12 @@ class Connection:
     """A thread-safe wrapper around one psycopg connection, opened again after it breaks."""
 
     def __init__(self, uri: str, *, durability: str = "normal", lock_timeout_ms: int = LOCK_TIMEOUT_MS,
-                 idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS):
+                 idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS, delays: Sequence[int] = (1000,)):
+        """`delays`: the redelivery delay after 1, 2, ... unacknowledged deliveries (the last one
+        stands for every later count), made the session's `pg_temp.yieldstar_delay(n)`."""
         self.target = check_uri(uri)
+        self._functions = SESSION_FUNCTIONS.format(delays=", ".join(str(int(d)) for d in delays),
+                                                   count=len(delays))
         if durability not in SYNCHRONOUS_COMMIT:
             raise InvalidArgument(f"durability must be one of {sorted(SYNCHRONOUS_COMMIT)}, got {durability!r}")
         self.durability = durability
@@ -156,6 +192,7 @@ class Connection:
         try:
             self._conn = psycopg.connect(self.target, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                          options=options, application_name="yieldstar", **KEEPALIVES)
+            self._conn.execute(self._functions)
         except psycopg.Error as exc:
             self._raise_mapped(exc)
         return self._conn

@@ -10,11 +10,15 @@ from ..values import ExecutionLease, HeapRecord, LeaseLost
 from .connection import Connection
 
 # The fence and the write in one statement: the row goes in only while the lease's token is
-# current and its delivery has not ended. ON CONFLICT keeps an existing record untouched.
+# current and its delivery has not ended. ON CONFLICT keeps an existing record untouched. On
+# PostgreSQL the execution's row is share-locked by the same statement (see
+# `executions.LOCKED`): a claim moving the token either commits first, and the write finds the
+# token gone, or waits until the write has committed; without the lock, a write checked against
+# the token before the claim committed could commit after it.
 WRITE = """
 INSERT INTO steps (execution_id, step_key, attempt, done, step_response_json, token, written_at)
 SELECT ?, ?, ?, ?, ?, ?, ?
-WHERE EXISTS (SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running')
+WHERE EXISTS (SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running' /*FOR SHARE*/)
 ON CONFLICT DO NOTHING"""
 
 CURRENT = "SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"

@@ -1,0 +1,86 @@
+"""The ledger on a PostgreSQL database: `PostgresBackend(uri)`.
+
+The tables' logic is the SQLite backend's own modules (`supervisor.sqlite.executions` and the
+rest), run on a `supervisor.postgres.connection.Connection`, which turns each statement into
+PostgreSQL's form and takes the row locks the statements name (see that module): one set of
+rules, so both backends give the same replies and the same errors.
+
+Time. With `clock=None`, every time the ledger decides on (claimability, expiry, timers,
+`created_at`) is the database server's clock, read in the call that needs it, so supervisors on
+hosts whose clocks disagree still agree on which leases are live. `clock=` and `now=` are
+honoured as on SQLite, for tests.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .. import arguments
+from ..errors import InvalidArgument, NoLedger
+from ..sqlite.backend import CHECKED_DELAYS, _checked_delay, default_redelivery_delay
+from ..sqlite.effects import SqliteEffectClient
+from ..sqlite.executions import SqliteExecutionClient
+from ..sqlite.heap import SqliteHeapClient
+from ..sqlite.starts import SqliteStartClient
+from ..sqlite.stores import SqliteStoreClient
+from .connection import Connection, check_uri, redacted
+from .schema import SCHEMA_VERSION, migrate, recognise
+
+SERVER_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+class PostgresBackend:
+    def __init__(self, uri, *, clock: Optional[Callable[[], int]] = None,
+                 redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal",
+                 create: bool = True):
+        check_uri(uri)
+        if clock is not None and not callable(clock):
+            raise InvalidArgument(f"clock must be callable, not {type(clock).__name__}")
+        arguments.boolean("create", create)
+        self.path = redacted(uri)
+        self.redelivery_delay = _checked_delay(redelivery_delay or default_redelivery_delay)
+        self.durability = durability
+        delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
+        self._conn = Connection(uri, durability=durability, delays=delays)
+        self.clock = clock or self._server_clock
+        try:
+            with self._conn.write() as db:
+                version = recognise(db, self.path)
+                if version == 0 and not create:
+                    raise NoLedger(f"no ledger in the database {self.path}")
+                if version < SCHEMA_VERSION:
+                    migrate(db, self.path)
+        except BaseException:
+            self._conn.close()
+            raise
+        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay)
+        self.heap = SqliteHeapClient(self._conn, self._clock)
+        self.starts = SqliteStartClient(self._conn, self._clock, on_due=lambda: None)
+        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=lambda: None)
+        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=lambda: None)
+
+    def _server_clock(self) -> int:
+        return self._conn.execute(SERVER_CLOCK).fetchone()[0]
+
+    def _clock(self) -> int:
+        return arguments.integer("clock()", self.clock())
+
+    def listen_for_outcomes(self):
+        """Not yet: waiting clients find outcomes on PostgreSQL by their slow poll."""
+        raise OSError("a PostgreSQL ledger announces no outcomes yet")
+
+    @property
+    def connection(self) -> Connection:
+        return self._conn
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "PostgresBackend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self.path!r})"
