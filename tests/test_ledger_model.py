@@ -24,7 +24,8 @@ from typing import Optional
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 from supervisor import (
     Completed,
@@ -263,13 +264,16 @@ def _fields(record: ExecutionRecord) -> dict:
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.dir = Path(tempfile.mkdtemp(prefix="ledger-model-"))
         self.clock = Clock()
-        self.backend = open_backend(self.dir / "ledger.db", clock=self.clock, redelivery_delay=redelivery_delay)
+        self.backend = self.open()
         self.model = LedgerModel(redelivery_delay)
         self.leases: list[ExecutionLease] = []  # every lease handed out, stale ones included
         self.max_token_seen: dict[str, int] = {}
         self.terminal_seen: dict[str, ExecutionRecord] = {}
+
+    def open(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="ledger-model-"))
+        return open_backend(self.dir / "ledger.db", clock=self.clock, redelivery_delay=redelivery_delay)
 
     def teardown(self):
         self.backend.close()
@@ -462,3 +466,25 @@ LedgerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_ledger_matches_the_model = pytest.mark.timeout(300)(LedgerMachine.TestCase)
+
+
+class PostgresLedgerMachine(LedgerMachine):
+    """The same machine on a PostgreSQL database, emptied after each example."""
+
+    uri = ""
+
+    def open(self):
+        return open_backend(self.uri, clock=self.clock, redelivery_delay=redelivery_delay)
+
+    def teardown(self):
+        self.backend.connection.execute(
+            "TRUNCATE executions, lease_history, steps, waiters, starts, effects, stores, store_receipts")
+        self.backend.close()
+
+
+@pytest.mark.timeout(600)
+def test_the_postgresql_ledger_matches_the_model(pg_uri):
+    PostgresLedgerMachine.uri = pg_uri
+    run_state_machine_as_test(PostgresLedgerMachine, settings=settings(
+        max_examples=100, stateful_step_count=40, deadline=None, derandomize=True, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))

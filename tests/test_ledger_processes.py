@@ -109,23 +109,27 @@ def claim_race_worker(db_path, index, barrier, out_path):
                 record = backend.executions.get(lease.execution_id)
                 if (record.status, record.token) != ("running", lease.token):
                     violations.append(f"{lease}: {record}")
-            if not claimed and _all_running(db_path):
+            if not claimed and _all_running(backend):
                 break
     with open(out_path, "w") as f:
         json.dump({"leases": leases, "violations": violations}, f)
 
 
-def _all_running(db_path) -> bool:
-    conn = sqlite3.connect(db_path, timeout=15)
-    try:
-        return conn.execute("SELECT count(*) FROM executions WHERE status != 'running'").fetchone()[0] == 0
-    finally:
-        conn.close()
+def _all_running(backend) -> bool:
+    return backend.connection.execute("SELECT count(*) FROM executions WHERE status != 'running'").fetchone()[0] == 0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_ledger(request, tmp_path):
+    """A ledger for processes to share: a SQLite file, or a database on a PostgreSQL server."""
+    if request.param == "sqlite":
+        return tmp_path / "ledger.db"
+    return request.getfixturevalue("pg_uri")
 
 
 @pytest.mark.timeout(120)
-def test_dispatchers_in_four_processes_each_due_execution_is_claimed_exactly_once(tmp_path):
-    db_path = tmp_path / "ledger.db"
+def test_dispatchers_in_four_processes_each_due_execution_is_claimed_exactly_once(shared_ledger, tmp_path):
+    db_path = shared_ledger
     count = 600
     with open_shared(db_path) as backend:
         for i in range(count):
