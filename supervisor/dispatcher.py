@@ -50,12 +50,11 @@ from typing import Callable, Optional
 
 from worker.registry import AppNotFound, check_app_name
 
-from .errors import InvalidArgument, LedgerUnusable
+from .backends import open_backend, shown
+from .errors import InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
-from .nudge import NudgeListener
 from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
-from .backends import open_backend, shown
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -182,8 +181,8 @@ class Supervisor:
                 log.error("%s", exc)
                 return EXIT_LEDGER_UNUSABLE
             try:
-                nudges = NudgeListener(self.db_path)
-            except OSError as exc:
+                nudges = calls.backend.listen_for_due()
+            except (OSError, StorageError) as exc:
                 log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
             loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, db_path=self.db_path, signals=self._signals,
                                 stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,

@@ -5,6 +5,7 @@ end to end on a real server."""
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import time
 import psycopg
 import pytest
 
-from faults import APP
+from faults import APP, wait_until
 from supervisor import LeaseLost, open_backend
 from worker import Client
 
@@ -73,3 +74,44 @@ def test_a_supervisor_and_the_client_run_workflows_on_postgresql(pg_uri, tmp_pat
         history = [backend.executions.history(f"pg-{n}") for n in range(20)]
         assert all([(h.token, h.ended_by) for h in rows] == [(1, "acknowledged")] for rows in history)
         assert [s.step_key for s in backend.heap.steps("pg-0")] == ["one", "two", "three"]
+
+
+def test_an_idle_supervisor_is_woken_by_a_notification_and_a_waiting_client_by_another(pg_uri, tmp_path):
+    # A poll of a minute: only LISTEN/NOTIFY can make the supervisor claim, and the client see
+    # the outcome, within the test's deadlines.
+    log = open(tmp_path / "supervisor.log", "wb")
+    supervisor = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", pg_uri, "supervise", APP,
+                                   "--poll-ms", "60000", "--concurrency", "1"], stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+    try:
+        with Client(pg_uri, poll_s=600) as client:
+            wait_until(lambda: b"is ready" in (tmp_path / "supervisor.log").read_bytes(), timeout=30)
+            time.sleep(0.5)  # past the supervisor's first poll, so that only a nudge can wake it
+            started = time.monotonic()
+            assert client.start("sv.noop3", None).result(timeout=20) == "ok"
+            assert time.monotonic() - started < 10
+    finally:
+        supervisor.terminate()
+        supervisor.wait(30)
+        log.close()
+
+
+def test_a_listener_whose_session_was_killed_connects_again(pg_cluster, pg_uri):
+    with open_backend(pg_uri) as backend:
+        listener = backend.listen_for_outcomes()
+        try:
+            pid = listener._conn.info.backend_pid
+            with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            wait_until(lambda: select.select([listener], [], [], 0.1)[0] and listener.read() is None, timeout=10)
+            deadline = time.monotonic() + 20
+            heard, n = None, 0
+            while not heard and time.monotonic() < deadline:  # it reconnects within RECONNECT_S
+                n += 1
+                backend.executions.admit(f"e{n}", "w")
+                backend.executions.cancel(f"e{n}")
+                if select.select([listener], [], [], 0.5)[0]:
+                    heard = listener.read()
+            assert heard == {f"e{n}"}
+        finally:
+            listener.close()

@@ -16,13 +16,14 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .. import arguments
-from ..errors import InvalidArgument, NoLedger
+from ..errors import InvalidArgument, NoLedger, StorageError
 from ..sqlite.backend import CHECKED_DELAYS, _checked_delay, default_redelivery_delay
 from ..sqlite.effects import SqliteEffectClient
 from ..sqlite.executions import SqliteExecutionClient
 from ..sqlite.heap import SqliteHeapClient
 from ..sqlite.starts import SqliteStartClient
 from ..sqlite.stores import SqliteStoreClient
+from . import notify
 from .connection import Connection, check_uri, redacted
 from .schema import SCHEMA_VERSION, migrate, recognise
 
@@ -53,21 +54,40 @@ class PostgresBackend:
         except BaseException:
             self._conn.close()
             raise
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay)
+        self._uri = uri
+        announce = self._announce_due
+        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce,
+                                                on_ended=self._announce_ended)
         self.heap = SqliteHeapClient(self._conn, self._clock)
-        self.starts = SqliteStartClient(self._conn, self._clock, on_due=lambda: None)
-        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=lambda: None)
-        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=lambda: None)
+        self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
+        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
+        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
+
+    def _announce_due(self) -> None:
+        try:
+            notify.notify_due(self._conn)
+        except StorageError:
+            pass  # a hint: the supervisors' polling finds the work anyway
+
+    def _announce_ended(self, execution_ids: list[str]) -> None:
+        try:
+            notify.notify_ended(self._conn, execution_ids)
+        except StorageError:
+            pass  # a hint: waiting clients poll
+
+    def listen_for_due(self) -> notify.Listener:
+        """What an idle supervisor waits on: told when work becomes due, on any host."""
+        return notify.Listener(self._uri, notify.DUE)
+
+    def listen_for_outcomes(self) -> notify.Listener:
+        """What a waiting client waits on: told the ids of executions as they end, on any host."""
+        return notify.Listener(self._uri, notify.ENDED)
 
     def _server_clock(self) -> int:
         return self._conn.execute(SERVER_CLOCK).fetchone()[0]
 
     def _clock(self) -> int:
         return arguments.integer("clock()", self.clock())
-
-    def listen_for_outcomes(self):
-        """Not yet: waiting clients find outcomes on PostgreSQL by their slow poll."""
-        raise OSError("a PostgreSQL ledger announces no outcomes yet")
 
     @property
     def connection(self) -> Connection:

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
-from ..nudge import OutcomeListener, announce_ended, nudge
+from ..nudge import NudgeListener, OutcomeListener, announce_ended, nudge
 from . import files
 from .connection import BUSY_TIMEOUT_MS, MEMORY, Connection, check_durability, patiently, probe
 from .executions import SqliteExecutionClient
@@ -180,6 +180,10 @@ class SqliteBackend:
     def _announce_ended(self, execution_ids: list[str]) -> None:
         if self.path != MEMORY:
             announce_ended(self.path, execution_ids)
+
+    def listen_for_due(self) -> NudgeListener:
+        """What an idle supervisor waits on: nudged when work becomes due on this host."""
+        return NudgeListener(self.path)
 
     def listen_for_outcomes(self) -> OutcomeListener:
         """A listener told the ids of executions as they become terminal (see `supervisor.nudge`):
