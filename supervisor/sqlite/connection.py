@@ -265,8 +265,10 @@ class Connection:
         if mode != "wal":
             raise StorageUnavailable(f"SQLite could not put the ledger {self.path} in WAL mode (it stayed {mode})")
 
-    def write(self) -> ContextManager[sqlite3.Connection]:
-        """Run the block in one `BEGIN IMMEDIATE` transaction: commit on success, else roll back."""
+    def write(self, *, flush: bool = False) -> ContextManager[sqlite3.Connection]:
+        """Run the block in one `BEGIN IMMEDIATE` transaction: commit on success, else roll back.
+        `flush` (a claim's commit must survive a crash of the database server) changes nothing
+        here: SQLite has no server, and its durability setting holds for every commit."""
         return self._transaction("BEGIN IMMEDIATE", check_file=True)
 
     def read(self) -> ContextManager[sqlite3.Connection]:

@@ -361,7 +361,7 @@ class SqliteExecutionClient(ExecutionClient):
             if not self._claimable(db, now, limit):
                 return []
         leases = []
-        with self._conn.write() as db:
+        with self._conn.write(flush=True) as db:  # a claim lost in a crash could hand a token out twice
             now = self._now_locked(given, now)
             for row in self._claimable(db, now, limit, lock=True):
                 unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
