@@ -18,7 +18,7 @@ from .connection import Connection
 GET = "SELECT effect_id, status, result_json, begun FROM effects WHERE effect_id = ?"
 BEGIN = """
 INSERT INTO effects (effect_id, status, begun, conflicts, created_at) VALUES (?, 'pending', 1, 0, ?)
-ON CONFLICT (effect_id) DO UPDATE SET begun = begun + 1"""
+ON CONFLICT (effect_id) DO UPDATE SET begun = effects.begun + 1"""
 SETTLE = "UPDATE effects SET status = 'settled', result_json = ?, settled_at = ? WHERE effect_id = ?"
 CREATE_SETTLED = """
 INSERT INTO effects (effect_id, status, result_json, begun, conflicts, created_at, settled_at)
