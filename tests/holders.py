@@ -135,17 +135,21 @@ def deliveries(backend, execution_id: str) -> int:
 def step_rows(path, execution_id: str) -> list[tuple[str, int, Any, int]]:
     """`(step_key, attempt, response, token)` of each recorded step, in the order written, as an
     independent reader sees them: the token is the one the write was accepted under."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return [(key, attempt, json.loads(response), token) for key, attempt, response, token in conn.execute(
-            "SELECT step_key, attempt, step_response_json, token FROM steps WHERE execution_id = ? ORDER BY rowid",
-            (execution_id,))]
-    finally:
-        conn.close()
+    return [(key, attempt, json.loads(response), token) for key, attempt, response, token in table(
+        path, "SELECT step_key, attempt, step_response_json, token FROM steps WHERE execution_id = ? ORDER BY rowid",
+        execution_id)]
 
 
 def table(path, sql: str, *params) -> list[tuple]:
-    """Rows of a read-only query on the ledger, for tables the API does not list (starts, waiters)."""
+    """Rows of a read-only query on the ledger, for tables the API does not list (starts, waiters),
+    on a connection of its own: a SQLite file's, or a PostgreSQL database's."""
+    if isinstance(path, str) and path.startswith("postgresql://"):
+        import psycopg
+
+        from supervisor.postgres.connection import translate
+
+        with psycopg.connect(path) as conn:
+            return conn.execute(translate(sql), params).fetchall()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         return conn.execute(sql, params).fetchall()
@@ -164,10 +168,12 @@ def cli_command(db, *args: str) -> list[str]:
 
 # Fixtures, imported by the test modules that use them.
 
-@pytest.fixture
-def world(tmp_path):
-    """One ledger file for several holders, each with a backend of its own."""
-    opened = World(tmp_path / "ledger.db")
+@pytest.fixture(params=["sqlite", "postgres"])
+def world(request, tmp_path):
+    """One ledger for several holders, each with a backend of its own: a SQLite file, or a
+    database on a PostgreSQL server."""
+    path = tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
+    opened = World(path)
     yield opened
     opened.close()
 
