@@ -278,6 +278,12 @@ def read_log(path) -> list[Event]:
 def step_tokens(db, execution_id: str) -> list[tuple[str, int, int]]:
     """`(step_key, attempt, token)` of each recorded step, in the order written: the token is
     the fencing token the write was accepted under (read-only, beside the ledger API)."""
+    if isinstance(db, str) and db.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(db) as conn:
+            return conn.execute("SELECT step_key, attempt, token FROM steps WHERE execution_id = %s ORDER BY seq",
+                                (execution_id,)).fetchall()
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=15)
     try:
         return conn.execute("SELECT step_key, attempt, token FROM steps WHERE execution_id = ? ORDER BY rowid",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, db, dump_on_hang, is_worker, ledger,
+from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, dump_on_hang, is_worker, ledger,
                     max_overlap, process_tree, read_log, step_tokens, supervisors, wait_until)
 from supervisor import ExecutionRecord, HeapRecord
 from supervisor.dispatcher import Supervisor, SupervisorConfig
@@ -28,7 +28,13 @@ from supervisor.nudge import nudge_dir
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
-__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+__all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path):
+    """The ledger the supervisors of a test share: a SQLite file, or a PostgreSQL database."""
+    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
 
 
 def completed(ledger, *execution_ids: str) -> bool:
