@@ -275,31 +275,34 @@ def read_log(path) -> list[Event]:
     return events
 
 
-def step_tokens(db, execution_id: str) -> list[tuple[str, int, int]]:
-    """`(step_key, attempt, token)` of each recorded step, in the order written: the token is
-    the fencing token the write was accepted under (read-only, beside the ledger API)."""
+def query(db, sql: str, *params) -> list[tuple]:
+    """Rows of a read-only query (SQLite's dialect), on a connection of its own to the ledger:
+    a SQLite file's, or a PostgreSQL database's (the statement translated as the backend does)."""
     if isinstance(db, str) and db.startswith("postgresql://"):
         import psycopg
 
+        from supervisor.postgres.connection import translate
+
         with psycopg.connect(db) as conn:
-            return conn.execute("SELECT step_key, attempt, token FROM steps WHERE execution_id = %s ORDER BY seq",
-                                (execution_id,)).fetchall()
+            return conn.execute(translate(sql), params).fetchall()
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=15)
     try:
-        return conn.execute("SELECT step_key, attempt, token FROM steps WHERE execution_id = ? ORDER BY rowid",
-                            (execution_id,)).fetchall()
+        return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
+
+
+def step_tokens(db, execution_id: str) -> list[tuple[str, int, int]]:
+    """`(step_key, attempt, token)` of each recorded step, in the order written: the token is
+    the fencing token the write was accepted under (read-only, beside the ledger API)."""
+    return [tuple(row) for row in query(
+        db, "SELECT step_key, attempt, token FROM steps WHERE execution_id = ? ORDER BY rowid", execution_id)]
 
 
 def last_write_at(db, execution_id: str, token: int) -> Optional[int]:
     """When the last step record accepted under `token` was written (the writer's clock, ms)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=15)
-    try:
-        return conn.execute("SELECT MAX(written_at) FROM steps WHERE execution_id = ? AND token = ?",
-                            (execution_id, token)).fetchone()[0]
-    finally:
-        conn.close()
+    return query(db, "SELECT max(written_at) FROM steps WHERE execution_id = ? AND token = ?",
+                 execution_id, token)[0][0]
 
 
 def admit(db, execution_id: str, workflow: str, input: Any = None) -> None:

@@ -15,13 +15,13 @@ threads, no sleeps, no mocks; every call reaches the real SQLite ledger.
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
 
+from faults import query
 from supervisor import Completed, ExecutionLease, Failed, Retry, Suspended, open_backend
 from worker import run_delivery
 from worker.testing import FakeClock
@@ -141,20 +141,8 @@ def step_rows(path, execution_id: str) -> list[tuple[str, int, Any, int]]:
 
 
 def table(path, sql: str, *params) -> list[tuple]:
-    """Rows of a read-only query on the ledger, for tables the API does not list (starts, waiters),
-    on a connection of its own: a SQLite file's, or a PostgreSQL database's."""
-    if isinstance(path, str) and path.startswith("postgresql://"):
-        import psycopg
-
-        from supervisor.postgres.connection import translate
-
-        with psycopg.connect(path) as conn:
-            return conn.execute(translate(sql), params).fetchall()
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
+    """Rows of a read-only query on the ledger, for tables the API does not list (starts, waiters)."""
+    return [tuple(row) for row in query(path, sql, *params)]
 
 
 def result_of(record) -> Any:

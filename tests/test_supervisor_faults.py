@@ -16,12 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from faults import (HEARTBEAT_MS, LEASE_MS, admit, db, dump_on_hang, freeze, freeze_group, gone, last_write_at, ledger,
+from faults import (HEARTBEAT_MS, LEASE_MS, admit, dump_on_hang, freeze, freeze_group, gone, last_write_at, ledger,
                     read_log, sigkill, step_tokens, supervisors, thaw, thaw_group, wait_gone, wait_until)
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
-__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+__all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path):
+    """The ledger of the test's supervisors: a SQLite file, or a PostgreSQL database."""
+    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
 
 
 def hold_input(tmp_path, hold_tokens) -> dict:
