@@ -4,6 +4,7 @@ unwinding rules, with sync and async step functions, in-process and under a real
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 from collections import Counter
@@ -28,6 +29,7 @@ registry = Registry()
 def fresh_calls():
     calls.clear()
     hooks.clear()
+    flags.clear()
     yield
 
 
@@ -127,6 +129,73 @@ async def store(ctx, input):
     return await box.take("take", input)
 
 
+flags: dict = {}
+
+
+async def step_a():
+    return "a"
+
+
+async def step_b():
+    return "b"
+
+
+@registry.workflow("a.unnamed")
+async def unnamed(ctx, input):
+    first, second = (step_b, step_a) if flags.get("swapped") else (step_a, step_b)
+    one = await ctx.run(first)
+    await ctx.sleep("pause", 1)
+    return one + await ctx.run(second)
+
+
+async def _doubled(ctx, input):
+    return await ctx.run("fetch", fetch, input)
+
+
+class Doubler:
+    async def __call__(self, ctx, input):
+        return await _doubled(ctx, input)
+
+
+def wrapper(ctx, input):
+    """A plain function that returns a coroutine, as an undecorated wrapper would."""
+    return _doubled(ctx, input)
+
+
+registry.workflow("a.partial")(functools.partial(_doubled))
+registry.workflow("a.object")(Doubler())
+registry.workflow("a.wrapper")(wrapper)
+
+
+@registry.workflow("a.leftover")
+async def leftover(ctx, input):
+    async def background():
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            calls["background ended"] += 1
+
+    asyncio.create_task(background())
+    await asyncio.sleep(0)  # the task starts, then waits
+    return await ctx.run("fetch", fetch, input)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def backend(tmp_path, clock):
+    # A 1 ms redelivery delay, so a lease that expires can be claimed again right after.
+    with open_backend(tmp_path / "l.db", clock=clock, redelivery_delay=lambda n: 1) as opened:
+        yield opened
+
+
+def claim(backend):
+    return backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
+
+
 def record_of(backend, execution_id):
     record = backend.executions.get(execution_id)
     return record.status, json.loads(record.result_json or "null"), json.loads(record.error_json or "null")
@@ -200,28 +269,26 @@ def test_async_store_operations_apply_once():
 
 
 @pytest.mark.timeout(30)
-def test_a_stale_async_holder_is_stopped_and_writes_nothing_more(tmp_path):
-    clock = FakeClock()
-    with open_backend(tmp_path / "l.db", clock=clock, redelivery_delay=lambda n: 1) as backend:
-        backend.executions.admit("e1", "a.mixed", "1")
-        stale = backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
+def test_a_stale_async_holder_is_stopped_and_writes_nothing_more(tmp_path, backend, clock):
+    backend.executions.admit("e1", "a.mixed", "1")
+    stale = claim(backend)
 
-        def take_over():  # inside the `plain` step of the first delivery after the timer
-            clock.now = stale.expires_at + 1
-            assert backend.executions.claim_due(limit=1, duration=LEASE_MS)[0].token == stale.token + 1
+    def take_over():  # inside the `plain` step of the first delivery after the timer
+        clock.now = stale.expires_at + 1
+        assert claim(backend).token == stale.token + 1
 
-        assert run_delivery(backend, stale, registry) == Suspended()  # fetch, then the timer
-        assert backend.executions.acknowledge(stale, Suspended()) == Suspended()
-        clock.now += 10_000
-        stale = backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
-        hooks["plain"] = take_over
-        before = step_tokens(tmp_path / "l.db", "e1")
+    assert run_delivery(backend, stale, registry) == Suspended()  # fetch, then the timer
+    assert backend.executions.acknowledge(stale, Suspended()) == Suspended()
+    clock.now += 10_000
+    stale = claim(backend)
+    hooks["plain"] = take_over
+    before = step_tokens(tmp_path / "l.db", "e1")
 
-        assert run_delivery(backend, stale, registry) == LeaseLost()
+    assert run_delivery(backend, stale, registry) == LeaseLost()
 
-        assert step_tokens(tmp_path / "l.db", "e1") == before  # plain's write refused
-        assert calls == {"fetch": 1, "plain": 1}  # nothing ran after the refused write
-        assert backend.executions.acknowledge(stale, Completed("1")) == LeaseLost()
+    assert step_tokens(tmp_path / "l.db", "e1") == before  # plain's write refused
+    assert calls == {"fetch": 1, "plain": 1}  # nothing ran after the refused write
+    assert backend.executions.acknowledge(stale, Completed("1")) == LeaseLost()
 
 
 @pytest.mark.timeout(30)
@@ -241,6 +308,47 @@ def test_a_busy_database_in_an_async_workflow_asks_for_a_retry(tmp_path):
         assert isinstance(outcome, Retry) and "locked" in outcome.reason
         assert backend.heap.steps("e1") == []
         assert calls["fetch"] == 1  # it ran; its write was the one the lock held up
+
+
+@pytest.mark.timeout(30)
+def test_unnamed_async_steps_taken_in_another_order_fail_as_replay_diverged(backend, clock):
+    backend.executions.admit("e1", "a.unnamed", "null")
+    lease = claim(backend)
+    assert run_delivery(backend, lease, registry) == Suspended()
+    backend.executions.acknowledge(lease, Suspended())
+    flags["swapped"] = True
+    clock.advance(1_000)
+
+    outcome = run_delivery(backend, claim(backend), registry)
+
+    error = json.loads(outcome.error_json)
+    assert isinstance(outcome, Failed) and error["type"] == "ReplayDiverged"
+    assert "@1:step_a" in error["message"] and "@1:step_b" in error["message"]
+    assert [s.step_key for s in backend.heap.steps("e1")] == ["@1:step_a", "pause"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workflow", ["a.partial", "a.object", "a.wrapper"])
+def test_a_partial_a_callable_object_and_a_function_returning_a_coroutine_run_as_async(workflow):
+    record = run_workflow(registry, workflow, 4)
+    assert record.status == "completed" and json.loads(record.result_json) == 8
+    assert calls["fetch"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_tasks_an_async_workflow_leaves_running_are_cancelled_when_its_delivery_ends():
+    record = run_workflow(registry, "a.leftover", 1)
+    assert record.status == "completed" and json.loads(record.result_json) == 2
+    assert calls["background ended"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_run_workflow_runs_an_async_workflow_from_inside_a_running_event_loop():
+    async def test_body():
+        return run_workflow(registry, "a.mixed", 3)
+
+    record = asyncio.run(test_body())
+    assert record.status == "completed" and json.loads(record.result_json) == [6, 7, 14]
 
 
 # -- under a real supervisor --------------------------------------------------------------------

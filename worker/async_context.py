@@ -20,21 +20,57 @@ and every write is fenced. What async adds:
 - The request function of an external effect (`external=True`) must be a plain function.
 
 Each delivery runs on an event loop of its own (`asyncio.run`), closed when the delivery ends;
-tasks the workflow left running are cancelled then. Heartbeats are answered by a thread of the
+tasks the workflow left running are cancelled then. A delivery started where an event loop is
+already running in the thread (`worker.testing.run_workflow` from an async test) runs its loop
+on a thread of its own instead. The exceptions that end a delivery (`Suspend`, `StopDelivery`,
+`RetryLater`, `ReplayDiverged`) are `BaseException`s that are neither `KeyboardInterrupt` nor
+`SystemExit`: asyncio sets them on the task like any error, and `asyncio.run` raises them again,
+so the driver maps them exactly as for a sync workflow.
+
+A workflow is taken for async when it is a coroutine function, a `functools.partial` of one, or
+an object whose `__call__` is one (`is_async_workflow`). A plain function that returns a
+coroutine anyway (a decorator's wrapper, say) is called again with this context, its first
+coroutine closed unrun, provided it did not use the sync context it was given first: workflow
+code runs again on every delivery, so running its prologue twice is within its contract. Heartbeats are answered by a thread of the
 worker, not by the loop, so a step that blocks the loop does not silence the worker; one that
 holds the GIL in C code for longer than the heartbeat tolerance does, as in a sync workflow.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from supervisor.errors import InvalidArgument, StorageError
+from supervisor.errors import InvalidArgument
 
 from .context import WorkflowContext
 from .retry import RetryPolicy
 from .stores import StoreHandle
+
+
+def is_async_workflow(fn: Callable) -> bool:
+    """Whether the workflow `fn` is a coroutine function, a partial of one, or an object whose
+    `__call__` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def run_to_end(awaitable: Awaitable) -> Any:
+    """Run `awaitable` on an event loop of its own and return its result (or raise its error,
+    `BaseException`s included); the loop is closed, and tasks left running cancelled, at the end."""
+    main = awaitable if inspect.iscoroutine(awaitable) else _awaited(awaitable)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main)
+    # A loop runs in this thread already, and asyncio.run cannot nest: one thread for this loop.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="yieldstar-delivery") as pool:
+        return pool.submit(asyncio.run, main).result()
+
+
+async def _awaited(awaitable: Awaitable) -> Any:
+    return await awaitable
 
 
 class AsyncWorkflowContext(WorkflowContext):
@@ -82,10 +118,8 @@ class AsyncWorkflowContext(WorkflowContext):
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = await value
-        except StorageError as exc:
-            raise self._writer.failed(exc) from exc  # a fault of the host, never the step's error
         except Exception as exc:
-            return self._failed_attempt(key, attempt, exc, policy)
+            return self._step_raised(key, attempt, exc, policy)
         finally:
             self._busy = None
         return self._step_done(key, attempt, value)

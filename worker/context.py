@@ -217,12 +217,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
             return replayed
         try:
             value = fn(*args, **kwargs)
-        except StorageError as exc:
-            # The step called the ledger itself and its storage failed: a fault of the host, not
-            # of the step, so it is not recorded as the step's error; the delivery is retried.
-            raise self._writer.failed(exc) from exc
         except Exception as exc:
-            return self._failed_attempt(key, attempt, exc, policy)
+            return self._step_raised(key, attempt, exc, policy)
         if inspect.iscoroutine(value):
             value.close()  # never run: nothing of it happened
             raise InvalidArgument(f"step {key!r}: {_name(fn)} is a coroutine function; run it from an async def"
@@ -258,6 +254,15 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         if type(value) in _JSON_SCALARS and record.step_response_json == response:
             return value  # recorded as sent, so decoding the record would give this very value
         return self._replay(key, record)
+
+    def _step_raised(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
+        """What a step's function raising `exc` comes to: a recorded failed attempt (see
+        `_failed_attempt`), or, for a storage error, the end of the delivery."""
+        if isinstance(exc, StorageError):
+            # The step called the ledger itself and its storage failed: a fault of the host, not
+            # of the step, so it is not recorded as the step's error; the delivery is retried.
+            raise self._writer.failed(exc) from exc
+        return self._failed_attempt(key, attempt, exc, policy)
 
     def _failed_attempt(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
         if isinstance(exc, RetryableError):

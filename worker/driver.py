@@ -11,8 +11,10 @@
 | meets a storage error anywhere in the delivery     | `Retry(reason, storage_error=kind)`: never a workflow outcome |
 | loses its lease, or its parent goes silent         | `LeaseLost`: stopped at once, no more writes |
 
-An `async def` workflow runs on an event loop of its own for the delivery (`asyncio.run`), with
-an `AsyncWorkflowContext`, and ends in the same outcomes by the same rules.
+An `async def` workflow (a coroutine function, a partial of one, an object with an async
+`__call__`, or a plain function that returns a coroutine) runs on an event loop of its own for
+the delivery (`asyncio.run`), with an `AsyncWorkflowContext`, and ends in the same outcomes by
+the same rules: the unwinding exceptions come out of the loop as they went in.
 
 A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
 `StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
@@ -30,7 +32,6 @@ claimable not yet due, ask for a wake that is already due, and be claimed again 
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from typing import Callable, Optional
@@ -38,7 +39,7 @@ from typing import Callable, Optional
 from supervisor.errors import StorageError
 from supervisor.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
-from .async_context import AsyncWorkflowContext
+from .async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
 from .context import WorkflowContext, error_info
 from .fenced import FencedWriter, always
 from .registry import Registry
@@ -86,14 +87,21 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
             known = ", ".join(registry.names()) or "none"
             return failure("UnknownWorkflow",
                            f"no workflow is registered as {execution.workflow!r} (registered: {known})")
-        asynchronous = inspect.iscoroutinefunction(fn)
+        recorded = backend.heap.steps(lease.execution_id)
+        asynchronous = is_async_workflow(fn)
         context = AsyncWorkflowContext if asynchronous else WorkflowContext
-        ctx = context(writer, execution, backend.heap.steps(lease.execution_id), backend.clock, claimed_at)
+        ctx = context(writer, execution, recorded, backend.clock, claimed_at)
         try:
             if asynchronous:  # on an event loop of its own, closed with the delivery
-                result = asyncio.run(fn(ctx, json.loads(execution.input_json)))
+                result = run_to_end(fn(ctx, json.loads(execution.input_json)))
             else:
                 result = fn(ctx, json.loads(execution.input_json))
+                if inspect.iscoroutine(result) and not ctx._keys_used:
+                    # A plain function that returned a coroutine, without using its context: it
+                    # is an async workflow after all (see worker/async_context.py).
+                    result.close()
+                    ctx = AsyncWorkflowContext(writer, execution, recorded, backend.clock, claimed_at)
+                    result = run_to_end(fn(ctx, json.loads(execution.input_json)))
         except Suspend:
             return Suspended()
         except StopDelivery:
