@@ -8,14 +8,17 @@ import functools
 import json
 import sqlite3
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from faults import (TESTS, admit, db, dump_on_hang, freeze, ledger, read_log, step_tokens, supervisors, wait_gone,
-                    wait_until)
+from faults import (TESTS, admit, db, dump_on_hang, freeze, freeze_group, ledger, read_log, step_tokens, supervisors,
+                    thaw_group, wait_gone, wait_until)
 from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Retry, Suspended, open_backend
 from worker import Registry, RetryableError, StepFailed, run_delivery
 from worker.testing import FakeClock, run_workflow
+
+pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
 __all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
@@ -391,3 +394,34 @@ def test_a_frozen_async_worker_is_killed_and_replaced_and_its_execution_delivere
     assert ledger.executions.acknowledge(stale, Failed('{"type": "late"}')) == LeaseLost()
     assert ledger.heap.write_step(stale, step_key="late", step_attempt=1, done=True,
                                   step_response_json='{"value": 1}') == LeaseLost()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_frozen_async_worker_thawed_after_a_takeover_has_its_late_write_refused(db, ledger, supervisors, tmp_path):
+    log, gate = str(tmp_path / "effects.log"), str(tmp_path / "gate")
+    admit(db, "paused", "sv.async_hold", {"log": log, "gate": gate, "hold_tokens": [1]})
+    # Its workers wait 50 heartbeats for it, so a frozen worker survives the pause and resumes.
+    first = supervisors.start(db, concurrency=1, extra=("--heartbeat-misses", "50"))
+    stale = wait_until(lambda: next((e for e in read_log(log) if e.event == "waiting" and e.token == 1), None)).pid
+    freeze_group(first.pgid)  # the supervisor and its worker, mid-step, as a paused host would be
+
+    second = supervisors.start(db, concurrency=1)
+    wait_until(lambda: ledger.executions.get("paused").status == "completed", timeout=30, message="the takeover")
+    history = [(h.token, h.ended_by, h.outcome) for h in ledger.executions.history("paused")]
+    assert history == [(1, "superseded", None), (2, "acknowledged", "completed")]
+    steps = step_tokens(db, "paused")
+    assert steps == [("before", 1, 1), ("hold", 1, 2), ("after", 1, 2)]
+
+    Path(gate).touch()  # the stale worker's step may now end, and its write be tried...
+    thaw_group(first.pgid)
+    refused = "delivery execution=paused token=1 outcome=lost"
+    killed = f"token 1: the lease is lost; killing worker pid {stale}"
+    wait_until(lambda: refused in first.log() or killed in first.log(), message="the stale delivery to end")
+    if killed in first.log():
+        wait_gone([stale], timeout=15)
+    assert first.popen.poll() is None and second.popen.poll() is None
+    # ...and nothing it did counted: the records and the outcome are the new holder's.
+    assert step_tokens(db, "paused") == steps
+    assert [(h.token, h.ended_by, h.outcome) for h in ledger.executions.history("paused")] == history
+    assert ("after", 1) not in [(e.step_key, e.token) for e in read_log(log)]
