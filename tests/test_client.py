@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from faults import TESTS, cli, db, dump_on_hang, ledger, supervisors, wait_until
+from faults import TESTS, cli, dump_on_hang, ledger, query, supervisors, wait_until
 from supervisor import ExecutionConflict, open_backend
 from supervisor.errors import UnknownExecution
 from supervisor.nudge import outcomes_dir
@@ -25,15 +23,28 @@ from worker import AsyncClient, Client, Registry, WorkflowCancelled, WorkflowFai
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
-__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
+__all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
 APP = str(TESTS / "apps" / "client_app.py")
 NEVER_POLL_S = 600.0  # longer than any test: a wait these tests see end was woken by an announcement
 
 
-def rows(db: Path) -> list[tuple]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("SELECT execution_id, workflow, input_json, status FROM executions ORDER BY 1").fetchall()
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path):
+    """The ledger of the test: a SQLite file, or a PostgreSQL database (whose waiting clients
+    are woken by NOTIFY instead of the host's sockets)."""
+    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
+
+
+@pytest.fixture
+def sqlite_db(tmp_path):
+    """For the tests of the host's outcome sockets, which only a SQLite ledger uses."""
+    return tmp_path / "ledger.db"
+
+
+def rows(db) -> list[tuple]:
+    return [tuple(row) for row in query(db, "SELECT execution_id, workflow, input_json, status FROM executions"
+                                            " ORDER BY execution_id")]
 
 
 def tell_when_read(client: Client) -> threading.Event:
@@ -133,8 +144,8 @@ def test_many_waiters_in_threads_and_tasks_are_woken_by_the_one_commit_that_ends
 
 
 @pytest.mark.timeout(60)
-def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(db, supervisors, tmp_path):
-    gate = tmp_path / "gate"
+def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(sqlite_db, supervisors, tmp_path):
+    gate, db = tmp_path / "gate", sqlite_db
     supervisors.start(db, app=APP)
     with Client(db, poll_s=0.2) as client:
         handle = client.start("cl.gated", {"gate": str(gate), "value": 3})
@@ -152,7 +163,8 @@ def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(db, supervisors, 
 
 
 @pytest.mark.timeout(30)
-def test_an_execution_purged_while_its_result_is_awaited_is_unknown(db):
+def test_an_execution_purged_while_its_result_is_awaited_is_unknown(sqlite_db):
+    db = sqlite_db
     with Client(db, poll_s=0.2) as client:
         handle = client.start("cl.echo", 1)  # no supervisor runs it
         folder = outcomes_dir(str(db))
