@@ -161,6 +161,10 @@ class Session:
 class Connection:
     """A thread-safe wrapper around one psycopg connection, opened again after it breaks."""
 
+    #: Writers lock rows, not the database: a write transaction that finds nothing to do blocks
+    #: no one, so there is no need to look before writing.
+    whole_database_write_lock = False
+
     def __init__(self, uri: str, *, durability: str = "normal", lock_timeout_ms: int = LOCK_TIMEOUT_MS,
                  idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS, delays: Sequence[int] = (1000,)):
         """`delays`: the redelivery delay after 1, 2, ... unacknowledged deliveries (the last one

@@ -204,6 +204,9 @@ class Connection:
     its journal mode and its schema are `SqliteBackend`'s opening steps.
     """
 
+    #: A write transaction takes the whole database's write lock (see the module docstring).
+    whole_database_write_lock = True
+
     def __init__(self, path: str, *, durability: str = "normal", functions: Sequence[tuple[str, int, Callable]] = ()):
         check_durability(durability)
         self.path = os.fspath(path)

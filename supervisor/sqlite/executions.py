@@ -356,10 +356,12 @@ class SqliteExecutionClient(ExecutionClient):
         if limit == 0:
             return []
         # Look before taking the write lock: an idle supervisor's empty poll then costs a read,
-        # and does not queue behind (or hold up) other processes' writes.
-        with self._conn.read() as db:
-            if not self._claimable(db, now, limit):
-                return []
+        # and does not queue behind (or hold up) other processes' writes. A backend with row
+        # locks (PostgreSQL) has no such lock to spare: its claim skips the rows others hold.
+        if self._conn.whole_database_write_lock:
+            with self._conn.read() as db:
+                if not self._claimable(db, now, limit):
+                    return []
         leases = []
         with self._conn.write(flush=True) as db:  # a claim lost in a crash could hand a token out twice
             now = self._now_locked(given, now)
