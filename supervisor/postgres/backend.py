@@ -17,12 +17,7 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument, NoLedger, StorageError
-from ..sqlite.backend import CHECKED_DELAYS, _checked_delay, default_redelivery_delay
-from ..sqlite.effects import SqliteEffectClient
-from ..sqlite.executions import SqliteExecutionClient
-from ..sqlite.heap import SqliteHeapClient
-from ..sqlite.starts import SqliteStartClient
-from ..sqlite.stores import SqliteStoreClient
+from ..sqlite.backend import CHECKED_DELAYS, LedgerTables, _checked_delay, default_redelivery_delay
 from . import notify
 from .connection import Connection, check_uri, redacted
 from .schema import SCHEMA_VERSION, migrate, recognise
@@ -30,7 +25,7 @@ from .schema import SCHEMA_VERSION, migrate, recognise
 SERVER_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
-class PostgresBackend:
+class PostgresBackend(LedgerTables):
     def __init__(self, uri, *, clock: Optional[Callable[[], int]] = None,
                  redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal",
                  create: bool = True):
@@ -55,13 +50,7 @@ class PostgresBackend:
             self._conn.close()
             raise
         self._uri = uri
-        announce = self._announce_due
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce,
-                                                on_ended=self._announce_ended)
-        self.heap = SqliteHeapClient(self._conn, self._clock)
-        self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
-        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
-        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
+        self._open_tables()
 
     def _announce_due(self) -> None:
         try:
@@ -86,21 +75,3 @@ class PostgresBackend:
     def _server_clock(self) -> int:
         return self._conn.execute(SERVER_CLOCK).fetchone()[0]
 
-    def _clock(self) -> int:
-        return arguments.integer("clock()", self.clock())
-
-    @property
-    def connection(self) -> Connection:
-        return self._conn
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> "PostgresBackend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"PostgresBackend({self.path!r})"

@@ -87,7 +87,48 @@ def _checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
     return delay
 
 
-class SqliteBackend:
+class LedgerTables:
+    """What every backend shares: the ledger's table clients (this package's modules) on the
+    backend's connection, its checked clock, and closing. A backend sets `self.clock`,
+    `self.redelivery_delay` and `self._conn`, then calls `_open_tables()`, and says how it
+    announces work that became due and executions that ended."""
+
+    def _open_tables(self) -> None:
+        announce = self._announce_due
+        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce,
+                                                on_ended=self._announce_ended)
+        self.heap = SqliteHeapClient(self._conn, self._clock)
+        self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
+        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
+        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
+
+    def _announce_due(self) -> None:
+        raise NotImplementedError
+
+    def _announce_ended(self, execution_ids: list[str]) -> None:
+        raise NotImplementedError
+
+    def _clock(self) -> int:
+        return arguments.integer("clock()", self.clock())
+
+    @property
+    def connection(self):
+        return self._conn
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+
+class SqliteBackend(LedgerTables):
     """A ledger on one SQLite file. Any number of processes may open the same file at once.
 
     Raises (when opening):
@@ -114,13 +155,7 @@ class SqliteBackend:
         self.path = os.fspath(path)
         self.durability = durability
         self._conn = self._open(create)
-        announce = self._announce_due
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce,
-                                                on_ended=self._announce_ended)
-        self.heap = SqliteHeapClient(self._conn, self._clock)
-        self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
-        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
-        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
+        self._open_tables()
 
     def _open(self, create: bool) -> Connection:
         """Open the ledger in steps, none of which writes before the file is known to be one.
@@ -192,25 +227,9 @@ class SqliteBackend:
             raise OSError("an in-memory ledger has no neighbours to hear from")
         return OutcomeListener(self.path)
 
-    def _clock(self) -> int:
-        return arguments.integer("clock()", self.clock())
-
-    @property
-    def connection(self) -> Connection:
-        return self._conn
-
     def close(self) -> None:
         self._conn.close()
         self._hold.release()  # after the connection: see `files`
-
-    def __enter__(self) -> "SqliteBackend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SqliteBackend({self.path!r})"
 
 
 def open_backend(path, *, clock=None, redelivery_delay=None, durability="normal", create=True) -> SqliteBackend:
