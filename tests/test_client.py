@@ -47,6 +47,12 @@ def rows(db) -> list[tuple]:
                                             " ORDER BY execution_id")]
 
 
+def waiters(client, execution_id: str) -> int:
+    """How many of the client's result() calls are registered to be woken for `execution_id`."""
+    watch = client._watch
+    return 0 if watch is None else len(watch._waiters.get(execution_id, {}))
+
+
 def tell_when_read(client: Client) -> threading.Event:
     """An event set once the client has read an execution's record (a waiter's first look)."""
     read, get = threading.Event(), client.backend.executions.get
@@ -130,7 +136,9 @@ def test_many_waiters_in_threads_and_tasks_are_woken_by_the_one_commit_that_ends
             async with AsyncClient(db, poll_s=NEVER_POLL_S) as aclient:
                 ahandle = await aclient.handle(handle.execution_id)
                 waiting = [asyncio.ensure_future(ahandle.result(timeout=60)) for _ in range(40)]
-                await asyncio.sleep(0.5)  # let every task register before the gate opens
+                while waiters(aclient, handle.execution_id) < 40:  # every task registered, before the gate
+                    await asyncio.sleep(0.01)
+                wait_until(lambda: waiters(client, handle.execution_id) == 40)  # every thread too
                 assert not any(task.done() for task in waiting)
                 gate.touch()
                 return await asyncio.gather(*waiting)

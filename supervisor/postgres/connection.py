@@ -137,11 +137,12 @@ def translate(sql: str) -> str:
     """The PostgreSQL form of a ledger statement, as the table modules write them for SQLite:
     `?` and `:name` parameters become psycopg's, a row lock written as a comment
     (`/*FOR UPDATE*/`, which SQLite ignores) becomes a clause, an index hint goes, `rowid` is
-    the `seq` column, and the redelivery delay is the session's own function."""
+    the `seq` column, and the functions SQLite has from the backend (`yieldstar_delay`,
+    `yieldstar_max`) are the session's own."""
     sql = _INDEXED_BY.sub("", sql)
     sql = _ROW_LOCK.sub(r"\1", sql)
     sql = _ROWID.sub("seq", sql)
-    sql = sql.replace("yieldstar_delay(", "pg_temp.yieldstar_delay(").replace("MAX(", "pg_temp.yieldstar_max(")
+    sql = sql.replace("yieldstar_delay(", "pg_temp.yieldstar_delay(").replace("yieldstar_max(", "pg_temp.yieldstar_max(")
     return _PARAMETER.sub(lambda m: "%%" if m.group(0) == "%" else "%s" if m.group(0) == "?"
                           else f"%({m.group(1)})s", sql)
 

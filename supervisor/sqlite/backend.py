@@ -67,6 +67,12 @@ def default_redelivery_delay(n: int) -> int:
 CHECKED_DELAYS = 64
 
 
+def _max_or_null(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    """The later of two times, or NULL if either is (SQLite's own two-argument MAX, named the
+    same on both backends: see `supervisor.postgres.connection.SESSION_FUNCTIONS`)."""
+    return None if a is None or b is None else max(a, b)
+
+
 def _checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
     if not callable(fn):
         raise InvalidArgument(f"redelivery_delay must be callable, not {type(fn).__name__}")
@@ -182,7 +188,7 @@ class SqliteBackend(LedgerTables):
         version = 0
         if self.path != MEMORY:
             version = patiently(lambda: probe(self.path, self._recognise), deadline=deadline)
-        functions = [("yieldstar_delay", 1, self.redelivery_delay)]
+        functions = [("yieldstar_delay", 1, self.redelivery_delay), ("yieldstar_max", 2, _max_or_null)]
         conn = patiently(lambda: Connection(self.path, durability=self.durability, functions=functions),
                          deadline=deadline)
         try:

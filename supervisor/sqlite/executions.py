@@ -104,7 +104,7 @@ RELEASE = """
 UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
     lease_expires_at = NULL, unacknowledged_deliveries = unacknowledged_deliveries + 1,
     delivery_ended_at = ?, wake_during_lease = NULL,
-    ready_at = MAX(due_at, ? + yieldstar_delay(unacknowledged_deliveries + 1)),
+    ready_at = yieldstar_max(due_at, ? + yieldstar_delay(unacknowledged_deliveries + 1)),
     updated_at = ?
 WHERE execution_id = ? AND token = ? AND status = 'running'"""
 
