@@ -3,10 +3,10 @@
 The ledger API (SPEC section 3) is importable from here.
 """
 
-from .errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
-from .backends import open_backend
-from .sqlite.backend import SqliteBackend
-from .values import (
+from .ledger.errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
+from .ledger.backends import open_backend
+from .ledger.sqlite.backend import SqliteBackend
+from .ledger.values import (
     Completed,
     DeliveryEnd,
     ExecutionLease,

@@ -33,7 +33,7 @@ import psutil
 
 from worker.demo_shop import PaymentProvider
 
-from .backends import open_backend
+from .ledger.backends import open_backend
 
 LEASE_MS = 1500
 RENEW_MS = 400

@@ -50,8 +50,8 @@ from typing import Callable, Optional
 
 from worker.registry import AppNotFound, check_app_name
 
-from .backends import open_backend, shown
-from .errors import InvalidArgument, LedgerUnusable, StorageError
+from .ledger.backends import open_backend, shown
+from .ledger.errors import InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
 from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool

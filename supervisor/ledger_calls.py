@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .errors import StorageError
+from .ledger.errors import StorageError
 
 log = logging.getLogger("yieldstar.supervisor")
 

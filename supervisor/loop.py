@@ -24,11 +24,11 @@ from typing import Callable, Optional
 
 from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
 
-from .errors import TRANSIENT_KINDS, LedgerGone, LedgerUnusable, StorageError
+from .ledger.errors import TRANSIENT_KINDS, LedgerGone, LedgerUnusable, StorageError
 from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
-from .nudge import NudgeListener
+from .ledger.sqlite.nudge import NudgeListener
 from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
-from .values import LeaseLost, Renewed, Retry
+from .ledger.values import LeaseLost, Renewed, Retry
 
 log = logging.getLogger("yieldstar.supervisor")
 

@@ -8,7 +8,7 @@ samples agree with each other.
 
 from __future__ import annotations
 
-from .values import LedgerStats
+from .ledger.values import LedgerStats
 
 
 def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:

@@ -26,9 +26,9 @@ from typing import Optional
 
 from worker.protocol import EXIT_CODES, READY
 
-from .backends import is_uri
-from .errors import YieldstarError
-from .values import ExecutionLease
+from .ledger.backends import is_uri
+from .ledger.errors import YieldstarError
+from .ledger.values import ExecutionLease
 
 log = logging.getLogger("yieldstar.supervisor")
 

@@ -29,9 +29,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .errors import StorageBusy
+from .ledger.errors import StorageBusy
 from .humane import format_duration, format_time
-from .values import LedgerStats
+from .ledger.values import LedgerStats
 
 QUIT_KEYS = ("q", "Q")
 

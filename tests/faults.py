@@ -281,7 +281,7 @@ def query(db, sql: str, *params) -> list[tuple]:
     if isinstance(db, str) and db.startswith("postgresql://"):
         import psycopg
 
-        from supervisor.postgres.connection import translate
+        from supervisor.ledger.postgres.connection import translate
 
         with psycopg.connect(db) as conn:
             return conn.execute(translate(sql), params).fetchall()

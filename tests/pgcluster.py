@@ -1,10 +1,10 @@
-"""The test suite's PostgreSQL server (see `supervisor.postgres.cluster`)."""
+"""The test suite's PostgreSQL server (see `supervisor.ledger.postgres.cluster`)."""
 
 from __future__ import annotations
 
 import os
 
-from supervisor.postgres.cluster import Cluster, available
+from supervisor.ledger.postgres.cluster import Cluster, available
 
 
 def cluster_fixture():

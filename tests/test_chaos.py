@@ -26,7 +26,7 @@ from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
 from supervisor.chaos.workload import plan_workload
-from supervisor.errors import InvalidArgument, StorageError
+from supervisor.ledger.errors import InvalidArgument, StorageError
 from worker.chaos_app import COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500

@@ -29,7 +29,7 @@ import pytest
 
 from faults import APP, ROOT, admit, cli, db, dump_on_hang, ledger, supervisors, wait_gone, wait_until
 from supervisor import open_backend
-from supervisor.nudge import nudge_dir
+from supervisor.ledger.sqlite.nudge import nudge_dir
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 

@@ -31,7 +31,7 @@ from supervisor.humane import (
     relative,
 )
 from supervisor.metrics import exposition
-from supervisor.values import LedgerStats, WaitReason
+from supervisor.ledger.values import LedgerStats, WaitReason
 
 __all__ = ["supervisors"]  # a fixture imported from faults
 

@@ -16,9 +16,9 @@ import pytest
 
 from faults import TESTS, cli, dump_on_hang, ledger, query, supervisors, wait_until
 from supervisor import ExecutionConflict, open_backend
-from supervisor.errors import UnknownExecution
-from supervisor.nudge import outcomes_dir
-from supervisor.values import SettleConflict
+from supervisor.ledger.errors import UnknownExecution
+from supervisor.ledger.sqlite.nudge import outcomes_dir
+from supervisor.ledger.values import SettleConflict
 from worker import AsyncClient, Client, Registry, WorkflowCancelled, WorkflowFailed
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")

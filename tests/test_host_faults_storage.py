@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 
 from faults import cli, dump_on_hang, fill_disk, tmpfs
-from supervisor import errors, open_backend
-from supervisor.sqlite import connection
-from supervisor.sqlite import backend as sqlite_backend
-from supervisor.sqlite.schema import SCHEMA_VERSION, tables_at
+from supervisor import open_backend
+from supervisor.ledger import errors
+from supervisor.ledger.sqlite import connection
+from supervisor.ledger.sqlite import backend as sqlite_backend
+from supervisor.ledger.sqlite.schema import SCHEMA_VERSION, tables_at
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 

@@ -21,8 +21,8 @@ from hypothesis import given, settings
 
 from faults import damage_table, fill_disk, tmpfs
 from supervisor import Completed, Retry, Suspended, open_backend
-from supervisor.arguments import identifier
-from supervisor.errors import StorageUnavailable
+from supervisor.ledger.arguments import identifier
+from supervisor.ledger.errors import StorageUnavailable
 from worker import Registry, run_delivery
 from worker.derived_ids import derived_id
 from worker.testing import FakeClock, WorkflowStuck, run_workflow

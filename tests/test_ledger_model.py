@@ -39,7 +39,7 @@ from supervisor import (
     Suspended,
     open_backend,
 )
-from supervisor.errors import ExecutionConflict, UnknownExecution
+from supervisor.ledger.errors import ExecutionConflict, UnknownExecution
 
 IDS = ["a", "b", "c", "d"]
 TERMINAL = ("completed", "failed")

@@ -19,9 +19,9 @@ from supervisor import (
     UnknownExecution,
     open_backend,
 )
-from supervisor.sqlite import executions as sqlite_executions
-from supervisor.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
-from supervisor.values import WaitReason
+from supervisor.ledger.tables import executions as table_executions
+from supervisor.ledger.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
+from supervisor.ledger.values import WaitReason
 
 LEASE_MS = 30_000
 
@@ -253,7 +253,7 @@ def test_purge_deletes_old_terminal_executions_with_what_is_only_theirs(backend,
 
 
 def test_purge_keeps_a_child_while_its_parent_is_not_terminal(backend, clock, monkeypatch):
-    monkeypatch.setattr(sqlite_executions, "PURGE_BATCH", 2)  # the kept children span batches
+    monkeypatch.setattr(table_executions, "PURGE_BATCH", 2)  # the kept children span batches
     backend.executions.admit("parent", "p")
     backend.executions.admit("done-parent", "p")
     for n in range(5):
@@ -276,7 +276,7 @@ def test_purge_keeps_a_child_while_its_parent_is_not_terminal(backend, clock, mo
 
 def test_purge_works_in_batches_each_its_own_transaction(tmp_path, clock, monkeypatch):
     backend = open_backend(tmp_path / "ledger.db", clock=clock)  # SQLite's trace shows the transactions
-    monkeypatch.setattr(sqlite_executions, "PURGE_BATCH", 7)
+    monkeypatch.setattr(table_executions, "PURGE_BATCH", 7)
     for n in range(50):
         backend.executions.admit(f"e{n}", "order")
         backend.executions.cancel(f"e{n}")

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 from supervisor import open_backend
-from supervisor.errors import LedgerGone, NoLedger, NotALedger, SchemaTooNew, StorageBusy, StorageUnavailable
-from supervisor.postgres.connection import Connection, redacted
-from supervisor.postgres.schema import SCHEMA_VERSION, TABLES, migrate
+from supervisor.ledger.errors import LedgerGone, NoLedger, NotALedger, SchemaTooNew, StorageBusy, StorageUnavailable
+from supervisor.ledger.postgres.connection import Connection, redacted
+from supervisor.ledger.postgres.schema import SCHEMA_VERSION, TABLES, migrate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,8 +36,8 @@ def open_ledger(uri: str, **kwargs) -> Connection:
 
 OPEN_AND_MIGRATE = """
 import sys
-from supervisor.postgres.connection import Connection
-from supervisor.postgres.schema import migrate
+from supervisor.ledger.postgres.connection import Connection
+from supervisor.ledger.postgres.schema import migrate
 conn = Connection(sys.argv[1])
 with conn.write() as db:
     print(migrate(db, sys.argv[1]))

@@ -24,7 +24,7 @@ from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, dump_on_ha
                     max_overlap, process_tree, read_log, step_tokens, supervisors, wait_until)
 from supervisor import ExecutionRecord, HeapRecord
 from supervisor.dispatcher import Supervisor, SupervisorConfig
-from supervisor.nudge import nudge_dir
+from supervisor.ledger.sqlite.nudge import nudge_dir
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 

@@ -15,9 +15,9 @@ from faults import ROOT, cli, supervisors, wait_until
 from rich.console import Console
 
 from supervisor import ExecutionRecord, open_backend
-from supervisor.errors import StorageBusy
+from supervisor.ledger.errors import StorageBusy
 from supervisor.top import deliveries_per_second, render, run
-from supervisor.values import LedgerStats, LiveLease
+from supervisor.ledger.values import LedgerStats, LiveLease
 
 __all__ = ["supervisors"]  # a fixture imported from faults
 

@@ -43,7 +43,7 @@ import concurrent.futures
 import inspect
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from supervisor.errors import InvalidArgument
+from supervisor.ledger.errors import InvalidArgument
 
 from .context import WorkflowContext
 from .retry import RetryPolicy

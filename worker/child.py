@@ -20,9 +20,9 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from supervisor.errors import StorageError
-from supervisor.backends import open_backend
-from supervisor.values import ExecutionLease, Retry
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.backends import open_backend
+from supervisor.ledger.values import ExecutionLease, Retry
 
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent

@@ -13,7 +13,7 @@ its event loop: ledger calls run on a thread of the client's own.
 
 Waiting (SPEC section 9): `result()` does not poll the ledger in a loop. The commit that makes
 an execution terminal announces its id to every waiting client on the host (a datagram to a
-socket of theirs, see `supervisor.nudge`); one thread per client listens, reads the records of
+socket of theirs, see `supervisor.ledger.sqlite.nudge`); one thread per client listens, reads the records of
 the announced executions it waits for, and wakes their waiters, however many threads or tasks
 wait on them. An announcement can be lost (a full socket buffer, a commit made by a process of
 an older version): the thread then finds the outcome at its next slow poll, every `poll_s`
@@ -32,9 +32,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Optional
 
-from supervisor import arguments, open_backend
-from supervisor.errors import InvalidArgument, UnknownExecution, YieldstarError
-from supervisor.values import EffectState, ExecutionRecord, SettleConflict
+from supervisor import open_backend
+from supervisor.ledger import arguments
+from supervisor.ledger.errors import InvalidArgument, UnknownExecution, YieldstarError
+from supervisor.ledger.values import EffectState, ExecutionRecord, SettleConflict
 
 from .registry import Registry
 

@@ -23,9 +23,9 @@ import json
 import traceback
 from typing import Any, Callable, Optional
 
-from supervisor.arguments import finite, identifier
-from supervisor.errors import InvalidArgument, StorageError
-from supervisor.values import ExecutionRecord, HeapRecord
+from supervisor.ledger.arguments import finite, identifier
+from supervisor.ledger.errors import InvalidArgument, StorageError
+from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
 from .derived_ids import derived_id
 from .effects import EffectsMixin

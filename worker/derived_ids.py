@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from supervisor.arguments import MAX_ID_LENGTH
+from supervisor.ledger.arguments import MAX_ID_LENGTH
 
 HASHED_PREFIX = 180  # how much of the escaped execution id a hashed id keeps, for readers
 

@@ -36,8 +36,8 @@ import inspect
 import json
 from typing import Callable, Optional
 
-from supervisor.errors import StorageError
-from supervisor.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
 from .async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
 from .context import WorkflowContext, error_info

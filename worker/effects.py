@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, NamedTuple, Optional
 
-from supervisor.arguments import to_json
-from supervisor.values import SettleConflict
+from supervisor.ledger.arguments import to_json
+from supervisor.ledger.values import SettleConflict
 
 from .retry import RetryPolicy
 

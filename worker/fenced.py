@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional
 
-from supervisor.errors import StorageError
-from supervisor.values import ExecutionLease, HeapRecord, LeaseLost
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.values import ExecutionLease, HeapRecord, LeaseLost
 
 from .unwinding import RetryLater, StopDelivery
 

@@ -9,8 +9,8 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
-from supervisor.arguments import identifier
-from supervisor.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.arguments import identifier
+from supervisor.ledger.errors import InvalidArgument, YieldstarError
 
 WorkflowFunction = Callable[[Any, Any], Any]
 

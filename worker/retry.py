@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from supervisor.arguments import finite
-from supervisor.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.arguments import finite
+from supervisor.ledger.errors import InvalidArgument, YieldstarError
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from supervisor.arguments import to_json
-from supervisor.values import ExecutionStatus
+from supervisor.ledger.arguments import to_json
+from supervisor.ledger.values import ExecutionStatus
 
 
 class StartsMixin:

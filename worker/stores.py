@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Iterable
 
-from supervisor.arguments import to_json
-from supervisor.errors import InvalidArgument
-from supervisor.ledger import NoMatch
+from supervisor.ledger.arguments import to_json
+from supervisor.ledger.errors import InvalidArgument
+from supervisor.ledger.contract import NoMatch
 
 
 def _matches(item: Any, match: Any) -> bool:

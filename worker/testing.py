@@ -19,7 +19,7 @@ import tempfile
 from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
-from supervisor.errors import TRANSIENT_KINDS, YieldstarError
+from supervisor.ledger.errors import TRANSIENT_KINDS, YieldstarError
 
 from .driver import run_delivery
 from .registry import Registry

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from ..errors import InvalidArgument
+from ..ledger.errors import InvalidArgument
 from .config import ChaosConfig
 from .disk import can_mount
 from .faults import ALL_KINDS, FaultKind
@@ -20,7 +20,7 @@ from .fleet import CLOCK_SKEW_ENV, ROOT
 
 CLOCK_PROBE = """
 import json, os, sys, time
-from supervisor.backends import open_backend
+from supervisor.ledger.backends import open_backend
 with open_backend(sys.argv[1]) as backend:
     before = time.time_ns() // 1_000_000
     record = backend.executions.admit("clock-probe", "clock-probe")

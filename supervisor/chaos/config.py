@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from ..errors import InvalidArgument
+from ..ledger.errors import InvalidArgument
 from .faults import ALL_KINDS, FaultKind
 
 

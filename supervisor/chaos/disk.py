@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Optional
 
-from ..errors import InvalidArgument
+from ..ledger.errors import InvalidArgument
 
 MOUNT_POINT = "ledger"  # inside the work folder
 MIN_SIZE_MB = 256

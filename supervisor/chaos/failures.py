@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any, Optional
 
-from .. import errors
+from ..ledger import errors
 from .recorded import RecordedValues, value_of
 
 CHAOS_WORKFLOW = "chaos.mixed"

@@ -52,9 +52,9 @@ import psutil
 
 from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
 
-from ..errors import InvalidArgument, YieldstarError
-from ..backends import open_backend
-from ..sqlite.backend import SqliteBackend
+from ..ledger.errors import InvalidArgument, YieldstarError
+from ..ledger.backends import open_backend
+from ..ledger.sqlite.backend import SqliteBackend
 from . import faults
 from .capabilities import applicable_kinds
 from .checker import check

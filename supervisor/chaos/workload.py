@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import StorageError
+from ..ledger.errors import StorageError
 
 STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import click
 
-from ..errors import UnknownExecution, YieldstarError
-from ..backends import open_backend
+from ..ledger.errors import UnknownExecution, YieldstarError
+from ..ledger.backends import open_backend
 
 EXIT_UNKNOWN = 1
 EXIT_BAD_INPUT = 2

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import click
 
 from ..humane import format_time, parse_time
-from ..values import ExecutionRecord, ExecutionStatus, WaitReason
+from ..ledger.values import ExecutionRecord, ExecutionStatus, WaitReason
 from . import (
     EXIT_UNKNOWN,
     as_json,

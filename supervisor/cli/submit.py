@@ -7,7 +7,7 @@ import uuid
 
 import click
 
-from ..values import SettleConflict
+from ..ledger.values import SettleConflict
 from . import (
     EXIT_UNKNOWN,
     as_json,

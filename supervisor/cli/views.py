@@ -12,7 +12,7 @@ import click
 
 from ..humane import format_duration, format_time
 from ..metrics import exposition
-from ..values import LedgerStats
+from ..ledger.values import LedgerStats
 from . import as_json, backend_of, handles_errors, main
 
 # `metrics` counts every execution with unacknowledged deliveries, so it reads them all.

@@ -19,7 +19,7 @@ import asyncio
 import os
 import time
 
-from supervisor.errors import StorageBusy
+from supervisor.ledger.errors import StorageBusy
 from worker import workflow
 
 GATE_TIMEOUT_S = 60.0

@@ -28,7 +28,6 @@ import socket
 import stat
 from typing import Optional
 
-
 # An announcement larger than this names no ids (see `announce_ended`): well inside what a Unix
 # datagram socket takes in one message by default.
 MAX_DATAGRAM = 16_384

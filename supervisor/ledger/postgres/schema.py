@@ -1,5 +1,5 @@
 """The ledger's schema on PostgreSQL, its version, and the migrations that bring a database up to
-date: the same tables and columns as on SQLite (`supervisor.sqlite.schema`), in PostgreSQL's
+date: the same tables and columns as on SQLite (`supervisor.ledger.sqlite.schema`), in PostgreSQL's
 types. Times are BIGINT milliseconds since the epoch; `seq` columns stand in for SQLite's rowid
 (the order executions were admitted and steps written in).
 

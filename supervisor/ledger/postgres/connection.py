@@ -37,6 +37,7 @@ import urllib.parse
 from contextlib import contextmanager
 from typing import Any, ContextManager, Iterator, NoReturn, Optional, Sequence
 
+from ..connection import Rows
 from ..errors import (
     InvalidArgument,
     LedgerGone,
@@ -46,7 +47,6 @@ from ..errors import (
     StorageError,
     StorageUnavailable,
 )
-from ..sqlite.connection import Rows
 
 LOCK_TIMEOUT_MS = 15_000  # as SQLite's busy timeout
 IDLE_IN_TRANSACTION_MS = 30_000

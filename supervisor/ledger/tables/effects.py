@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .. import arguments
-from ..ledger import EffectClient
+from ..connection import Connection
+from ..contract import EffectClient
 from ..values import EffectState, SettleConflict
 from . import waiters
-from .connection import Connection
 
 GET = "SELECT effect_id, status, result_json, begun FROM effects WHERE effect_id = ?"
 BEGIN = """
@@ -34,7 +34,7 @@ def _state(row) -> EffectState:
     return EffectState(row[0], row[1], row[2], row[3])
 
 
-class SqliteEffectClient(EffectClient):
+class EffectTable(EffectClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
         self._conn = conn
         self._clock = clock

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .. import arguments
-from ..ledger import HeapClient
+from ..connection import Connection
+from ..contract import HeapClient
 from ..values import ExecutionLease, HeapRecord, LeaseLost
-from .connection import Connection
 
 # The fence and the write in one statement: the row goes in only while the lease's token is
 # current and its delivery has not ended. ON CONFLICT keeps an existing record untouched. On
@@ -32,7 +32,7 @@ SELECT step_key, attempt, done, step_response_json FROM steps WHERE execution_id
 ORDER BY rowid"""
 
 
-class SqliteHeapClient(HeapClient):
+class HeapTable(HeapClient):
     def __init__(self, conn: Connection, clock: Callable[[], int]):
         self._conn = conn
         self._clock = clock

@@ -16,17 +16,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sqlite3
 from typing import Callable, Optional
 
 from .. import arguments
+from ..connection import Connection, Transaction
+from ..contract import ExecutionClient
 from ..errors import ExecutionConflict, UnknownExecution
-from ..ledger import ExecutionClient
 from ..values import (
     Completed,
-    LedgerStats,
-    LiveLease,
-    WaitReason,
     DeliveryEnd,
     ExecutionLease,
     ExecutionRecord,
@@ -34,13 +31,16 @@ from ..values import (
     Failed,
     LeaseLost,
     LeaseRecord,
+    LedgerStats,
+    LiveLease,
     Outcome,
     Released,
     Renewed,
     Suspended,
+    WaitReason,
 )
 from . import waiters
-from .connection import Connection
+from .execution_rows import COLUMNS, INSERT, LOCKED, SELECT_ONE, SELECT_ONE_LOCKED
 
 RUNNING = ExecutionStatus.RUNNING.value
 ADMITTED = ExecutionStatus.ADMITTED.value
@@ -53,25 +53,6 @@ RESUMABLE = (FAILED, CANCELLED)
 # for a few ms, so supervisors sharing the file barely notice a purge of millions.
 PURGE_BATCH = 100
 LIST_PAGE = 500  # rows `list` reads at a time, as a stored status may not be the status as of now
-
-COLUMNS = (
-    "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
-    " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
-    " result_json, error_json, created_at, updated_at"
-)
-SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = ?"
-# Row locks are written as comments: SQLite ignores them (its write transactions take the whole
-# database's write lock), and the PostgreSQL connection makes them clauses (see
-# `supervisor.postgres.connection.translate`). Every read that a write transaction decides on
-# locks the rows it reads, so that on PostgreSQL, too, no other writer changes them in between.
-LOCKED = " /*FOR UPDATE*/"
-SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
-
-INSERT = """
-INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
-    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
-VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)
-ON CONFLICT (execution_id) DO NOTHING"""
 
 # Waiting executions that are due, earliest first; ties come out in rowid (admission) order, as
 # the index stores them. Those still in their redelivery delay are stepped over.
@@ -208,7 +189,7 @@ class _Row:
             setattr(self, name, value)
 
 
-class SqliteExecutionClient(ExecutionClient):
+class ExecutionTable(ExecutionClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int],
                  on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None):
         self._conn = conn
@@ -303,7 +284,7 @@ class SqliteExecutionClient(ExecutionClient):
         if woken:
             self._on_due()
 
-    def wake_in(self, db: sqlite3.Connection, execution_id: str, at: int, now: int) -> bool:
+    def wake_in(self, db: Transaction, execution_id: str, at: int, now: int) -> bool:
         """`request_wake` inside a write transaction the caller holds; False for a terminal one."""
         found = db.execute(SELECT_ONE_LOCKED, (execution_id,)).fetchone()
         if found is None:
@@ -436,7 +417,7 @@ class SqliteExecutionClient(ExecutionClient):
             self._on_ended([lease.execution_id])
         return outcome
 
-    def _end(self, db: sqlite3.Connection, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
+    def _end(self, db: Transaction, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
         """End the lease's delivery with `sql` if it is current; record how in the history."""
         expires = db.execute(
             "SELECT lease_expires_at FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"
@@ -675,7 +656,7 @@ class SqliteExecutionClient(ExecutionClient):
                     current[eid] = (token, status)
         return [lease for lease in leases if current.get(lease.execution_id) != (lease.token, RUNNING)]
 
-    def _row(self, db: sqlite3.Connection, execution_id: str, *, lock: bool = True) -> _Row:
+    def _row(self, db: Transaction, execution_id: str, *, lock: bool = True) -> _Row:
         found = db.execute(SELECT_ONE_LOCKED if lock else SELECT_ONE, (execution_id,)).fetchone()
         if found is None:
             raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
@@ -699,7 +680,7 @@ def _ready(row: _Row, delay: Callable[[int], int]) -> Optional[int]:
     return max(row.due_at, row.delivery_ended_at + delay(row.unacknowledged_deliveries))
 
 
-def _timed_reason(db: sqlite3.Connection, execution_id: str, due_at: int) -> WaitReason:
+def _timed_reason(db: Transaction, execution_id: str, due_at: int) -> WaitReason:
     """What a future due time is for: the timer or retry backoff of the step that asked for
     it, or a wake requested from outside."""
     for key, done, response_json in db.execute(

@@ -36,7 +36,13 @@ import stat
 import threading
 from typing import Optional
 
-from ..errors import LedgerGone, NoLedger, NotALedger, StorageUnavailable, UnsafeLedgerFile
+from ..errors import (
+    LedgerGone,
+    NoLedger,
+    NotALedger,
+    StorageUnavailable,
+    UnsafeLedgerFile,
+)
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 COMPANIONS = ("-wal", "-shm", "-journal")

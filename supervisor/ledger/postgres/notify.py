@@ -1,6 +1,6 @@
 """Nudges and outcome announcements on PostgreSQL: `LISTEN`/`NOTIFY`, on every host at once.
 
-The same two messages as on SQLite (`supervisor.nudge`), on two channels of the database:
+The same two messages as on SQLite (`supervisor.ledger.sqlite.nudge`), on two channels of the database:
 
 - `yieldstar_due`: work became due (an admission, a wake, a settled effect...). Idle
   supervisors listen and claim at once instead of at their next poll.
@@ -29,7 +29,7 @@ MAX_PAYLOAD = 7_900  # PostgreSQL takes up to 8000 bytes
 
 
 def notify_due(conn) -> None:
-    """Send the nudge on the backend's connection (`supervisor.postgres.connection.Connection`)."""
+    """Send the nudge on the backend's connection (`supervisor.ledger.postgres.connection.Connection`)."""
     conn.execute("SELECT pg_notify(?, '')", (DUE,))
 
 

@@ -8,10 +8,11 @@ deletes it; a waiter that still needs to wait registers again. Registrations are
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Callable, Optional
 
+from ..connection import Transaction
 from ..errors import UnknownExecution
+from .execution_rows import SELECT_ONE
 
 EXECUTION = "execution"
 EFFECT = "effect"
@@ -26,10 +27,8 @@ OF_WAITER = "SELECT kind, target, detail FROM waiters WHERE waiter = ? ORDER BY 
 FORGET_WAITER = "DELETE FROM waiters WHERE waiter = ?"
 
 
-def register(db: sqlite3.Connection, kind: str, target: str, waiter: str, now: int, detail: Optional[str] = None
+def register(db: Transaction, kind: str, target: str, waiter: str, now: int, detail: Optional[str] = None
              ) -> None:
-    from .executions import SELECT_ONE  # here, not above: executions imports this module
-
     # Only an admitted execution can wait: a registration naming nobody would make every later
     # wake of the target fail, and with it the settle, store change or outcome that wakes it.
     if db.execute(SELECT_ONE, (waiter,)).fetchone() is None:
@@ -37,8 +36,8 @@ def register(db: sqlite3.Connection, kind: str, target: str, waiter: str, now: i
     db.execute(REGISTER, (kind, target, waiter, now, detail))
 
 
-def wake(db: sqlite3.Connection, kind: str, target: str, now: int,
-         wake_in: Callable[[sqlite3.Connection, str, int, int], bool]) -> bool:
+def wake(db: Transaction, kind: str, target: str, now: int,
+         wake_in: Callable[[Transaction, str, int, int], bool]) -> bool:
     """Wake every waiter on the target, in the caller's transaction; True if any was woken."""
     woken = False
     for (waiter,) in db.execute(WAITING, (kind, target)).fetchall():

@@ -12,11 +12,11 @@ import json
 from typing import Any, Callable, Optional
 
 from .. import arguments
+from ..connection import Connection
+from ..contract import NoMatch, StoreClient
 from ..errors import InvalidArgument
-from ..ledger import NoMatch, StoreClient
 from ..values import StoreReceipt, StoreState
 from . import waiters
-from .connection import Connection
 
 GET = "SELECT name, state_json, version FROM stores WHERE name = ?"
 # Writes lock the store's row first (see `executions.LOCKED`): changes, and a wait that checks the
@@ -32,7 +32,7 @@ RECORD = """
 INSERT INTO store_receipts (store, execution_id, step_key, result_json, created_at) VALUES (?, ?, ?, ?, ?)"""
 
 
-class SqliteStoreClient(StoreClient):
+class StoreTable(StoreClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
         self._conn = conn
         self._clock = clock

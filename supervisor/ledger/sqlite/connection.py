@@ -8,7 +8,7 @@ update it; an exception rolls back, and a normal exit commits. Single-statement 
 
 Errors. Every `sqlite3` error raised while opening the file, by a statement, or by a
 transaction's BEGIN or COMMIT leaves this module as a `StorageError` branch
-(`supervisor.errors`), chosen by SQLite's primary result code, with a message that names the
+(`supervisor.ledger.errors`), chosen by SQLite's primary result code, with a message that names the
 file (and, for a lasting error, says what to do):
 
     SQLITE_BUSY, SQLITE_LOCKED                              StorageBusy         transient
@@ -44,8 +44,18 @@ import threading
 import time
 import urllib.parse
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator, NoReturn, Optional, Sequence, TypeVar
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Iterator,
+    NoReturn,
+    Optional,
+    Sequence,
+    TypeVar,
+)
 
+from ..connection import Rows
 from ..errors import (
     InvalidArgument,
     LedgerGone,
@@ -172,29 +182,6 @@ def check_durability(durability: Any) -> str:
     if not isinstance(durability, str) or durability not in DURABILITY:
         raise InvalidArgument(f"durability must be one of {sorted(DURABILITY)}, got {durability!r}")
     return durability
-
-
-class Rows:
-    """The rows of one statement, fetched while the connection's lock was held: a failure while
-    stepping through them is a contract error too, and no other thread's statement interleaves."""
-
-    __slots__ = ("_rows", "_next", "rowcount")
-
-    def __init__(self, rows: list, rowcount: int):
-        self._rows, self._next, self.rowcount = rows, 0, rowcount
-
-    def fetchone(self) -> Optional[tuple]:
-        if self._next >= len(self._rows):
-            return None
-        self._next += 1
-        return self._rows[self._next - 1]
-
-    def fetchall(self) -> list:
-        rest, self._next = self._rows[self._next:], len(self._rows)
-        return rest
-
-    def __iter__(self) -> Iterator[tuple]:
-        return iter(self.fetchall())
 
 
 class Connection:

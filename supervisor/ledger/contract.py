@@ -1,6 +1,6 @@
 """The ledger's contract: the narrow interfaces every storage backend implements.
 
-The SQLite implementation lives in `supervisor.sqlite`; the contract tests in
+The SQLite implementation lives in `supervisor.ledger.sqlite`; the contract tests in
 `tests/test_ledger_contract.py` are written against these interfaces.
 
 Two rules run through every method:
@@ -13,7 +13,7 @@ Two rules run through every method:
 
 What every call raises. Besides the `ValueError`s (`InvalidArgument` and its branches) a call
 documents under `Raises:`, any call may raise one of the `StorageError` branches of
-`supervisor.errors`, and never a database driver's own exception; its transaction was rolled
+`supervisor.ledger.errors`, and never a database driver's own exception; its transaction was rolled
 back:
 
 - `StorageBusy` (the database stayed locked past the busy timeout) and `StorageUnavailable`
@@ -39,8 +39,8 @@ from .values import (
     ExecutionRecord,
     HeapRecord,
     LeaseLost,
-    LedgerStats,
     LeaseRecord,
+    LedgerStats,
     Outcome,
     Released,
     Renewed,

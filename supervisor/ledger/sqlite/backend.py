@@ -17,14 +17,17 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
-from ..nudge import NudgeListener, OutcomeListener, announce_ended, nudge
+from ..tables import LedgerTables, checked_delay, default_redelivery_delay
 from . import files
-from .connection import BUSY_TIMEOUT_MS, MEMORY, Connection, check_durability, patiently, probe
-from .executions import SqliteExecutionClient
-from .effects import SqliteEffectClient
-from .heap import SqliteHeapClient
-from .starts import SqliteStartClient
-from .stores import SqliteStoreClient
+from .connection import (
+    BUSY_TIMEOUT_MS,
+    MEMORY,
+    Connection,
+    check_durability,
+    patiently,
+    probe,
+)
+from .nudge import NudgeListener, OutcomeListener, announce_ended, nudge
 from .schema import SCHEMA_VERSION, migrate, recognise
 
 CHAOS_CLOCK_SKEW = "YIELDSTAR_CHAOS_CLOCK_SKEW_MS"
@@ -58,80 +61,10 @@ def default_clock() -> Callable[[], int]:
     return skewed_wall_clock
 
 
-def default_redelivery_delay(n: int) -> int:
-    """1 s after the first unacknowledged delivery, doubling each time, at most 5 minutes."""
-    return min(1000 * 2 ** min(n - 1, 30), 300_000)
-
-
-# How far a user's redelivery_delay is checked up front for being positive and non-decreasing.
-CHECKED_DELAYS = 64
-
-
 def _max_or_null(a: Optional[int], b: Optional[int]) -> Optional[int]:
     """The later of two times, or NULL if either is (SQLite's own two-argument MAX, named the
-    same on both backends: see `supervisor.postgres.connection.SESSION_FUNCTIONS`)."""
+    same on both backends: see `supervisor.ledger.postgres.connection.SESSION_FUNCTIONS`)."""
     return None if a is None or b is None else max(a, b)
-
-
-def _checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
-    if not callable(fn):
-        raise InvalidArgument(f"redelivery_delay must be callable, not {type(fn).__name__}")
-    previous = 0
-    for n in range(1, CHECKED_DELAYS + 1):
-        value = fn(n)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InvalidArgument(f"redelivery_delay({n}) must be an int > 0 ms, got {value!r}")
-        if value < previous:
-            raise InvalidArgument(
-                f"redelivery_delay must not decrease: redelivery_delay({n}) = {value} < redelivery_delay({n - 1}) = {previous}"
-            )
-        previous = value
-
-    def delay(n: int) -> int:
-        return fn(n) if n <= CHECKED_DELAYS else max(fn(n), previous)
-
-    return delay
-
-
-class LedgerTables:
-    """What every backend shares: the ledger's table clients (this package's modules) on the
-    backend's connection, its checked clock, and closing. A backend sets `self.clock`,
-    `self.redelivery_delay` and `self._conn`, then calls `_open_tables()`, and says how it
-    announces work that became due and executions that ended."""
-
-    def _open_tables(self) -> None:
-        announce = self._announce_due
-        self.executions = SqliteExecutionClient(self._conn, self._clock, self.redelivery_delay, on_due=announce,
-                                                on_ended=self._announce_ended)
-        self.heap = SqliteHeapClient(self._conn, self._clock)
-        self.starts = SqliteStartClient(self._conn, self._clock, on_due=announce)
-        self.effects = SqliteEffectClient(self._conn, self._clock, self.executions, on_due=announce)
-        self.stores = SqliteStoreClient(self._conn, self._clock, self.executions, on_due=announce)
-
-    def _announce_due(self) -> None:
-        raise NotImplementedError
-
-    def _announce_ended(self, execution_ids: list[str]) -> None:
-        raise NotImplementedError
-
-    def _clock(self) -> int:
-        return arguments.integer("clock()", self.clock())
-
-    @property
-    def connection(self):
-        return self._conn
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.path!r})"
 
 
 class SqliteBackend(LedgerTables):
@@ -157,7 +90,7 @@ class SqliteBackend(LedgerTables):
         arguments.boolean("create", create)
         check_durability(durability)
         self.clock = clock or default_clock()
-        self.redelivery_delay = _checked_delay(redelivery_delay or default_redelivery_delay)
+        self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.path = os.fspath(path)
         self.durability = durability
         self._conn = self._open(create)
@@ -227,7 +160,7 @@ class SqliteBackend(LedgerTables):
         return NudgeListener(self.path)
 
     def listen_for_outcomes(self) -> OutcomeListener:
-        """A listener told the ids of executions as they become terminal (see `supervisor.nudge`):
+        """A listener told the ids of executions as they become terminal (see `supervisor.ledger.sqlite.nudge`):
         what `worker.Client` waits on. Raises `OSError` if no socket can be made."""
         if self.path == MEMORY:
             raise OSError("an in-memory ledger has no neighbours to hear from")

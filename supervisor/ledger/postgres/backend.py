@@ -1,8 +1,8 @@
 """The ledger on a PostgreSQL database: `PostgresBackend(uri)`.
 
-The tables' logic is the SQLite backend's own modules (`supervisor.sqlite.executions` and the
-rest), run on a `supervisor.postgres.connection.Connection`, which turns each statement into
-PostgreSQL's form and takes the row locks the statements name (see that module): one set of
+The tables' logic is the modules both backends share (`supervisor.ledger.tables`), run on a
+`supervisor.ledger.postgres.connection.Connection`, which turns each statement into PostgreSQL's
+form and takes the row locks the statements name (see that module): one set of
 rules, so both backends give the same replies and the same errors.
 
 Time. With `clock=None`, every time the ledger decides on (claimability, expiry, timers,
@@ -17,7 +17,12 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument, NoLedger, StorageError
-from ..sqlite.backend import CHECKED_DELAYS, LedgerTables, _checked_delay, default_redelivery_delay
+from ..tables import (
+    CHECKED_DELAYS,
+    LedgerTables,
+    checked_delay,
+    default_redelivery_delay,
+)
 from . import notify
 from .connection import Connection, check_uri, redacted
 from .schema import SCHEMA_VERSION, migrate, recognise
@@ -34,7 +39,7 @@ class PostgresBackend(LedgerTables):
             raise InvalidArgument(f"clock must be callable, not {type(clock).__name__}")
         arguments.boolean("create", create)
         self.path = redacted(uri)
-        self.redelivery_delay = _checked_delay(redelivery_delay or default_redelivery_delay)
+        self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.durability = durability
         delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
         self._conn = Connection(uri, durability=durability, delays=delays)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import arguments
+from ..connection import Connection
+from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
-from ..ledger import WorkflowStartClient
-from .connection import Connection
-from .executions import INSERT, SELECT_ONE
+from .execution_rows import INSERT, SELECT_ONE
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = ?"
 RECORD = """
@@ -20,7 +20,7 @@ INSERT INTO starts (start_request_id, execution_id, created_at, parent) VALUES (
 ON CONFLICT (start_request_id) DO NOTHING"""
 
 
-class SqliteStartClient(WorkflowStartClient):
+class StartTable(WorkflowStartClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], on_due: Callable[[], None]):
         self._conn = conn
         self._clock = clock

@@ -1,0 +1,92 @@
+"""The ledger's tables, written once for both backends.
+
+Each module holds the statements of its tables and the logic of its client (`executions` and
+lease history, `heap`, `starts`, `effects`, `stores`, and the `waiters` they share). The
+statements are SQLite's dialect; a backend's connection runs them as they are (SQLite) or
+turns them into its own form (`supervisor.ledger.postgres.connection.translate`), so both
+backends follow one set of rules and give the same replies and errors. `LedgerTables` is what
+every backend shares: the table clients on the backend's connection, its checked clock and
+closing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import arguments
+from ..errors import InvalidArgument
+from .effects import EffectTable
+from .executions import ExecutionTable
+from .heap import HeapTable
+from .starts import StartTable
+from .stores import StoreTable
+
+
+def default_redelivery_delay(n: int) -> int:
+    """1 s after the first unacknowledged delivery, doubling each time, at most 5 minutes."""
+    return min(1000 * 2 ** min(n - 1, 30), 300_000)
+
+
+# How far a user's redelivery_delay is checked up front for being positive and non-decreasing.
+CHECKED_DELAYS = 64
+
+
+def checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
+    if not callable(fn):
+        raise InvalidArgument(f"redelivery_delay must be callable, not {type(fn).__name__}")
+    previous = 0
+    for n in range(1, CHECKED_DELAYS + 1):
+        value = fn(n)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InvalidArgument(f"redelivery_delay({n}) must be an int > 0 ms, got {value!r}")
+        if value < previous:
+            raise InvalidArgument(
+                f"redelivery_delay must not decrease: redelivery_delay({n}) = {value} < redelivery_delay({n - 1}) = {previous}"
+            )
+        previous = value
+
+    def delay(n: int) -> int:
+        return fn(n) if n <= CHECKED_DELAYS else max(fn(n), previous)
+
+    return delay
+
+
+class LedgerTables:
+    """What every backend shares: the ledger's table clients (the modules of this package) on the
+    backend's connection, its checked clock, and closing. A backend sets `self.clock`,
+    `self.redelivery_delay` and `self._conn`, then calls `_open_tables()`, and says how it
+    announces work that became due and executions that ended."""
+
+    def _open_tables(self) -> None:
+        announce = self._announce_due
+        self.executions = ExecutionTable(self._conn, self._clock, self.redelivery_delay, on_due=announce,
+                                                on_ended=self._announce_ended)
+        self.heap = HeapTable(self._conn, self._clock)
+        self.starts = StartTable(self._conn, self._clock, on_due=announce)
+        self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)
+        self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)
+
+    def _announce_due(self) -> None:
+        raise NotImplementedError
+
+    def _announce_ended(self, execution_ids: list[str]) -> None:
+        raise NotImplementedError
+
+    def _clock(self) -> int:
+        return arguments.integer("clock()", self.clock())
+
+    @property
+    def connection(self):
+        return self._conn
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"

@@ -1,0 +1,24 @@
+"""The `executions` table's columns, and the statements that read one row or admit one.
+
+`executions` keeps them for its own calls; `starts` admits children with them and `waiters`
+checks that a waiter is admitted, without either importing the executions module.
+"""
+
+COLUMNS = (
+    "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
+    " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
+    " result_json, error_json, created_at, updated_at"
+)
+SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = ?"
+# Row locks are written as comments: SQLite ignores them (its write transactions take the whole
+# database's write lock), and the PostgreSQL connection makes them clauses (see
+# `supervisor.ledger.postgres.connection.translate`). Every read that a write transaction decides on
+# locks the rows it reads, so that on PostgreSQL, too, no other writer changes them in between.
+LOCKED = " /*FOR UPDATE*/"
+SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
+
+INSERT = """
+INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
+    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
+VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)
+ON CONFLICT (execution_id) DO NOTHING"""
