@@ -15,7 +15,9 @@ code per kind of error, the same in every command:
   and a hint to `--help`), a value that is not valid JSON, a missing file, a conflict, an app
   that cannot be loaded, a database error (the message says which).
 - 5: (`supervise`) the ledger can no longer be used; the log says why and what to do.
-- 130: interrupted (Ctrl-C, SIGINT) in any command but `supervise`, which stops gracefully (0).
+- 130: interrupted (Ctrl-C, SIGINT) in any command but two: `supervise`, which stops
+  gracefully (0), and `top`, for which Ctrl-C is a way to quit, like `q` (0). `chaos` stopped
+  by SIGINT or SIGTERM also exits 130, after one line naming its phase and its work folder.
 - 141: the reader of the output went away (`yieldstar ls | head -1`): quietly, like a command
   killed by SIGPIPE.
 
@@ -78,13 +80,21 @@ def handles_errors(fn: Callable) -> Callable:
         except BrokenPipeError:
             raise  # the reader went away: `main` ends quietly
         except (YieldstarError, ValueError) as exc:
-            fail(str(exc))
+            fail(str(exc), EXIT_INTERRUPTED if _stopped_by_a_signal(exc) else EXIT_BAD_INPUT)
         except OSError as exc:
             fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         except Exception as exc:  # a bug (storage failures are YieldstarErrors): still one line, no traceback
             fail(f"{type(exc).__name__}: {exc}")
 
     return wrapper
+
+
+def _stopped_by_a_signal(exc: Exception) -> bool:
+    """A `chaos` run stopped by SIGINT or SIGTERM (`ChaosInterrupted`, whose message says where
+    its work folder is): interrupted, not bad input. Looked up only when the harness was
+    imported, so that no other command imports it."""
+    harness = sys.modules.get(f"{__name__.rpartition('.')[0]}.chaos.harness")
+    return harness is not None and isinstance(exc, harness.ChaosInterrupted)
 
 
 def backend_of(ctx: click.Context, *, create: bool = True):
