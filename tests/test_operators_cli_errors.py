@@ -9,13 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from faults import ROOT, cli, process_tree, wait_gone, wait_until
-from supervisor import Failed, open_backend
+from supervisor import open_backend
 
 
 def one_line_error(result: subprocess.CompletedProcess, code: int) -> str:
@@ -67,3 +65,71 @@ def test_the_documented_exit_codes_name_the_commands_that_do_not_exit_130_on_ctr
     doc_130 = cli_module.__doc__[cli_module.__doc__.index("- 130:"):cli_module.__doc__.index("- 141:")]
     for where in (row_130, doc_130):
         assert "`supervise`" in where and "`top`" in where and "`chaos`" in where, where
+
+
+# -- the same message for the same error --------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_wake_of_an_unknown_execution_says_no_execution_like_get_and_cancel(tmp_path):
+    db = tmp_path / "ledger.db"
+    with open_backend(db) as backend:
+        backend.executions.admit("known", "shop.order")
+    for command in ("get", "steps", "history", "cancel", "resume", "wake"):
+        assert one_line_error(cli(db, command, "nobody"), 1) == "no execution 'nobody'", command
+    assert cli(db, "wake", "known", "--at", "30s").returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_supervise_of_a_folder_says_it_is_a_folder_and_creates_no_ledger(tmp_path):
+    db = tmp_path / "ledger.db"
+    folder = tmp_path / "shop"
+    folder.mkdir()
+    for app in (str(folder), f"{folder}/"):
+        message = one_line_error(cli(db, "supervise", app), 2)
+        assert message == f"cannot load app {app}: {folder} is a folder, not a Python file (give a .py file's path" \
+                          " or a module name)"
+    assert not db.exists()
+    message = one_line_error(cli(db, "supervise", str(tmp_path / "missing.py")), 2)
+    assert message.endswith(f"app file {tmp_path / 'missing.py'} does not exist")
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_value_of_a_global_option_is_a_usage_error_with_the_hint(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", "--db"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert one_line_error(result, 2) == "option '--db' requires an argument (see yieldstar --help)"
+
+
+FAILING_APP = '''
+from worker import workflow
+
+def boom():
+    raise ValueError("bad value")
+
+@workflow("fails")
+def fails(ctx, input):
+    ctx.run("ok", lambda: 1)
+    ctx.run("boom", boom)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_steps_shows_a_failed_steps_traceback_as_lines_and_json_keeps_it_whole(tmp_path):
+    db = tmp_path / "ledger.db"
+    (tmp_path / "failing_app.py").write_text(FAILING_APP)
+    assert cli(db, "start", "fails", "--id", "f1").returncode == 0
+    run = cli(db, "supervise", str(tmp_path / "failing_app.py"), "--until-idle", "--poll-ms", "50", "--quiet")
+    assert run.returncode == 0, run.stderr
+
+    lines = cli(db, "steps", "f1").stdout.splitlines()
+    assert lines[0] == 'ok\tattempt=1\tdone=true\t{"value": 1}'
+    assert lines[1] == 'boom\tattempt=1\tdone=true\t{"error": {"type": "ValueError", "message": "bad value"},' \
+                       ' "retry_at": null}'
+    assert lines[2] == "    Traceback (most recent call last):"
+    assert '        raise ValueError("bad value")' in lines[3:]  # the traceback's lines, indented under the step
+    assert lines[-1] == "    ValueError: bad value"
+    assert not any("\\n" in line for line in lines)
+
+    boom = json.loads(cli(db, "steps", "f1", "--json").stdout)[1]["step_response"]["error"]
+    assert boom["traceback"].startswith("Traceback (most recent call last):\n")
+    assert boom["traceback"].endswith("ValueError: bad value\n")

@@ -99,10 +99,18 @@ def check_app_name(app: str) -> None:
     if not isinstance(app, str) or not app:
         raise InvalidArgument(f"app must be a module name or a .py path, got {app!r}")
     if is_app_path(app):
-        if not os.path.isfile(app):
-            raise AppNotFound(f"app file {os.path.abspath(app)} does not exist")
+        _check_app_file(app)
     elif not all(part.isidentifier() for part in app.split(".")):
         raise AppNotFound(f"{app!r} is neither a module name (like shop.workflows) nor a path to a .py file")
+
+
+def _check_app_file(path: str) -> None:
+    """Raise `AppNotFound` unless `path` is a file: saying whether it is missing or a folder."""
+    if os.path.isdir(path):
+        raise AppNotFound(f"{os.path.abspath(path)} is a folder, not a Python file (give a .py file's path or a"
+                          " module name)")
+    if not os.path.isfile(path):
+        raise AppNotFound(f"app file {os.path.abspath(path)} does not exist")
 
 
 def describe_load_failure(exc: BaseException) -> str:
@@ -127,8 +135,7 @@ def _where(exc: BaseException) -> str:
 
 def _import_path(path: str):
     path = os.path.abspath(path)
-    if not os.path.isfile(path):
-        raise AppNotFound(f"app file {path} does not exist")
+    _check_app_file(path)
     name = os.path.splitext(os.path.basename(path))[0]
     existing = sys.modules.get(name)
     if existing is not None and os.path.abspath(getattr(existing, "__file__", "") or "") == path:

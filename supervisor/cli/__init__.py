@@ -38,8 +38,8 @@ from typing import Any
 
 import click
 
-from ..ledger.errors import UnknownExecution, YieldstarError
 from ..ledger.backends import open_backend
+from ..ledger.errors import UnknownExecution, YieldstarError
 
 EXIT_UNKNOWN = 1
 EXIT_BAD_INPUT = 2
@@ -172,7 +172,8 @@ class _Group(click.Group):
             exc.show()  # `yieldstar` alone: the help, which is what was wanted
             return EXIT_BAD_INPUT
         except click.UsageError as exc:
-            hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            # No context: the group's own options could not be parsed (`yieldstar --db`).
+            hint = f" (see {exc.ctx.command_path if exc.ctx is not None else prog_name} --help)"
             _say(_sentence(exc.format_message()) + hint)
             return EXIT_BAD_INPUT
         except click.ClickException as exc:

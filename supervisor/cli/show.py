@@ -165,7 +165,22 @@ def steps(ctx, execution_id: str, as_json_: bool) -> None:
         click.echo(json.dumps([as_json(r) for r in records]))
         return
     for r in records:
-        click.echo(f"{r.step_key}\tattempt={r.attempt}\tdone={str(r.done).lower()}\t{r.step_response_json}")
+        response, traceback = without_traceback(r.step_response_json)
+        click.echo(f"{r.step_key}\tattempt={r.attempt}\tdone={str(r.done).lower()}\t{response}")
+        for line in traceback:
+            click.echo(f"    {line}")
+
+
+def without_traceback(response_json: str | None) -> tuple[str | None, list[str]]:
+    """A step's response as `steps` prints it: the JSON, less the traceback of an error, which
+    comes back as lines to print under it (as `get` prints an execution's)."""
+    response = None if response_json is None else json.loads(response_json)
+    error = response.get("error") if isinstance(response, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("traceback"), str):
+        return response_json, []
+    traceback = error["traceback"]
+    shown = {**response, "error": {k: v for k, v in error.items() if k != "traceback"}}
+    return json.dumps(shown), traceback.rstrip("\n").splitlines()
 
 
 @main.command()
@@ -200,5 +215,7 @@ def wake(ctx, execution_id: str, at: str | None) -> None:
     """Request a wake of one execution."""
     with backend_of(ctx, create=False) as backend:
         now = backend.clock()
+        if backend.executions.get(execution_id, now=now) is None:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         at_ms = now if at is None else parse_time(at, now=now, future=True, option="--at")
         backend.executions.request_wake(execution_id, at_ms, now=now)

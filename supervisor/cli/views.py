@@ -11,8 +11,8 @@ from dataclasses import asdict
 import click
 
 from ..humane import format_duration, format_time
-from ..metrics import exposition
 from ..ledger.values import LedgerStats
+from ..metrics import exposition
 from . import as_json, backend_of, handles_errors, main
 
 # `metrics` counts every execution with unacknowledged deliveries, so it reads them all.
