@@ -29,6 +29,12 @@ from .ledger.errors import StorageError
 
 log = logging.getLogger("yieldstar.supervisor")
 
+# Calls that several children's endings and the claims for their replacements share one
+# transaction in (group commit): what is queued when the thread comes back from the database
+# goes together, so a busy supervisor commits once for many, and an idle one never waits to
+# fill a batch.
+BATCHED = ("acknowledge", "claim_due")
+
 
 class Wakeup:
     """A pipe whose read end joins a `wait()` call; `wake()` may be called from any thread (and
@@ -81,6 +87,17 @@ class Reply:
     error: Optional[StorageError] = None
 
 
+def _joins(call: Call, batch: Optional[list[Call]] = None) -> bool:
+    """Whether `call` may share one transaction with `batch` (or start a batch when None):
+    acknowledgements, and claims of one lease duration, made as of the backend's clock."""
+    if call.method not in BATCHED or "now" in call.kwargs:
+        return False
+    if call.method == "claim_due" and batch:
+        return all(other.kwargs["duration"] == call.kwargs["duration"] for other in batch
+                   if other.method == "claim_due")
+    return True
+
+
 class LedgerCalls:
     """Makes ledger calls in submission order on a thread of its own; replies come back through
     `replies()` once `fileno()` is readable.
@@ -123,18 +140,47 @@ class LedgerCalls:
         return out
 
     def _run(self) -> None:
-        executions = self.backend.executions
+        following: Optional[Call] = None
+        held = False  # `following` was taken off the queue but could not join the last batch
         while True:
-            call = self._requests.get()
+            call = following if held else self._requests.get()
+            held = False
             if call is None:
                 return
+            batch = [call]
+            while _joins(call):  # whatever else is queued that may share the transaction
+                try:
+                    following = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if following is None or not _joins(following, batch):
+                    held = True
+                    break
+                batch.append(following)
             try:
-                self._replies.append(Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs)))
+                self._replies.extend(self._make(batch))
             except StorageError as exc:
-                self._replies.append(Reply(call, error=exc))
+                self._replies.extend(Reply(each, error=exc) for each in batch)
             except BaseException as exc:  # a bug: hand it to the loop, which raises it
                 self._replies.append(exc)
             self._wakeup.wake()
+
+    def _make(self, batch: list[Call]) -> list[Reply]:
+        """The replies to a batch: one call as itself, several in one `acknowledge_and_claim`."""
+        executions = self.backend.executions
+        if len(batch) == 1:
+            call = batch[0]
+            return [Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs))]
+        acks = [call for call in batch if call.method == "acknowledge"]
+        claims = [call for call in batch if call.method == "claim_due"]
+        replies, leases = executions.acknowledge_and_claim(
+            [call.args for call in acks], limit=sum(call.kwargs["limit"] for call in claims),
+            duration=claims[0].kwargs["duration"] if claims else 1)
+        out = [Reply(call, reply) for call, reply in zip(acks, replies)]
+        for call in claims:  # each claim gets leases up to its own limit, in the order claimed
+            out.append(Reply(call, leases[:call.kwargs["limit"]]))
+            leases = leases[call.kwargs["limit"]:]
+        return out
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the thread once the calls already submitted are made, waiting at most `timeout`

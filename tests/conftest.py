@@ -94,6 +94,13 @@ def pg_cluster():
     yield from cluster_fixture()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def each_backend(request, tmp_path):
+    """A ledger on each backend in turn: a SQLite file under tmp_path, then a fresh PostgreSQL
+    database. A module whose every test runs on both makes its ledger fixture return this."""
+    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
+
+
 @pytest.fixture
 def pg_uri(pg_cluster) -> str:
     """The URI of a fresh, empty database of the test's own."""

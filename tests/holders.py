@@ -156,12 +156,11 @@ def cli_command(db, *args: str) -> list[str]:
 
 # Fixtures, imported by the test modules that use them.
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def world(request, tmp_path):
+@pytest.fixture
+def world(each_backend):
     """One ledger for several holders, each with a backend of its own: a SQLite file, or a
     database on a PostgreSQL server."""
-    path = tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
-    opened = World(path)
+    opened = World(each_backend)
     yield opened
     opened.close()
 

@@ -29,11 +29,11 @@ APP = str(TESTS / "apps" / "client_app.py")
 NEVER_POLL_S = 600.0  # longer than any test: a wait these tests see end was woken by an announcement
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
+@pytest.fixture
+def db(each_backend):
     """The ledger of the test: a SQLite file, or a PostgreSQL database (whose waiting clients
     are woken by NOTIFY instead of the host's sockets)."""
-    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
+    return each_backend
 
 
 @pytest.fixture

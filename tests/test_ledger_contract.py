@@ -33,12 +33,10 @@ from supervisor import (
 LEASE_MS = 30_000
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_path(request, tmp_path):
+@pytest.fixture
+def db_path(each_backend):
     """The ledger every test of this module runs against, once on each backend."""
-    if request.param == "sqlite":
-        return tmp_path / "ledger.db"
-    return request.getfixturevalue("pg_uri")
+    return each_backend
 
 
 def default_delay(n: int) -> int:

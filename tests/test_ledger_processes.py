@@ -119,12 +119,10 @@ def _all_running(backend) -> bool:
     return backend.connection.execute("SELECT count(*) FROM executions WHERE status != 'running'").fetchone()[0] == 0
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_ledger(request, tmp_path):
+@pytest.fixture
+def shared_ledger(each_backend):
     """A ledger for processes to share: a SQLite file, or a database on a PostgreSQL server."""
-    if request.param == "sqlite":
-        return tmp_path / "ledger.db"
-    return request.getfixturevalue("pg_uri")
+    return each_backend
 
 
 @pytest.mark.timeout(120)

@@ -31,10 +31,10 @@ pytestmark = pytest.mark.usefixtures("dump_on_hang")
 __all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
+@pytest.fixture
+def db(each_backend):
     """The ledger the supervisors of a test share: a SQLite file, or a PostgreSQL database."""
-    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
+    return each_backend
 
 
 def completed(ledger, *execution_ids: str) -> bool:

@@ -24,10 +24,10 @@ pytestmark = pytest.mark.usefixtures("dump_on_hang")
 __all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
+@pytest.fixture
+def db(each_backend):
     """The ledger of the test's supervisors: a SQLite file, or a PostgreSQL database."""
-    return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
+    return each_backend
 
 
 def hold_input(tmp_path, hold_tokens) -> dict:

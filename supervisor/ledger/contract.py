@@ -31,7 +31,7 @@ what the driver raises for it.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from .values import (
     EffectState,
@@ -116,6 +116,18 @@ class ExecutionClient(abc.ABC):
 
         `Suspended()`: due at the earliest wake requested during the delivery, or not due.
         `Completed`/`Failed`: terminal; later wakes are ignored.
+        """
+
+    @abc.abstractmethod
+    def acknowledge_and_claim(self, acknowledgements: Sequence[tuple[ExecutionLease, Outcome]], *, limit: int,
+                              duration: int, now: Optional[int] = None
+                              ) -> tuple[list[Outcome | LeaseLost], list[ExecutionLease]]:
+        """Group commit: every `(lease, outcome)` acknowledged as by `acknowledge`, then up to
+        `limit` executions claimed as by `claim_due`, in one transaction with one commit.
+
+        Each acknowledgement is fenced by its own token: a stale one is `LeaseLost` in its place
+        in the replies and changes nothing, while the others are applied. Returns the replies, in
+        the order given, and the new leases. Bad input raises before anything is written.
         """
 
     @abc.abstractmethod

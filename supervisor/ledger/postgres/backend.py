@@ -6,8 +6,9 @@ form and takes the row locks the statements name (see that module): one set of
 rules, so both backends give the same replies and the same errors.
 
 Time. With `clock=None`, every time the ledger decides on (claimability, expiry, timers,
-`created_at`) is the database server's clock, read in the call that needs it, so supervisors on
-hosts whose clocks disagree still agree on which leases are live. `clock=` and `now=` are
+`created_at`) is the database server's clock (`clock.ServerClock`: read once a second, carried
+forward on the process's monotonic clock, never ahead of the server), so supervisors on hosts
+whose clocks disagree still agree on which leases are live. `clock=` and `now=` are
 honoured as on SQLite, for tests.
 """
 
@@ -24,6 +25,7 @@ from ..tables import (
     default_redelivery_delay,
 )
 from . import notify
+from .clock import ServerClock
 from .connection import Connection, check_uri, redacted
 from .schema import SCHEMA_VERSION, migrate, recognise
 
@@ -43,7 +45,7 @@ class PostgresBackend(LedgerTables):
         self.durability = durability
         delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
         self._conn = Connection(uri, durability=durability, delays=delays)
-        self.clock = clock or self._server_clock
+        self.clock = clock or ServerClock(self._read_server_clock)
         try:
             with self._conn.write() as db:
                 version = recognise(db, self.path)
@@ -77,6 +79,6 @@ class PostgresBackend(LedgerTables):
         """What a waiting client waits on: told the ids of executions as they end, on any host."""
         return notify.Listener(self._uri, notify.ENDED)
 
-    def _server_clock(self) -> int:
+    def _read_server_clock(self) -> int:
         return self._conn.execute(SERVER_CLOCK).fetchone()[0]
 

@@ -343,27 +343,29 @@ class ExecutionTable(ExecutionClient):
             with self._conn.read() as db:
                 if not self._claimable(db, now, limit):
                     return []
-        leases = []
         with self._conn.write(flush=True) as db:  # a claim lost in a crash could hand a token out twice
-            now = self._now_locked(given, now)
-            for row in self._claimable(db, now, limit, lock=True):
-                unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
-                if row.status == RUNNING:
-                    # The previous delivery's lease expired; this claim supersedes it.
-                    unacked += 1
-                    ended_at = row.lease_expires_at
-                    db.execute(
-                        HISTORY_CLOSE,
-                        (ended_at, DeliveryEnd.SUPERSEDED.value, None, ended_at, row.execution_id, row.token),
-                    )
-                token = row.token + 1
-                expires = now + duration
-                # A running row is always due (claimed when due; wakes only move due_at earlier),
-                # so while the lease lasts its expiry plus the redelivery delay decides.
-                ready = max(row.due_at, expires + self._delay(unacked + 1))
-                db.execute(CLAIM, (expires, unacked, ended_at, ready, now, row.execution_id))
-                db.execute(HISTORY_OPEN, (row.execution_id, token, self._holder, now, expires))
-                leases.append(ExecutionLease(row.execution_id, token, expires))
+            return self._claim_in(db, self._now_locked(given, now), limit, duration)
+
+    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[ExecutionLease]:
+        leases = []
+        for row in self._claimable(db, now, limit, lock=True):
+            unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
+            if row.status == RUNNING:
+                # The previous delivery's lease expired; this claim supersedes it.
+                unacked += 1
+                ended_at = row.lease_expires_at
+                db.execute(
+                    HISTORY_CLOSE,
+                    (ended_at, DeliveryEnd.SUPERSEDED.value, None, ended_at, row.execution_id, row.token),
+                )
+            token = row.token + 1
+            expires = now + duration
+            # A running row is always due (claimed when due; wakes only move due_at earlier),
+            # so while the lease lasts its expiry plus the redelivery delay decides.
+            ready = max(row.due_at, expires + self._delay(unacked + 1))
+            db.execute(CLAIM, (expires, unacked, ended_at, ready, now, row.execution_id))
+            db.execute(HISTORY_OPEN, (row.execution_id, token, self._holder, now, expires))
+            leases.append(ExecutionLease(row.execution_id, token, expires))
         return leases
 
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
@@ -389,33 +391,70 @@ class ExecutionTable(ExecutionClient):
         return Released()
 
     def acknowledge(self, lease, outcome: Outcome, *, now=None) -> Outcome | LeaseLost:
-        lease = self._lease(lease)
-        if isinstance(outcome, Suspended):
-            sql, params = ACKNOWLEDGE_SUSPENDED, ()
-        elif isinstance(outcome, Completed):
-            arguments.json_text("outcome.result_json", outcome.result_json)
-            sql, params = ACKNOWLEDGE_TERMINAL, (outcome.status, outcome.result_json, None)
-        elif isinstance(outcome, Failed):
-            arguments.json_text("outcome.error_json", outcome.error_json)
-            sql, params = ACKNOWLEDGE_TERMINAL, (outcome.status, None, outcome.error_json)
-        else:
-            raise arguments.InvalidArgument(
-                f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
-            )
+        acknowledgement = self._acknowledgement(lease, outcome)
         given, now = now, self._now(now)
         with self._conn.write() as db:
             now = self._now_locked(given, now)
-            if not self._end(db, lease, now, DeliveryEnd.ACKNOWLEDGED, outcome.status, sql, params + (now,)):
-                return LeaseLost()
-            woke = False
-            if not isinstance(outcome, Suspended):
-                # Executions waiting for this one to finish (ctx.wait_for) are woken with it.
-                woke = waiters.wake(db, waiters.EXECUTION, lease.execution_id, now, self.wake_in)
+            reply, woke = self._acknowledge_in(db, acknowledgement, now)
+        self._announce_acknowledged([(acknowledgement, reply)], woke)
+        return reply
+
+    def acknowledge_and_claim(self, acknowledgements, *, limit, duration, now=None):
+        if isinstance(acknowledgements, (str, bytes)) or not hasattr(acknowledgements, "__iter__"):
+            raise arguments.InvalidArgument(
+                f"acknowledgements must be a sequence of (lease, outcome) pairs, not {type(acknowledgements).__name__}")
+        checked = []
+        for i, pair in enumerate(acknowledgements):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise arguments.InvalidArgument(f"acknowledgements[{i}] must be a (lease, outcome) pair, got {pair!r}")
+            checked.append(self._acknowledgement(*pair))
+        arguments.integer("limit", limit, minimum=0)
+        arguments.integer("duration", duration, minimum=1)
+        given, now = now, self._now(now)
+        replies, woke = [], False
+        with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
+            now = self._now_locked(given, now)
+            for acknowledgement in checked:
+                reply, woke_one = self._acknowledge_in(db, acknowledgement, now)
+                replies.append(reply)
+                woke = woke or woke_one
+            leases = self._claim_in(db, now, limit, duration) if limit else []
+        self._announce_acknowledged(list(zip(checked, replies)), woke)
+        return replies, leases
+
+    def _acknowledgement(self, lease, outcome) -> tuple:
+        """(lease, outcome, statement, its outcome parameters): the checked form of one."""
+        lease = self._lease(lease)
+        if isinstance(outcome, Suspended):
+            return lease, outcome, ACKNOWLEDGE_SUSPENDED, ()
+        if isinstance(outcome, Completed):
+            arguments.json_text("outcome.result_json", outcome.result_json)
+            return lease, outcome, ACKNOWLEDGE_TERMINAL, (outcome.status, outcome.result_json, None)
+        if isinstance(outcome, Failed):
+            arguments.json_text("outcome.error_json", outcome.error_json)
+            return lease, outcome, ACKNOWLEDGE_TERMINAL, (outcome.status, None, outcome.error_json)
+        raise arguments.InvalidArgument(
+            f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
+        )
+
+    def _acknowledge_in(self, db: Transaction, acknowledgement: tuple, now: int) -> tuple[Outcome | LeaseLost, bool]:
+        """Acknowledge in the open transaction: the reply, and whether a waiter was woken."""
+        lease, outcome, sql, params = acknowledgement
+        if not self._end(db, lease, now, DeliveryEnd.ACKNOWLEDGED, outcome.status, sql, params + (now,)):
+            return LeaseLost(), False
+        if isinstance(outcome, Suspended):
+            return outcome, False
+        # Executions waiting for this one to finish (ctx.wait_for) are woken with it.
+        return outcome, waiters.wake(db, waiters.EXECUTION, lease.execution_id, now, self.wake_in)
+
+    def _announce_acknowledged(self, done: list, woke: bool) -> None:
+        """After the commit: nudge if waiters became due, and name the executions that ended."""
         if woke:
             self._on_due()
-        if not isinstance(outcome, Suspended):
-            self._on_ended([lease.execution_id])
-        return outcome
+        ended = [lease.execution_id for (lease, outcome, _, _), reply in done
+                 if not isinstance(outcome, Suspended) and not isinstance(reply, LeaseLost)]
+        if ended:
+            self._on_ended(ended)
 
     def _end(self, db: Transaction, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
         """End the lease's delivery with `sql` if it is current; record how in the history."""

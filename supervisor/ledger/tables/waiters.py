@@ -21,8 +21,8 @@ STORE = "store"
 REGISTER = """
 INSERT INTO waiters (kind, target, waiter, registered_at, detail) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING"""
-WAITING = "SELECT waiter FROM waiters WHERE kind = ? AND target = ?"
-CLEAR = "DELETE FROM waiters WHERE kind = ? AND target = ?"
+# The waiters of a target, deleted as they are read: a wake is one statement, found or not.
+TAKE = "DELETE FROM waiters WHERE kind = ? AND target = ? RETURNING waiter"
 OF_WAITER = "SELECT kind, target, detail FROM waiters WHERE waiter = ? ORDER BY registered_at, kind, target"
 FORGET_WAITER = "DELETE FROM waiters WHERE waiter = ?"
 
@@ -40,7 +40,6 @@ def wake(db: Transaction, kind: str, target: str, now: int,
          wake_in: Callable[[Transaction, str, int, int], bool]) -> bool:
     """Wake every waiter on the target, in the caller's transaction; True if any was woken."""
     woken = False
-    for (waiter,) in db.execute(WAITING, (kind, target)).fetchall():
+    for (waiter,) in db.execute(TAKE, (kind, target)).fetchall():
         woken = wake_in(db, waiter, now, now) or woken
-    db.execute(CLEAR, (kind, target))
     return woken

@@ -1,0 +1,191 @@
+"""Group commit: `executions.acknowledge_and_claim`, several acknowledgements and a claim in one
+transaction (the supervisor's batch), on both backends; and the supervisor's ledger thread,
+which gathers what is queued into such batches."""
+
+from __future__ import annotations
+
+import re
+import select
+import threading
+import time
+
+import pytest
+
+from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Suspended, open_backend
+from supervisor.ledger_calls import Call, LedgerCalls
+
+LEASE_MS = 30_000
+
+
+@pytest.fixture
+def db_path(each_backend):
+    return each_backend
+
+
+def admitted_and_claimed(backend, clock, *ids) -> list[ExecutionLease]:
+    for execution_id in ids:
+        backend.executions.admit(execution_id, "w")
+        clock.advance(1)
+    leases = backend.executions.claim_due(limit=len(ids), duration=LEASE_MS)
+    assert [lease.execution_id for lease in leases] == list(ids)
+    return leases
+
+
+def test_a_stale_acknowledgement_in_a_batch_is_lease_lost_alone_and_the_rest_are_applied(backend, clock):
+    a, c = admitted_and_claimed(backend, clock, "a", "c")
+    backend.executions.admit("b", "w")
+    (b,) = backend.executions.claim_due(limit=1, duration=1_000)
+    clock.advance(1_000 + 1_000)  # b's short lease expires, and after the redelivery delay another holder claims b
+    (b_again,) = backend.executions.claim_due(limit=10, duration=LEASE_MS)
+    assert (b_again.execution_id, b_again.token) == ("b", b.token + 1)
+
+    replies, leases = backend.executions.acknowledge_and_claim(
+        [(a, Completed('"done"')), (b, Failed('{"message": "late"}')), (c, Suspended())], limit=0, duration=LEASE_MS)
+
+    assert replies == [Completed('"done"'), LeaseLost(), Suspended()]
+    assert leases == []
+    assert backend.executions.get("a").status == "completed"
+    assert backend.executions.get("a").result_json == '"done"'
+    record = backend.executions.get("b")  # the current holder's delivery is untouched
+    assert (record.status, record.token, record.error_json) == ("running", b_again.token, None)
+    assert backend.executions.get("c").status == "suspended"
+    assert backend.executions.acknowledge(b_again, Completed("1")) == Completed("1")
+
+
+def test_the_claim_in_a_batch_takes_the_due_executions_once_the_acknowledgements_are_applied(backend, clock):
+    (parent,) = admitted_and_claimed(backend, clock, "parent")
+    (child,) = admitted_and_claimed(backend, clock, "child")
+    backend.executions.await_outcome("child", "parent")
+    backend.executions.acknowledge(parent, Suspended())
+    backend.executions.admit("next", "w")
+
+    # The child's ending wakes its parent in the same transaction, so the claim sees it due.
+    replies, leases = backend.executions.acknowledge_and_claim(
+        [(child, Completed("42"))], limit=5, duration=LEASE_MS)
+
+    assert replies == [Completed("42")]
+    assert sorted(lease.execution_id for lease in leases) == ["next", "parent"]
+    by_id = {lease.execution_id: lease for lease in leases}
+    assert by_id["parent"].token == parent.token + 1
+    assert by_id["next"].expires_at == clock.now + LEASE_MS
+    for lease in leases:
+        record = backend.executions.get(lease.execution_id)
+        assert (record.status, record.token) == ("running", lease.token)
+    assert backend.executions.claim_due(limit=5, duration=LEASE_MS) == []
+
+
+def test_a_claim_limit_in_a_batch_is_honoured_oldest_first(backend, clock):
+    for execution_id in ("x1", "x2", "x3"):
+        backend.executions.admit(execution_id, "w")
+        clock.advance(1)
+    replies, leases = backend.executions.acknowledge_and_claim([], limit=2, duration=LEASE_MS)
+    assert replies == []
+    assert [lease.execution_id for lease in leases] == ["x1", "x2"]
+    assert backend.executions.get("x3").status == "admitted"
+
+
+def test_the_same_lease_twice_in_a_batch_is_applied_once(backend, clock):
+    (lease,) = admitted_and_claimed(backend, clock, "twice")
+    replies, _ = backend.executions.acknowledge_and_claim(
+        [(lease, Completed("1")), (lease, Completed("2"))], limit=0, duration=LEASE_MS)
+    assert replies == [Completed("1"), LeaseLost()]
+    assert backend.executions.get("twice").result_json == "1"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("not pairs", "acknowledgements must be a sequence of (lease, outcome) pairs"),
+    ("a lone lease", "acknowledgements[2] must be a (lease, outcome) pair"),
+    ("third outcome bad", "outcome must be Suspended(), Completed(result_json) or Failed(error_json)"),
+    ("bad json", "outcome.result_json"),
+    ("negative limit", "limit"),
+    ("zero duration", "duration"),
+])
+def test_bad_input_to_a_batch_is_a_value_error_and_changes_nothing(backend, clock, db_path, db_snapshot, bad, message):
+    one, two, three = admitted_and_claimed(backend, clock, "one", "two", "three")
+    backend.executions.admit("waiting", "w")
+    good = [(one, Completed("1")), (two, Suspended())]
+    acknowledgements, limit, duration = {
+        "not pairs": ("not pairs", 1, LEASE_MS),
+        "a lone lease": (good + [(three,)], 1, LEASE_MS),
+        "third outcome bad": (good + [(three, "done")], 1, LEASE_MS),
+        "bad json": (good + [(three, Completed("{not json"))], 1, LEASE_MS),
+        "negative limit": (good, -1, LEASE_MS),
+        "zero duration": (good, 1, 0),
+    }[bad]
+    before = db_snapshot(db_path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        backend.executions.acknowledge_and_claim(acknowledgements, limit=limit, duration=duration)
+    assert db_snapshot(db_path) == before
+
+
+# -- the supervisor's ledger thread --------------------------------------------------------------
+
+def replies_of(calls: LedgerCalls, count: int, timeout: float = 10.0) -> list:
+    """The next `count` replies of the ledger thread, in order, waiting for them until `timeout`."""
+    replies, deadline = [], time.monotonic() + timeout
+    while len(replies) < count:
+        assert time.monotonic() < deadline, f"{len(replies)} of {count} replies after {timeout} s"
+        select.select([calls], [], [], 0.1)
+        replies.extend(calls.replies())
+    return replies
+
+
+def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transaction(db_path):
+    with open_backend(db_path) as setup:
+        for n in range(5):
+            setup.executions.admit(f"e{n}", "w")
+        leases = setup.executions.claim_due(limit=4, duration=LEASE_MS)
+    calls = LedgerCalls(open_backend(db_path), "test-batches")
+    executions = calls.backend.executions
+    batches, release = [], threading.Event()
+    first_call_started = threading.Event()
+    real_acknowledge, real_batch = executions.acknowledge, executions.acknowledge_and_claim
+
+    def slow_acknowledge(*args, **kwargs):  # the first call stands for a slow round trip
+        first_call_started.set()
+        assert release.wait(10)
+        return real_acknowledge(*args, **kwargs)
+
+    def counted_batch(acknowledgements, **kwargs):
+        batches.append((len(acknowledgements), kwargs["limit"]))
+        return real_batch(acknowledgements, **kwargs)
+
+    executions.acknowledge, executions.acknowledge_and_claim = slow_acknowledge, counted_batch
+    try:
+        calls.submit(Call("acknowledge", (leases[0], Completed("0"))))
+        assert first_call_started.wait(10)
+        for lease in leases[1:]:
+            calls.submit(Call("acknowledge", (lease, Completed("1"))))
+        calls.submit(Call("claim_due", kwargs={"limit": 1, "duration": LEASE_MS}))
+        calls.submit(Call("claim_due", kwargs={"limit": 3, "duration": LEASE_MS}))
+        release.set()
+        replies = replies_of(calls, 6)
+    finally:
+        release.set()
+        assert calls.close()
+
+    assert batches == [(3, 4)]  # three acknowledgements and both claims: one transaction
+    assert [reply.error for reply in replies] == [None] * 6
+    assert [reply.value for reply in replies[:4]] == [Completed("0")] + [Completed("1")] * 3
+    first_claim, second_claim = replies[4].value, replies[5].value
+    assert len(first_claim) == 1 and second_claim == []  # each claim gets leases up to its own limit
+    assert first_claim[0].execution_id == "e4"
+    with open_backend(db_path) as check:
+        assert [check.executions.get(f"e{n}").status for n in range(5)] == ["completed"] * 4 + ["running"]
+
+
+def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(db_path, clock):
+    with open_backend(db_path, clock=clock) as setup:
+        setup.executions.admit("e", "w")
+    calls = LedgerCalls(open_backend(db_path, clock=clock), "test-batches")
+    batches = []
+    real_batch = calls.backend.executions.acknowledge_and_claim
+    calls.backend.executions.acknowledge_and_claim = lambda *a, **k: batches.append(a) or real_batch(*a, **k)
+    try:
+        calls.submit(Call("claim_due", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
+        calls.submit(Call("claim_due", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
+        replies = replies_of(calls, 2)
+    finally:
+        assert calls.close()
+    assert batches == []
+    assert [len(reply.value) for reply in replies] == [1, 0]

@@ -1,0 +1,73 @@
+"""The PostgreSQL ledger's clock (`supervisor.ledger.postgres.clock.ServerClock`): the server's
+time, read once a second and carried forward on the monotonic clock, never ahead of the
+server, never backwards, and blind to the host's wall clock."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from supervisor import open_backend
+from supervisor.ledger.postgres.clock import ServerClock
+
+pytestmark = pytest.mark.timeout(60)
+
+SERVER_NOW = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+class Server:
+    """A server clock a test can step: `read()` is what the backend would fetch."""
+
+    def __init__(self, now_ms: int):
+        self.now_ms, self.reads = now_ms, 0
+
+    def read(self) -> int:
+        self.reads += 1
+        return self.now_ms
+
+
+def test_a_burst_of_calls_reads_the_server_once_and_moves_with_the_monotonic_clock():
+    server = Server(5_000_000)
+    clock = ServerClock(server.read, sync_interval_s=60)
+    started = time.monotonic()
+    estimates = [clock() for _ in range(10_000)]
+    elapsed_ms = (time.monotonic() - started) * 1000
+    assert server.reads == clock.syncs == 1
+    assert estimates[0] == 5_000_000
+    assert estimates == sorted(estimates)
+    assert 5_000_000 <= estimates[-1] <= 5_000_000 + elapsed_ms + 1
+
+
+def test_the_server_is_read_again_after_the_interval_and_a_clock_stepped_back_never_moves_it_back():
+    server = Server(5_000_000)
+    clock = ServerClock(server.read, sync_interval_s=0.05)
+    first = clock()
+    server.now_ms = 4_000_000  # the server's clock is stepped back 1,000 s
+    deadline = time.monotonic() + 10
+    while server.reads < 2:
+        assert time.monotonic() < deadline, "the clock never asked the server again"
+        assert clock() >= first
+    assert clock() >= first  # estimates never go backwards, whatever the server says
+    server.now_ms = 9_000_000  # and forwards it follows at the next sync
+    while server.reads < 3:
+        assert time.monotonic() < deadline
+        clock()
+    assert clock() >= 9_000_000
+
+
+def test_the_estimate_is_never_ahead_of_the_server_and_ignores_the_hosts_wall_clock(pg_uri, monkeypatch):
+    with open_backend(pg_uri) as backend, psycopg.connect(pg_uri, autocommit=True) as conn:
+        estimated = backend.clock()
+        # A host whose wall clock is an hour ahead: the ledger's times stay the server's.
+        real_time = time.time
+        monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+        monkeypatch.setattr(time, "time_ns", lambda: int((real_time() + 3600) * 1e9))
+        for _ in range(200):
+            estimated = backend.clock()
+            server = conn.execute(SERVER_NOW).fetchone()[0]
+            assert server - 500 <= estimated <= server  # behind by a reply's trip at most, never ahead
+        record = backend.executions.admit("e1", "w")
+        assert abs(record.created_at - conn.execute(SERVER_NOW).fetchone()[0]) < 1000
+        assert backend.clock.syncs <= 2  # the 200 estimates above took one second at most
