@@ -3,7 +3,9 @@
 The fast tests hand-make small ledgers (through the ledger API with a fake clock, then, where a
 violation is needed, by editing rows the way a broken runtime would have written them) and show
 that the checker passes a sound one and catches each kind of damage: a checker that cannot fail
-proves nothing. The slow test is a short seeded chaos run with every fault kind.
+proves nothing; a few of them run on both backends (`each_backend`), through the same reads. The
+slow test is a short seeded chaos run with every fault kind of each backend: SQLite's, then
+PostgreSQL's (on a throwaway server, a Unix socket only), `connection_kill` among them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import psutil
 import pytest
 
-from faults import wait_until
+from faults import ROOT, wait_until
 from supervisor import Completed, Failed, Suspended, open_backend
 from supervisor.chaos import ALL_KINDS, ChaosConfig, FaultKind, check, parse_kinds, run_chaos, summary_lines
 from supervisor.chaos.checker import main as checker_main
@@ -26,6 +28,7 @@ from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
 from supervisor.chaos.workload import plan_workload
+from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
 from worker.chaos_app import COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
@@ -38,9 +41,9 @@ class Ledger:
     """A small ledger written through the real API, driven by a fake clock, plus its evidence
     folder (step log, external system)."""
 
-    def __init__(self, tmp_path, clock):
+    def __init__(self, tmp_path, clock, target=None):
         self.folder = str(tmp_path)
-        self.path = str(tmp_path / "ledger.db")
+        self.path = str(target or tmp_path / "ledger.db")
         self.clock = clock
         self.backend = open_backend(self.path, clock=clock)
 
@@ -74,6 +77,15 @@ class Ledger:
         assert self.backend.executions.acknowledge(lease, Completed(json.dumps(result))).status == "completed"
 
     def sql(self, statement: str, *params) -> None:
+        """Edit rows as a broken runtime would have written them (SQLite's dialect on either backend)."""
+        if is_uri(self.path):
+            import psycopg
+
+            from supervisor.ledger.postgres.connection import translate
+
+            with psycopg.connect(self.path) as conn:
+                conn.execute(translate(statement), params)
+            return
         conn = sqlite3.connect(self.path)
         with conn:
             conn.execute(statement, params)
@@ -86,6 +98,14 @@ class Ledger:
 @pytest.fixture
 def ledger(tmp_path, clock):
     made = Ledger(tmp_path, clock)
+    yield made
+    made.backend.close()
+
+
+@pytest.fixture
+def any_ledger(tmp_path, clock, each_backend):
+    """A hand-made ledger on each backend in turn."""
+    made = Ledger(tmp_path, clock, each_backend)
     yield made
     made.backend.close()
 
@@ -107,7 +127,8 @@ def kinds(result) -> set:
     return set(result.violation_counts)
 
 
-def test_a_sound_ledger_passes(ledger):
+def test_a_sound_ledger_passes(any_ledger):
+    ledger = any_ledger
     sound_history(ledger)
     result = ledger.check()
     assert result.violations == []
@@ -117,7 +138,8 @@ def test_a_sound_ledger_passes(ledger):
     assert "PASS" in summary_lines({"check": result.as_dict()})[-1]
 
 
-def test_the_checker_runs_on_its_own(ledger, capsys):
+def test_the_checker_runs_on_its_own(any_ledger, capsys):
+    ledger = any_ledger
     sound_history(ledger)
     assert checker_main([ledger.path, "--folder", ledger.folder]) == 0
     assert "RESULT: PASS" in capsys.readouterr().out
@@ -126,7 +148,8 @@ def test_the_checker_runs_on_its_own(ledger, capsys):
     assert json.loads(capsys.readouterr().out)["violations_by_kind"] == {"stale_acknowledgement": 1}
 
 
-def test_overlapping_leases_are_caught(ledger):
+def test_overlapping_leases_are_caught(any_ledger):
+    ledger = any_ledger
     sound_history(ledger)
     # Token 2 claimed while token 1's lease was still live: two holders at once.
     ledger.sql("UPDATE lease_history SET claimed_at = (SELECT claimed_at + 500 FROM lease_history"
@@ -137,7 +160,8 @@ def test_overlapping_leases_are_caught(ledger):
     assert "FAIL" in summary_lines({"check": result.as_dict()})[-1]
 
 
-def test_a_stale_acknowledgement_is_caught(ledger):
+def test_a_stale_acknowledgement_is_caught(any_ledger):
+    ledger = any_ledger
     sound_history(ledger)
     # The superseded holder's completion recorded as the outcome, as a runtime without a fence would.
     ledger.sql("UPDATE lease_history SET ended_by = 'acknowledged', outcome = 'completed'"
@@ -191,7 +215,8 @@ def test_a_step_record_changed_after_it_was_seen_is_caught(ledger):
     assert {"step_value_changed", "step_value_unexplained"} <= kinds(ledger.check())
 
 
-def test_lost_store_updates_and_stuck_executions_are_caught(ledger):
+def test_lost_store_updates_and_stuck_executions_are_caught(any_ledger):
+    ledger = any_ledger
     ledger.backend.stores.get_or_create(COUNTER, "0")
     ledger.admit("e1", [["inc", "i"]])
     lease = ledger.claim()
@@ -525,26 +550,61 @@ def test_fault_kinds_are_parsed_and_checked():
 def test_kinds_this_host_cannot_inject_are_left_out_of_all_and_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)  # not root: no tmpfs for disk_full
     tight = dict(lease_ms=100, renew_ms=90, heartbeat_ms=30)  # no room for a clock skew
-    config, left_out = applicable_kinds(ChaosConfig(**tight), str(tmp_path), False)
+    config, left_out = applicable_kinds(ChaosConfig(**tight), str(tmp_path), None)
     assert set(left_out) == {"disk_full", "clock_skew"}
     assert "root" in left_out["disk_full"] and "no room" in left_out["clock_skew"]
-    assert config.faults == tuple(k for k in ALL_KINDS if k not in (FaultKind.DISK_FULL, FaultKind.CLOCK_SKEW))
+    assert config.faults == tuple(k for k in ALL_KINDS if k not in (FaultKind.DISK_FULL, FaultKind.CLOCK_SKEW,
+                                                                    FaultKind.CONNECTION_KILL))
     with pytest.raises(InvalidArgument, match="disk_full cannot be injected here: it needs root"):
-        applicable_kinds(ChaosConfig(faults=("disk_full", "kill_child")), str(tmp_path), False)
+        applicable_kinds(ChaosConfig(faults=("disk_full", "kill_child")), str(tmp_path), None)
     with pytest.raises(InvalidArgument, match="clock_skew cannot be injected here"):
-        applicable_kinds(ChaosConfig(faults=("clock_skew",), **tight), str(tmp_path), False)
+        applicable_kinds(ChaosConfig(faults=("clock_skew",), **tight), str(tmp_path), None)
+
+
+def test_each_backend_is_offered_its_own_fault_kinds(tmp_path):
+    """SQLite's kinds need the file (its write lock, its disk, its clock); connection_kill needs
+    PostgreSQL's sessions. All of them means those of the ledger's backend; naming another's is
+    an error."""
+    uri = "postgresql://chaos@/nowhere?host=/nonexistent"  # deciding opens no connection
+    config, left_out = applicable_kinds(ChaosConfig(), str(tmp_path), uri)
+    assert left_out == {}
+    assert config.faults == (FaultKind.KILL_CHILD, FaultKind.FREEZE_CHILD, FaultKind.KILL_SUPERVISOR,
+                             FaultKind.FREEZE_SUPERVISOR, FaultKind.TERM_SUPERVISOR, FaultKind.SLOW_START,
+                             FaultKind.CONNECTION_KILL)
+    with pytest.raises(InvalidArgument, match=r"^hold_write_lock does not run on a PostgreSQL ledger \(SQLite only"):
+        applicable_kinds(ChaosConfig(faults=("hold_write_lock", "kill_child")), str(tmp_path), uri)
+    with pytest.raises(InvalidArgument, match=r"^connection_kill does not run on a SQLite ledger \(PostgreSQL only"):
+        applicable_kinds(ChaosConfig(faults=("connection_kill",)), str(tmp_path), str(tmp_path / "ledger.db"))
+
+
+@pytest.mark.timeout(120)
+def test_chaos_refuses_a_postgres_database_that_holds_executions(pg_uri, tmp_path):
+    with open_backend(pg_uri) as backend:
+        backend.executions.admit("someone-elses", "w")
+    done = subprocess.run([sys.executable, "-m", "supervisor.cli", "chaos", "--db", pg_uri, "--duration", "1",
+                           "--faults", "none", "--workdir", str(tmp_path / "chaos")],
+                          capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [f"yieldstar: --db {pg_uri} already holds executions; chaos needs a ledger"
+                                        " of its own"], done.stderr
+    with open_backend(pg_uri) as backend:  # untouched
+        assert [r.execution_id for r in backend.executions.list()] == ["someone-elses"]
 
 
 # -- a real run ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_short_chaos_run_loses_nothing(tmp_path, dump_on_hang):
-    """Every fault kind, old and new (disk_full only as root), about 35 s in all."""
+def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
+    """Every fault kind of the backend (disk_full only as root), about 35 s in all: on SQLite
+    the harness's own file, on PostgreSQL a fresh database, whose sessions connection_kill
+    terminates."""
+    on_postgres = is_uri(each_backend)
     config = ChaosConfig(seed=20261202, duration_s=25, supervisors=3, concurrency=3, executions=300,
                          fault_interval_s=0.65, drain_timeout_s=150)
     lines = []
-    report = run_chaos(config, folder=str(tmp_path / "chaos"), out=lines.append)
+    report = run_chaos(config, folder=str(tmp_path / "chaos"), db_path=each_backend if on_postgres else None,
+                       out=lines.append)
     check_ = report["check"]
     summary = "\n".join(summary_lines(report))
     assert check_["violations"] == [], summary
@@ -552,14 +612,19 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, dump_on_hang):
     assert check_["executions"]["admitted_by_harness"] == 300
     assert report["ok"], summary
     injected = check_["faults"]["by_kind"]
-    expected = [k for k in FaultKind if not (k == FaultKind.DISK_FULL and os.geteuid() != 0)]
+    elsewhere = {"hold_write_lock", "disk_full", "clock_skew"} if on_postgres else {"connection_kill"}
+    assert set(report["harness"]["kinds_not_offered"]) == elsewhere
+    expected = [k for k in FaultKind if k.value not in elsewhere and not (k == FaultKind.DISK_FULL and os.geteuid())]
     assert all(injected.get(kind.value, 0) >= 1 for kind in expected), injected
+    assert not set(injected) & elsewhere, injected
     assert report["harness"]["workers_killed_while_starting"] >= 1, summary
-    assert check_["takeovers"]["checked"] and check_["takeovers"]["clocks"]["skewed"] >= 1, summary
+    assert check_["takeovers"]["checked"], summary
+    if not on_postgres:  # PostgreSQL's ledger clock is the server's: no skew to give
+        assert check_["takeovers"]["clocks"]["skewed"] >= 1, summary
     assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary
     assert not os.path.ismount(tmp_path / "chaos" / "ledger")
     # Nothing the run started survives it.
-    ledger = str(tmp_path / "chaos" / "ledger.db")
+    ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")
     survivors = []
     for process in psutil.process_iter(["cmdline"]):
         if ledger in " ".join(process.info["cmdline"] or []):

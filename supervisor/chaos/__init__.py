@@ -8,8 +8,8 @@ ledger (and, given the work folder of a chaos run, its evidence).
 """
 
 from .checker import CheckResult, check
-from .faults import ALL_KINDS, FaultKind, parse_kinds
 from .config import ChaosConfig
+from .faults import ALL_KINDS, FaultKind, parse_kinds
 from .harness import run_chaos
 from .report import summary_lines, write_report
 

@@ -1,7 +1,10 @@
-"""Which fault kinds this host can inject: `disk_full` needs root (it mounts the tmpfs) and the
-harness's own ledger; `clock_skew` needs a lease with room for a skew, and a runtime whose ledger
-clock honours `YIELDSTAR_CHAOS_CLOCK_SKEW_MS` (checked in a subprocess, through the backend's own
-default clock)."""
+"""Which fault kinds a run can inject, on its ledger and this host.
+
+By backend (`BACKEND_ONLY`): `hold_write_lock`, `disk_full` and `clock_skew` exist on a SQLite
+ledger only, `connection_kill` on PostgreSQL only. By host: `disk_full` needs root (it mounts the
+tmpfs) and the harness's own ledger; `clock_skew` needs a lease with room for a skew, and a
+runtime whose ledger clock honours `YIELDSTAR_CHAOS_CLOCK_SKEW_MS` (checked in a subprocess,
+through the backend's own default clock)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from .config import ChaosConfig
 from .disk import can_mount
 from .faults import ALL_KINDS, FaultKind
 from .fleet import CLOCK_SKEW_ENV, ROOT
-
+from .ledger_reads import POSTGRES, SQLITE, backend_kind
 
 CLOCK_PROBE = """
 import json, os, sys, time
@@ -48,15 +51,41 @@ def clock_skew_honoured(folder: str) -> Optional[str]:
     return None
 
 
-def applicable_kinds(config: ChaosConfig, folder: str, db_given: bool) -> tuple[ChaosConfig, dict]:
-    """The config with the fault kinds this host cannot inject left out, and why each was.
+# The fault kinds that exist on one backend only, and why.
+BACKEND_ONLY = {
+    FaultKind.HOLD_WRITE_LOCK: (SQLITE, "it takes a SQLite file's write lock (PostgreSQL locks rows, not the database)"),
+    FaultKind.DISK_FULL: (SQLITE, "it fills a tmpfs under the ledger's file"),
+    FaultKind.CLOCK_SKEW: (SQLITE, "it skews a SQLite ledger's clock (PostgreSQL's ledger clock is the server's)"),
+    FaultKind.CONNECTION_KILL: (POSTGRES, "it terminates the runtime's PostgreSQL sessions"),
+}
+BACKEND_NAMES = {SQLITE: "SQLite", POSTGRES: "PostgreSQL"}
 
-    Asked for all kinds (the default), a kind that cannot be injected is left out; named
-    explicitly, it is an error."""
+
+def kinds_not_offered(backend: str) -> dict[str, str]:
+    """{kind: why} for the fault kinds that do not exist on `backend` (`sqlite` or `postgres`)."""
+    return {kind.value: f"{BACKEND_NAMES[only]} only: {why}" for kind, (only, why) in BACKEND_ONLY.items()
+            if only != backend}
+
+
+def applicable_kinds(config: ChaosConfig, folder: str, db=None) -> tuple[ChaosConfig, dict]:
+    """The config with the fault kinds this ledger and host cannot take left out, and why each
+    host-dependent one was.
+
+    `db`: the ledger the run was given (a SQLite path or a postgresql:// URI); None for the
+    harness's own SQLite file. Asked for all kinds (the default), the kinds of the other backend
+    are not offered and a kind this host cannot inject is left out (the latter with a reason);
+    named explicitly, either is an error."""
+    backend = backend_kind(db) if db is not None else SQLITE
     explicit = tuple(config.faults) != ALL_KINDS
+    elsewhere = kinds_not_offered(backend)
+    named_elsewhere = [k.value for k in config.faults if k.value in elsewhere]
+    if named_elsewhere and explicit:
+        raise InvalidArgument("; ".join(f"{kind} does not run on a {BACKEND_NAMES[backend]} ledger"
+                                        f" ({elsewhere[kind]})" for kind in named_elsewhere))
+    config = dataclasses.replace(config, faults=tuple(k for k in config.faults if k.value not in elsewhere))
     why_not: dict[str, str] = {}
     if FaultKind.DISK_FULL in config.faults:
-        reason = can_mount() or ("it needs the ledger on the harness's own tmpfs; leave out --db" if db_given else None)
+        reason = can_mount() or ("it needs the ledger on the harness's own tmpfs; leave out --db" if db else None)
         if reason:
             why_not[FaultKind.DISK_FULL.value] = reason
     if FaultKind.CLOCK_SKEW in config.faults:

@@ -1,9 +1,10 @@
-"""The invariant checker: reads a ledger file and the workflows' own evidence, and says what broke.
+"""The invariant checker: reads a ledger and the workflows' own evidence, and says what broke.
 
 It trusts nothing the supervisors think; it reads only
 
 - the ledger (`executions`, `lease_history`, `steps`, `effects`, `stores`, `store_receipts`,
-  `starts`), read-only;
+  `starts`), read-only and from one snapshot, a SQLite file or a PostgreSQL database alike
+  (`ledger_reads`: the same statements on both);
 - the step log and the external system's log that `worker.chaos_app` leaves in the work folder;
 - the supervisors' logs (only to count stale writes that were refused);
 - the fault journal, the fleet journal (which supervisor had which pid and clock skew, and when
@@ -56,8 +57,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
@@ -65,9 +64,17 @@ from typing import Optional
 from worker.chaos_app import digest
 
 from .clocks import Clocks
-from .evidence import (read_fault_journal, read_faults, read_fleet, read_lock_holds, read_refusals, read_run_config,
-                       read_step_log)
+from .evidence import (
+    read_fault_journal,
+    read_faults,
+    read_fleet,
+    read_lock_holds,
+    read_refusals,
+    read_run_config,
+    read_step_log,
+)
 from .failures import CHAOS_WORKFLOW, TOKEN_IN_ERROR, FailureChecks
+from .ledger_reads import LedgerReader, open_reader
 from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
 from .takeovers import check_takeovers
@@ -126,14 +133,6 @@ class CheckResult:
         }
 
 
-def _connect(db_path: str) -> sqlite3.Connection:
-    if not os.path.exists(db_path):
-        raise FileNotFoundError(f"no ledger at {db_path}")
-    conn = sqlite3.connect(f"file:{os.path.abspath(db_path)}?mode=ro", uri=True, timeout=60)
-    conn.execute("PRAGMA busy_timeout = 60000")
-    return conn
-
-
 # -- the checks --------------------------------------------------------------------------------
 
 class Checker(SharingChecks, FailureChecks):
@@ -147,13 +146,12 @@ class Checker(SharingChecks, FailureChecks):
         self.step_pids: dict[tuple[str, int], set] = defaultdict(set)  # workers that logged each delivery
 
     def run(self) -> CheckResult:
-        conn = _connect(self.db_path)
+        reader = open_reader(self.db_path)
         try:
-            with conn:  # one read transaction: every table from one snapshot
-                conn.execute("BEGIN")
-                self._load(conn)
+            with reader.snapshot():  # every table from one snapshot
+                self._load(reader)
         finally:
-            conn.close()
+            reader.close()
         self._check_executions()
         self._check_history()
         self._check_outcomes()
@@ -170,30 +168,29 @@ class Checker(SharingChecks, FailureChecks):
             self.result.figures["faults"] = read_faults(self.folder)
         return self.result
 
-    def _load(self, conn: sqlite3.Connection) -> None:
+    def _load(self, conn: LedgerReader) -> None:
         self.executions = {
-            row[0]: row for row in conn.execute(
+            row[0]: row for row in conn.rows(
                 "SELECT execution_id, workflow, input_json, status, token, lease_expires_at, result_json,"
                 " error_json, unacknowledged_deliveries, due_at FROM executions")
         }
         self.history: dict[str, list] = defaultdict(list)
-        for row in conn.execute("SELECT execution_id, token, holder, claimed_at, expires_at, ended_at, ended_by,"
+        for row in conn.rows("SELECT execution_id, token, holder, claimed_at, expires_at, ended_at, ended_by,"
                                 " outcome FROM lease_history ORDER BY execution_id, token"):
             self.history[row[0]].append(row)
         self.steps: dict[str, list] = defaultdict(list)
-        for row in conn.execute("SELECT rowid, execution_id, step_key, attempt, done, step_response_json, token,"
+        for row in conn.rows("SELECT rowid, execution_id, step_key, attempt, done, step_response_json, token,"
                                 " written_at FROM steps ORDER BY rowid"):
             self.steps[row[1]].append(row)
-        self.duplicate_steps = conn.execute(
-            "SELECT execution_id, step_key, attempt, count(*) FROM steps GROUP BY 1, 2, 3 HAVING count(*) > 1"
-        ).fetchall()
-        self.effects = {row[0]: row for row in conn.execute(
+        self.duplicate_steps = conn.rows(
+            "SELECT execution_id, step_key, attempt, count(*) FROM steps GROUP BY 1, 2, 3 HAVING count(*) > 1")
+        self.effects = {row[0]: row for row in conn.rows(
             "SELECT effect_id, status, result_json, begun FROM effects")}
-        self.stores = {row[0]: row[1] for row in conn.execute("SELECT name, state_json FROM stores")}
+        self.stores = {row[0]: row[1] for row in conn.rows("SELECT name, state_json FROM stores")}
         self.receipts: dict[str, list] = defaultdict(list)
-        for row in conn.execute("SELECT store, execution_id, step_key, result_json FROM store_receipts"):
+        for row in conn.rows("SELECT store, execution_id, step_key, result_json FROM store_receipts"):
             self.receipts[row[0]].append(row)
-        self.starts = conn.execute("SELECT start_request_id, execution_id FROM starts").fetchall()
+        self.starts = conn.rows("SELECT start_request_id, execution_id FROM starts")
         self.children = {child for _, child in self.starts}
         self.plans = {eid: plan_keys(row[2]) for eid, row in self.executions.items() if row[1] == CHAOS_WORKFLOW}
         # The recorded outcome of each step: the done row (the highest attempt is the done one).
@@ -445,7 +442,7 @@ def check(db_path: str, folder: Optional[str] = None, *,
 def main(argv: Optional[list[str]] = None) -> int:
     """`python -m supervisor.chaos LEDGER [--folder DIR] [--json]`: exit 0 iff it holds."""
     parser = argparse.ArgumentParser(prog="python -m supervisor.chaos", description=__doc__.split("\n")[0])
-    parser.add_argument("db", help="the ledger file")
+    parser.add_argument("db", help="the ledger: a SQLite file or a postgresql:// URI")
     parser.add_argument("--folder", help="the chaos run's work folder (step log, external system, logs)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
     args = parser.parse_args(argv)

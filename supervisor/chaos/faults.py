@@ -16,6 +16,11 @@ signals, so a pid that was reused by an unrelated process is never hit.
 | `slow_start`        | a supervisor is restarted with an app that takes 1-4 s to import; 1-2 of its workers |
 |                     | are SIGKILLed while they load it, before they report ready               |
 | `clock_skew`        | a supervisor is restarted with its ledger clock ahead or behind (by a few hundred ms) |
+| `connection_kill`   | (PostgreSQL) `pg_terminate_backend` of one runtime session (`application_name` |
+|                     | `yieldstar...`), preferably one busy in a statement or a transaction      |
+
+`hold_write_lock`, `disk_full` and `clock_skew` exist on a SQLite ledger only, `connection_kill`
+on PostgreSQL only (`capabilities.BACKEND_ONLY` says why).
 
 Clocks are also a property of the fleet: with `clock_skew` enabled, about half of the supervisors
 the harness starts run with a skewed clock (see `FaultPlan.skew_ms` for how far).
@@ -45,6 +50,7 @@ class FaultKind(str, enum.Enum):
     DISK_FULL = "disk_full"
     SLOW_START = "slow_start"
     CLOCK_SKEW = "clock_skew"
+    CONNECTION_KILL = "connection_kill"
 
     def __str__(self) -> str:
         return self.value
@@ -219,6 +225,24 @@ def hold_write_lock(db_path: str, seconds: float, log_path: str) -> subprocess.P
         return subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, db_path, f"{seconds:.3f}"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+# The runtime's sessions of the ledger's database: the supervisors' and workers' (`yieldstar`)
+# and the supervisors' listeners (`yieldstar-listen`); the harness's own are `chaos-harness`.
+RUNTIME_SESSIONS = ("SELECT pid, application_name, state, left(query, 120) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name LIKE 'yieldstar%'"
+                    " AND pid <> pg_backend_pid() ORDER BY pid")
+
+
+def runtime_sessions(reader) -> list[tuple]:
+    """(backend pid, application_name, state, query) of every runtime session of the database,
+    read through a `ledger_reads.PostgresReader`."""
+    return reader.rows(RUNTIME_SESSIONS)
+
+
+def terminate_session(reader, pid: int) -> bool:
+    """`pg_terminate_backend(pid)`; False if that session is already gone."""
+    return bool(reader.rows("SELECT pg_terminate_backend(?)", (pid,))[0][0])
 
 
 def freeze(process: psutil.Process) -> bool:

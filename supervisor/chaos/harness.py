@@ -52,16 +52,16 @@ import psutil
 
 from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
 
+from ..ledger.backends import is_uri, open_backend, shown
 from ..ledger.errors import InvalidArgument, YieldstarError
-from ..ledger.backends import open_backend
-from ..ledger.sqlite.backend import SqliteBackend
 from . import faults
-from .capabilities import applicable_kinds
+from .capabilities import BACKEND_NAMES, applicable_kinds, kinds_not_offered
 from .checker import check
 from .config import ChaosConfig
 from .disk import Burst, LedgerDisk, size_mb
 from .faults import Fault, FaultKind, FaultPlan
 from .fleet import FROZEN, ROOT, RUNNING, TICK_S, Fleet, SupervisorHandle
+from .ledger_reads import ReadFailed, backend_kind, open_reader
 from .progress import SHORT, Progress
 from .watch import IMPORT_LOG, ImportWatcher, OpenStep, StepWatcher
 from .workload import Admitter, plan_workload
@@ -132,7 +132,11 @@ class ChaosRun:
         self.phase = "setup"
         self.stop_signal: Optional[int] = None  # set by the signal handler, acted on by the loops
         self._journal = open(os.path.join(folder, "faults.jsonl"), "a")
-        self._status = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+        self.reads = open_reader(db_path)
+        # Before the first supervisor starts, every runtime session of the database is the
+        # harness's own (its admitter's): `connection_kill` never takes one of those.
+        self.own_sessions = ({s[0] for s in faults.runtime_sessions(self.reads)}
+                             if FaultKind.CONNECTION_KILL in config.faults else set())
 
     def request_stop(self, signum, _frame) -> None:
         self.stop_signal = signum
@@ -150,8 +154,8 @@ class ChaosRun:
 
     def statuses(self) -> dict:
         try:
-            rows = self._status.execute("SELECT status, count(*) FROM executions GROUP BY status").fetchall()
-        except sqlite3.Error:
+            rows = self.reads.rows("SELECT status, count(*) FROM executions GROUP BY status")
+        except ReadFailed:
             return {}
         return dict(rows)
 
@@ -196,6 +200,8 @@ class ChaosRun:
             return False  # keep at least one healthy supervisor through every fault
         if kind.stalls_ledger:
             return self._stall(kind, desperate)
+        if kind == FaultKind.CONNECTION_KILL:
+            return self._kill_session(desperate)
         # A lenient supervisor would not notice a frozen worker for many seconds: freeze only
         # workers whose supervisor is expected to kill and replace them. A supervisor is
         # restarted only once it has started up (before, SIGTERM is not yet a graceful stop).
@@ -266,6 +272,33 @@ class ChaosRun:
         else:
             burst = self.disk.burst(self.plan.disk_full_s())
             self.bursts.append(PendingBurst(burst, step, time.monotonic() - self.started, time.time_ns() // 10**6))
+        return True
+
+    def _kill_session(self, desperate: bool) -> bool:
+        """Terminate one runtime session of the PostgreSQL ledger: one busy in a statement or a
+        transaction if there is one (or we waited long enough), never one of the harness's own.
+
+        Not while a supervisor is starting up: a supervisor opens its ledger connections once,
+        at start, and exits (code 2) if a storage error meets it there, transient or not; the
+        runtime's connections are made to survive a kill from then on (calls retried, a new
+        connection opened), and so is a worker's start (it waits a transient error out)."""
+        if any(not h.started_up() for h in self.fleet.running()):
+            return False
+        try:
+            sessions = [s for s in faults.runtime_sessions(self.reads) if s[0] not in self.own_sessions]
+        except ReadFailed:
+            return False
+        busy = [s for s in sessions if s[2] not in ("idle", None)]
+        if not busy and not (desperate and sessions):
+            return False
+        pid, application, state, query = self.plan.choose(busy or sessions)
+        try:
+            if not faults.terminate_session(self.reads, pid):
+                return False  # it ended meanwhile
+        except ReadFailed:
+            return False
+        self._record(FaultKind.CONNECTION_KILL, {"session_pid": pid, "application_name": application}, None,
+                     {"state": state, "query": query, "sessions": len(sessions)})
         return True
 
     def _slow_start(self, handle: SupervisorHandle, target: dict, step: Optional[dict]) -> None:
@@ -413,20 +446,21 @@ class ChaosRun:
             self.fleet.stop_all()
         self.fleet.kill_all()
         self._journal.close()
-        self._status.close()
+        self.reads.close()
 
 
-def _fresh_ledger(db_path: str) -> SqliteBackend:
-    """The new ledger with the workload's stores, open: the admitter's backend.
+def _fresh_ledger(db_path: str):
+    """The new ledger with the workload's stores, open: the admitter's backend. A ledger that
+    already holds executions (a SQLite file or a PostgreSQL database) is refused, untouched.
 
-    It is opened before any other connection of this process to the file. Opening a backend
+    A SQLite file is opened before any other connection of this process to the file. Opening a backend
     checks the file through a descriptor of its own, and closing any descriptor of a file drops
     every POSIX lock the process holds on it, SQLite's included: a connection that lost its
     shared lock no longer stops another process's last close from deleting the -wal under it."""
     backend = open_backend(db_path)
     try:
         if backend.executions.list(limit=1):
-            raise InvalidArgument(f"--db {db_path} already holds executions; chaos needs a ledger of its own")
+            raise InvalidArgument(f"--db {shown(db_path)} already holds executions; chaos needs a ledger of its own")
         backend.stores.get_or_create(COUNTER, "0")
         backend.stores.get_or_create(MAILBOX, "[]")
     except BaseException:
@@ -441,14 +475,15 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
 
     Args:
         folder: the work folder (ledger, logs, evidence); a new temporary one when None. It is kept.
-        db_path: the ledger; `<folder>/ledger.db` when None. It must hold no executions yet. With
-            `disk_full`, the ledger lives on a tmpfs in the folder during the run, and is copied
-            to `<folder>/ledger.db` at the end.
+        db_path: the ledger: a SQLite path or a `postgresql://` URI; `<folder>/ledger.db` when None.
+            It must hold no executions yet. With `disk_full`, the ledger lives on a tmpfs in the
+            folder during the run, and is copied to `<folder>/ledger.db` at the end. The fault
+            kinds of the other backend are not offered (`capabilities.BACKEND_ONLY`).
         out: where lines of output go; `tty` makes the progress line update in place.
     """
     folder = os.path.abspath(folder or tempfile.mkdtemp(prefix=f"yieldstar-chaos-{config.seed}-"))
     os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
-    config, dropped = applicable_kinds(config, folder, db_path is not None)
+    config, dropped = applicable_kinds(config, folder, db_path)
     for kind, why in dropped.items():
         out(f"yieldstar chaos: leaving out {kind}: {why}")
     disk = None
@@ -457,7 +492,10 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         disk.mount()
     backend = None
     try:
-        db_path = disk.db_path if disk else os.path.abspath(db_path or os.path.join(folder, "ledger.db"))
+        if disk:
+            db_path = disk.db_path
+        elif not is_uri(db_path):
+            db_path = os.path.abspath(db_path or os.path.join(folder, "ledger.db"))
         backend = _fresh_ledger(db_path)
         if disk:
             disk.pin()
@@ -473,7 +511,7 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
                 out(f"yieldstar chaos: {trouble}")
 
 
-def _run(config: ChaosConfig, folder: str, db_path: str, backend: SqliteBackend, disk: Optional[LedgerDisk],
+def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional[LedgerDisk],
          dropped: dict, out: Callable[[str], None], tty: bool) -> dict:
     from .report import build_report, source_of
 
@@ -482,7 +520,8 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend: SqliteBackend,
     admissions = plan_workload(run.rng, config.executions, config.duration_s * ADMIT_SHARE, folder,
                                config.lease_ms / 1000)
     out(f"yieldstar chaos: seed {config.seed}, {config.duration_s:g} s of faults, {config.supervisors} supervisors"
-        f" x {config.concurrency} workers, {config.executions} executions; work folder {folder}")
+        f" x {config.concurrency} workers, {config.executions} executions on {_backend_name(db_path)} ledger"
+        f" {shown(db_path)}; work folder {folder}")
     admitter = Admitter(backend, admissions, run.started)
     graceful = False
     timings = {}
@@ -533,11 +572,17 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend: SqliteBackend,
         "supervisor_exits": run.fleet.exits,
         "frozen_children_alive_at_thaw": run.frozen_children_alive_at_thaw,
         "faults_skipped": run.skipped,
+        "ledger_backend": _backend_name(db_path),
+        "kinds_not_offered": kinds_not_offered(backend_kind(db_path)),
         "kinds_left_out": dropped,
         "admitted_by_harness": admitter.admitted,
         "workers_killed_while_starting": run.workers_killed_while_starting,
         "disk": disk_figures,
         "anomalies": run.anomalies,
     }
-    return build_report(config, result, harness=harness, timings=timings, folder=folder, db_path=db_path,
+    return build_report(config, result, harness=harness, timings=timings, folder=folder, db_path=shown(db_path),
                         began=began, ended=time.time(), source=source_of(ROOT))
+
+
+def _backend_name(db_path: str) -> str:
+    return BACKEND_NAMES[backend_kind(db_path)]

@@ -47,7 +47,8 @@ class Progress:
 # Fault kinds in the progress line, which must fit a terminal's width.
 SHORT = {FaultKind.KILL_CHILD: "kc", FaultKind.FREEZE_CHILD: "sc", FaultKind.KILL_SUPERVISOR: "ks",
          FaultKind.FREEZE_SUPERVISOR: "ss", FaultKind.TERM_SUPERVISOR: "ts", FaultKind.HOLD_WRITE_LOCK: "lk",
-         FaultKind.DISK_FULL: "df", FaultKind.SLOW_START: "sl", FaultKind.CLOCK_SKEW: "ck"}
+         FaultKind.DISK_FULL: "df", FaultKind.SLOW_START: "sl", FaultKind.CLOCK_SKEW: "ck",
+         FaultKind.CONNECTION_KILL: "cx"}
 
 
 def legend() -> str:

@@ -126,6 +126,10 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"supervisors {h['supervisors_started']} started in all ({exits or 'none ended'})"
                      + (f"; {h['workers_killed_while_starting']} workers killed while loading the app"
                         if h.get("workers_killed_while_starting") else ""))
+        if h.get("ledger_backend"):
+            elsewhere = sorted(h.get("kinds_not_offered") or {})
+            lines.append(f"ledger      {h['ledger_backend']} {report.get('ledger')}"
+                         + (f"; not offered on it: {', '.join(elsewhere)}" if elsewhere else ""))
         for kind, why in (h.get("kinds_left_out") or {}).items():
             lines.append(f"left out   {kind}: {why}")
         if h.get("disk"):

@@ -179,9 +179,11 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--heartbeat-ms", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--faults", "fault_kinds", multiple=True, metavar="KINDS",
               help="Fault kinds, repeated or comma-separated (default all): kill_child, freeze_child,"
-                   " kill_supervisor, freeze_supervisor, term_supervisor, hold_write_lock, disk_full (root only:"
-                   " the ledger goes on a tmpfs), slow_start, clock_skew; none for a control run. The default"
-                   " leaves out, with a notice, the kinds this host cannot inject; naming such a kind is an error.")
+                   " kill_supervisor, freeze_supervisor, term_supervisor, slow_start on either backend;"
+                   " hold_write_lock, disk_full (root only: the ledger goes on a tmpfs), clock_skew on SQLite only;"
+                   " connection_kill on PostgreSQL only; none for a control run. The default takes the kinds of"
+                   " the ledger's backend and leaves out, with a notice, those this host cannot inject; naming a"
+                   " kind that cannot run is an error.")
 @click.option("--fault-interval-ms", type=click.IntRange(min=10), default=1200, show_default=True,
               help="Mean gap between two faults.")
 @click.option("--lenient-supervisors", type=click.IntRange(min=0), default=None,
@@ -190,8 +192,9 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=1), default=300, show_default=True,
               help="Seconds to wait, after the faults, for every execution to become terminal.")
 @click.option("--db", "chaos_db", default=None,
-              help="The ledger, which must hold no executions (default: ledger.db in the work folder)."
-                   " The global --db is not used, so chaos never lands in a real ledger by accident.")
+              help="The ledger: a SQLite path or a postgresql:// URI, which must hold no executions (default:"
+                   " ledger.db in the work folder). The global --db is not used, so chaos never lands in a real"
+                   " ledger by accident.")
 @click.option("--workdir", default=None, help="The work folder for logs and evidence (default: a new"
                                                " temporary folder, kept).")
 @click.option("--report", "report_path", default=None,
