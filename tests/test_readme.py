@@ -1,24 +1,28 @@
-"""The README's quickstart works as written: its app runs under a supervisor, and its unit test
-passes."""
+"""The README's quickstart works as written: its app runs under a supervisor, its unit test
+passes, and its operator commands print what the README shows (replayed as
+tests/test_docs_operators.py replays docs/operators.md)."""
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
+from test_docs_operators import assert_replayed, replay, with_outputs, yieldstar_args
+from test_docs_operators import code_block as block_of
+
+from supervisor import open_backend
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
 def code_block(first_line: str) -> str:
     with open(README) as f:
-        text = f.read()
-    match = re.search(r"```python\n" + re.escape(first_line) + r"[^\n]*\n(.*?)```", text, re.S)
-    assert match, f"README has no python block starting with {first_line!r}"
-    return match.group(1)
+        return block_of(f.read(), first_line)
 
 
 def yieldstar(tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -47,35 +51,78 @@ def test_quickstart_unit_test_passes(tmp_path):
     assert "1 passed" in result.stdout
 
 
+def start_shop_supervisor(folder: Path) -> subprocess.Popen:
+    """`yieldstar supervise shop.py` in the quickstart's folder, on the default ledger there."""
+    (folder / "shop.py").write_text(code_block("# shop.py"))
+    with open(folder / "supervisor.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "supervise", "shop.py", "--poll-ms", "100"],
+                                cwd=folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
 @pytest.fixture
 def shop_supervisor(tmp_path):
-    """`yieldstar supervise shop.py` in the quickstart's folder, on the default ledger there."""
-    (tmp_path / "shop.py").write_text(code_block("# shop.py"))
-    log = open(tmp_path / "supervisor.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "supervise", "shop.py", "--poll-ms", "100"],
-                               cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
+    process = start_shop_supervisor(tmp_path)
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        log.close()
+        stop(process)
+
+
+def place_order(folder: Path) -> subprocess.CompletedProcess:
+    (folder / "place_order.py").write_text(code_block("# place_order.py"))
+    return subprocess.run([sys.executable, "place_order.py"], cwd=folder, capture_output=True, text=True, timeout=80)
+
+
+def operator_commands(command) -> bool:
+    """The README's operator commands: the `yieldstar` ones, but not the supervisor left running."""
+    try:
+        args, _ = yieldstar_args(command.line)
+    except AssertionError:
+        return False  # `python place_order.py`
+    return args[0] != "supervise"
+
+
+def until_suspended(folder: Path):
+    """After `yieldstar start`: wait until the supervisor has run the new execution up to its timer."""
+    def after(command, output):
+        if yieldstar_args(command.line)[0][0] != "start":
+            return
+        with open_backend(folder / "yieldstar.db") as backend:
+            deadline = time.monotonic() + 30
+            while backend.executions.get(output.strip()).status != "suspended":
+                assert time.monotonic() < deadline, f"{output.strip()} was not suspended"
+                time.sleep(0.02)
+    return after
+
+
+def operator_session(folder: Path) -> list:
+    with open(README) as f:
+        return replay(f.read(), folder, include=operator_commands, after=until_suspended(folder))
 
 
 @pytest.mark.timeout(90)
 def test_quickstart_application_starts_an_order_and_waits_for_its_result(tmp_path, shop_supervisor):
-    (tmp_path / "place_order.py").write_text(code_block("# place_order.py"))
-    result = subprocess.run([sys.executable, "place_order.py"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=80)
+    result = place_order(tmp_path)
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.splitlines()
     assert first in ("order-42 admitted", "order-42 running")  # the supervisor may claim it at once
     assert second == "{'order': 42, 'charge': 'ch_order-42/charge'}"
+
+    # Then the README's operator commands, in order, on the same ledger, with the same supervisor.
+    done = operator_session(tmp_path)
+    assert [yieldstar_args(command.line)[0][0] for command, _ in done] == [
+        "start", "get", "stats", "cancel", "resume", "purge"]
+    assert_replayed(done)
 
 
 WEB_CALLS = """
@@ -103,3 +150,24 @@ def test_quickstart_web_endpoints_start_an_order_and_report_its_status(tmp_path,
     assert placed["id"] == again["id"] == now["id"] == "order-7"
     assert placed["status"] in ("admitted", "running") and now["status"] in ("admitted", "running", "suspended")
     assert done == {"id": "order-7", "status": "completed", "result": {"order": 7, "charge": "ch_order-7/charge"}}
+
+
+def update() -> None:
+    """Rewrite the outputs of the README's operator commands from a new run."""
+    with open(README) as f:
+        text = f.read()
+    with tempfile.TemporaryDirectory() as base:
+        supervisor = start_shop_supervisor(Path(base))
+        try:
+            assert place_order(Path(base)).returncode == 0
+            done = operator_session(Path(base))
+        finally:
+            stop(supervisor)
+    with open(README, "w") as f:
+        f.write(with_outputs(text, done))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_readme.py --update  (rewrites the outputs of the README's operator commands)")
+    update()

@@ -200,7 +200,8 @@ def history(ctx, execution_id: str, as_json_: bool) -> None:
         return
     for r in records:
         click.echo(f"token={r.token}  holder={r.holder}  claimed_at={format_time(r.claimed_at, now=now)}"
-                   f"  expires_at={format_time(r.expires_at, now=now)}  renewals={r.renewals}"
+                   f"  expires_at={format_time(r.expires_at, now=now)}  ended_at={format_time(r.ended_at, now=now)}"
+                   f"  renewals={r.renewals}"
                    f"  ended={r.ended_by or 'live'}" + (f"  outcome={r.outcome}" if r.outcome else ""))
 
 
