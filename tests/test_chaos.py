@@ -397,6 +397,19 @@ def effect_step(ledger: Ledger, eid: str, key: str, effect_id: str, receipt: str
     ledger.complete(lease, {key: digest(kept)})
 
 
+def test_a_session_killed_as_the_claim_committed_explains_a_lease_never_renewed(ledger):
+    # Its holder may have been told the claim failed: it never knew it held the lease.
+    fault(ledger, "connection_kill", 1_000_000 + 120)
+    result = takeover(ledger)
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["claim_unanswered"] == 1
+
+
+def test_a_session_killed_later_in_the_delivery_explains_nothing(ledger):
+    fault(ledger, "connection_kill", 1_000_000 + 900)  # the call it met was retried on a new connection
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
 def test_effect_ids_of_one_execution_each_pass(ledger):
     effect_step(ledger, "cust", "7/charge", "cust/7/charge", "r1")
     effect_step(ledger, "cust/7", "charge", "cust%2F7/charge", "r2")

@@ -23,6 +23,13 @@ faults are injected; (3) the drain: no more faults, `supervisors` healthy superv
 execution is terminal or `drain_timeout_s` passes; (4) graceful stop, copy the ledger off the
 tmpfs, checks, report.
 
+The ledger is a SQLite file (the harness's own `<folder>/ledger.db` by default) or a PostgreSQL
+database (`db_path` a `postgresql://` URI): the supervisors get it as their `--db`, and the
+harness reads it through `ledger_reads`, the one module that knows the backend. Each backend has
+its own fault kinds (`capabilities.BACKEND_ONLY`): the write lock, the full disk and the skewed
+clock are a SQLite file's; `connection_kill` terminates PostgreSQL sessions. Either way the
+ledger must hold no executions: one that does is refused, untouched.
+
 Fault kinds this host cannot inject are left out of a run that asked for all of them, with a
 notice; naming one explicitly that cannot be injected is an error: `disk_full` needs root (it
 mounts the tmpfs) and the harness's own ledger, `clock_skew` a runtime whose ledger clock honours

@@ -35,7 +35,12 @@ times the harness takes a tick or so late):
   (the renewal, blocked until the window ended or failed and retried an interval later, could
   not have come in time). `STALL_SLACK_MS` either side: these times are measured exactly. So a
   window shorter than the lease minus two renewal intervals (minus the skew by which the claimer's
-  clock runs ahead of the holder's) explains nothing, however it falls.
+  clock runs ahead of the holder's) explains nothing, however it falls;
+- `claim_unanswered`: (PostgreSQL) a `connection_kill` terminated a runtime session within
+  `SLACK_MS` of the claim, and the lease was never renewed: a session killed while its claim
+  commits leaves a claim that may have committed with a holder that was told it failed, and so
+  never learns of its lease (the one ambiguity a broken connection leaves). A kill at any other
+  moment explains nothing: the runtime retries the call that met it on a new connection.
 
 A clock skew is not an excuse of its own: the harness keeps any two clocks closer than half of
 lease minus renewal interval, and `expired` is read on the claimer's clock, so a skew shortens
@@ -51,7 +56,7 @@ from .clocks import Clocks
 
 SLACK_MS = 500
 STALL_SLACK_MS = 100
-REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall")
+REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall", "claim_unanswered")
 
 
 def _merge(windows: list[tuple[int, int]], gap_ms: int) -> list[tuple[int, int]]:
@@ -74,6 +79,7 @@ class Takeovers:
         self.ends: dict[int, int] = {}  # supervisor number -> when it began to end
         self.freezes: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.worker_faults: dict[int, list[dict]] = defaultdict(list)
+        self.session_kills: list[int] = []
         stalls = []
         for fault in faults:
             kind, at, target, params = fault["kind"], fault.get("at_ms", 0), fault.get("target", {}), fault["params"]
@@ -91,6 +97,8 @@ class Takeovers:
                     stalls.append((start, end if end is not None else start + int(params["seconds"] * 1000)))
                 else:  # the holder never logged the lock: the longest it may have held it
                     stalls.append((at, at + int(params["seconds"] * 1000) + SLACK_MS))
+            elif kind == "connection_kill":
+                self.session_kills.append(at)
             elif kind == "disk_full" and params.get("filling_ms"):
                 stalls.append((params["filling_ms"], params["freed_ms"]))
         self.stalls = _merge(stalls, renew_ms)
@@ -127,6 +135,8 @@ class Takeovers:
         for start, end in self.stalls:
             if start <= renewed + self.renew_ms + STALL_SLACK_MS and end >= expired - self.renew_ms - STALL_SLACK_MS:
                 return "stall"
+        if renewed == claimed and any(abs(at - claimed) <= SLACK_MS for at in self.session_kills):
+            return "claim_unanswered"
         return None
 
     def nearby(self, at_ms: int, faults: list[dict], within_ms: int = 3_000) -> str:
