@@ -148,6 +148,13 @@ def test_the_checker_runs_on_its_own(any_ledger, capsys):
     assert json.loads(capsys.readouterr().out)["violations_by_kind"] == {"stale_acknowledgement": 1}
 
 
+def test_the_checker_names_a_ledger_it_cannot_read_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "none.db"
+    assert checker_main([str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"python -m supervisor.chaos: no ledger at {missing}"]
+    assert not missing.exists()
+
+
 def test_overlapping_leases_are_caught(any_ledger):
     ledger = any_ledger
     sound_history(ledger)

@@ -57,12 +57,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
 from worker.chaos_app import digest
 
+from ..ledger.errors import YieldstarError
 from .clocks import Clocks
 from .evidence import (
     read_fault_journal,
@@ -440,14 +442,19 @@ def check(db_path: str, folder: Optional[str] = None, *,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m supervisor.chaos LEDGER [--folder DIR] [--json]`: exit 0 iff it holds."""
+    """`python -m supervisor.chaos LEDGER [--folder DIR] [--json]`: exit 0 iff it holds, 2 (with
+    one line on stderr) if the ledger cannot be read."""
     parser = argparse.ArgumentParser(prog="python -m supervisor.chaos", description=__doc__.split("\n")[0])
     parser.add_argument("db", help="the ledger: a SQLite file or a postgresql:// URI")
     parser.add_argument("--folder", help="the chaos run's work folder (step log, external system, logs)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
     args = parser.parse_args(argv)
     from .report import summary_lines
-    result = check(args.db, args.folder)
+    try:
+        result = check(args.db, args.folder)
+    except YieldstarError as exc:
+        print(f"python -m supervisor.chaos: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
