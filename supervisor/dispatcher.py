@@ -175,7 +175,8 @@ class Supervisor:
                 log.info("stopped while the workers were loading the app")
                 return EXIT_STOPPED
             try:
-                calls = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "ledger-calls")
+                calls = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "ledger-calls",
+                                    gathering=True)
                 renewals = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "lease-renewals")
             except LedgerUnusable as exc:
                 log.error("%s", exc)

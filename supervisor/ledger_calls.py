@@ -31,8 +31,8 @@ log = logging.getLogger("yieldstar.supervisor")
 
 # Calls that several children's endings and the claims for their replacements share one
 # transaction in (group commit): what is queued when the thread comes back from the database
-# goes together, so a busy supervisor commits once for many, and an idle one never waits to
-# fill a batch.
+# (or was flushed together) goes in one transaction, so a busy supervisor commits once for
+# many, and an idle one never waits to fill a batch.
 BATCHED = ("acknowledge", "claim_due")
 
 
@@ -102,19 +102,26 @@ class LedgerCalls:
     """Makes ledger calls in submission order on a thread of its own; replies come back through
     `replies()` once `fileno()` is readable.
 
+    With `gathering` set, submitted calls wait in an outbox until `flush()` (the loop flushes
+    before it blocks), so that what one turn of the loop decides (a child's acknowledgement, the
+    claim for its freed slot) reaches the thread at once and can share a transaction.
+
     Only storage errors become replies: any other exception is a bug in the caller (a bad
     argument), and is raised again by `replies()` in the loop, where it ends the supervisor with
     its traceback instead of being retried forever.
     """
 
-    def __init__(self, backend, name: str):
+    def __init__(self, backend, name: str, *, gathering: bool = False):
         """
         Args:
             backend: a backend of its own, used only by this thread from now on.
             name: the thread's name, for stack dumps.
+            gathering: hold submitted calls until `flush()`.
         """
         self.backend = backend
-        self._requests: "queue.SimpleQueue[Optional[Call]]" = queue.SimpleQueue()
+        self.gathering = gathering
+        self._outbox: list[Optional[Call]] = []
+        self._requests: "queue.SimpleQueue[list[Optional[Call]]]" = queue.SimpleQueue()
         self._replies: collections.deque = collections.deque()
         self._wakeup = Wakeup()
         self.pending = 0  # submitted and not yet replied to; touched by the loop only
@@ -126,7 +133,15 @@ class LedgerCalls:
 
     def submit(self, call: Call) -> None:
         self.pending += 1
-        self._requests.put(call)
+        self._outbox.append(call)
+        if not self.gathering:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the calls in the outbox to the thread, all at once."""
+        if self._outbox:
+            self._requests.put(self._outbox)
+            self._outbox = []
 
     def replies(self) -> list[Reply]:
         self._wakeup.drain()
@@ -140,23 +155,21 @@ class LedgerCalls:
         return out
 
     def _run(self) -> None:
-        following: Optional[Call] = None
-        held = False  # `following` was taken off the queue but could not join the last batch
+        queued: collections.deque[Optional[Call]] = collections.deque()
         while True:
-            call = following if held else self._requests.get()
-            held = False
+            if not queued:
+                queued.extend(self._requests.get())
+            while True:  # whatever else has come in since may join the batch
+                try:
+                    queued.extend(self._requests.get_nowait())
+                except queue.Empty:
+                    break
+            call = queued.popleft()
             if call is None:
                 return
             batch = [call]
-            while _joins(call):  # whatever else is queued that may share the transaction
-                try:
-                    following = self._requests.get_nowait()
-                except queue.Empty:
-                    break
-                if following is None or not _joins(following, batch):
-                    held = True
-                    break
-                batch.append(following)
+            while _joins(call) and queued and queued[0] is not None and _joins(queued[0], batch):
+                batch.append(queued.popleft())
             try:
                 self._replies.extend(self._make(batch))
             except StorageError as exc:
@@ -187,7 +200,8 @@ class LedgerCalls:
         seconds; True if it stopped (and its connection was closed). A thread still blocked in
         the database is left behind (it is a daemon) with its connection open: closing a
         connection under a running statement is not safe."""
-        self._requests.put(None)
+        self._outbox.append(None)
+        self.flush()
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("%s is still waiting for the database; leaving it", self._thread.name)

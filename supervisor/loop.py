@@ -562,6 +562,9 @@ class DispatchLoop:
         return min(deadlines)
 
     def wait(self, deadline: float) -> None:
+        # What this turn decided goes to the ledger thread together: a finished child's
+        # acknowledgement and the claim for the slot it freed can then share one commit.
+        self.calls.flush()
         waitables: list = [self.calls, self.renewals, self.signals]
         if self.nudges is not None:
             waitables.append(self.nudges)

@@ -189,3 +189,27 @@ def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(db_path,
         assert calls.close()
     assert batches == []
     assert [len(reply.value) for reply in replies] == [1, 0]
+
+
+def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_path):
+    with open_backend(db_path) as setup:
+        for n in range(4):
+            setup.executions.admit(f"e{n}", "w")
+        leases = setup.executions.claim_due(limit=3, duration=LEASE_MS)
+    calls = LedgerCalls(open_backend(db_path), "test-batches", gathering=True)
+    batches = []
+    real_batch = calls.backend.executions.acknowledge_and_claim
+    calls.backend.executions.acknowledge_and_claim = lambda a, **k: batches.append((len(a), k["limit"])) or \
+        real_batch(a, **k)
+    try:
+        for lease in leases:
+            calls.submit(Call("acknowledge", (lease, Suspended())))
+        calls.submit(Call("claim_due", kwargs={"limit": 3, "duration": LEASE_MS}))
+        assert calls.pending == 4
+        calls.flush()
+        replies = replies_of(calls, 4)
+    finally:
+        assert calls.close()
+    assert batches == [(3, 3)]
+    assert [reply.value for reply in replies[:3]] == [Suspended()] * 3
+    assert [lease.execution_id for lease in replies[3].value] == ["e3"]

@@ -217,10 +217,10 @@ class Connection:
 
         with self._lock:
             conn = self._connected()
+            if flush and self.durability != "full":
+                begin += "; SET LOCAL synchronous_commit = on"  # one round trip: a query without parameters
             try:
                 conn.execute(begin)
-                if flush and self.durability != "full":
-                    conn.execute("SET LOCAL synchronous_commit = on")
             except psycopg.Error as exc:
                 self._failed(exc)
             try:

@@ -24,7 +24,7 @@ CREATE_SETTLED = """
 INSERT INTO effects (effect_id, status, result_json, begun, conflicts, created_at, settled_at)
 VALUES (?, 'settled', ?, 0, 0, ?, ?)
 ON CONFLICT (effect_id) DO NOTHING"""
-# Writes lock the effect's row first (see `executions.LOCKED`): a settle and a wait that checks
+# Writes lock the effect's row first (see `execution_rows.LOCKED`): a settle and a wait that checks
 # the status before it registers see each other's commits, never a state in between.
 GET_LOCKED = GET + " /*FOR UPDATE*/"
 CONFLICT = "UPDATE effects SET conflicts = conflicts + 1 WHERE effect_id = ?"

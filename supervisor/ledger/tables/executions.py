@@ -40,7 +40,7 @@ from ..values import (
     WaitReason,
 )
 from . import waiters
-from .execution_rows import COLUMNS, INSERT, LOCKED, SELECT_ONE, SELECT_ONE_LOCKED
+from .execution_rows import COLUMNS, INSERT, SELECT_ONE, SELECT_ONE_LOCKED
 
 RUNNING = ExecutionStatus.RUNNING.value
 ADMITTED = ExecutionStatus.ADMITTED.value
@@ -56,17 +56,23 @@ LIST_PAGE = 500  # rows `list` reads at a time, as a stored status may not be th
 
 # Waiting executions that are due, earliest first; ties come out in rowid (admission) order, as
 # the index stores them. Those still in their redelivery delay are stepped over.
-CLAIMABLE = f"""
-SELECT {COLUMNS} FROM executions INDEXED BY executions_claimable
-WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= ? AND ready_at <= ?
-ORDER BY due_at LIMIT ?"""
-# Running executions whose lease expired and whose redelivery delay has passed: all of them (as
-# many as the leases dead holders left behind), to be ordered by due_at with the others.
-EXPIRED = f"""
-SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
-WHERE status = 'running' AND ready_at <= ?"""
+# Claimable rows: due executions not running, earliest due first, and running ones whose lease
+# expired and whose redelivery delay has passed (all of them: as many as the leases dead holders
+# left behind), to be ordered by due_at with the others. One statement, one round trip; `{lock}`
+# is where each half takes its row locks (`claimable`).
+_CLAIMABLE = f"""
+SELECT * FROM (
+    SELECT {COLUMNS} FROM executions INDEXED BY executions_claimable
+    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= ? AND ready_at <= ?
+    ORDER BY due_at LIMIT ?{{lock}}) AS due
+UNION ALL
+SELECT * FROM (
+    SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
+    WHERE status = 'running' AND ready_at <= ?{{lock}}) AS expired"""
 NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
 SKIP_LOCKED = " /*FOR UPDATE SKIP LOCKED*/"
+CLAIMABLE = _CLAIMABLE.format(lock="")
+CLAIMABLE_LOCKED = _CLAIMABLE.format(lock=SKIP_LOCKED)
 
 CLAIM = """
 UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = ?,
@@ -113,7 +119,12 @@ HISTORY_CLOSE = """
 UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ?, expires_at = ?
 WHERE execution_id = ? AND token = ?"""
 
-HISTORY_RENEWED = "UPDATE lease_history SET renewals = renewals + 1 WHERE execution_id = ? AND token = ?"
+# The history keeps the lease's expiry as the lease moves, so ending a delivery needs no look
+# at the execution row first (HISTORY_END).
+HISTORY_RENEWED = """
+UPDATE lease_history SET renewals = renewals + 1, expires_at = ? WHERE execution_id = ? AND token = ?"""
+
+HISTORY_END = "UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ? WHERE execution_id = ? AND token = ?"
 
 HISTORY = """
 SELECT h.execution_id, h.token, h.holder, h.claimed_at,
@@ -323,12 +334,8 @@ class ExecutionTable(ExecutionClient):
     def _claimable(self, db, now: int, limit: int, *, lock: bool = False) -> list[_Row]:
         """Up to `limit` claimable rows, earliest due first; with `lock`, rows no other claimer
         holds (on PostgreSQL, each claimer skips the rows another has locked)."""
-        skip = SKIP_LOCKED if lock else ""
-        rows = [_Row(found) for found in db.execute(CLAIMABLE + skip, (now, now, limit)).fetchall()]
-        expired = [_Row(found) for found in db.execute(EXPIRED + skip, (now,)).fetchall()]
-        if expired:
-            rows = sorted(rows + expired, key=lambda row: row.due_at)[:limit]
-        return rows
+        found = db.execute(CLAIMABLE_LOCKED if lock else CLAIMABLE, (now, now, limit, now)).fetchall()
+        return sorted((_Row(row) for row in found), key=lambda row: row.due_at)[:limit]
 
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
         arguments.integer("limit", limit, minimum=0)
@@ -378,7 +385,7 @@ class ExecutionTable(ExecutionClient):
             cursor = db.execute(RENEW, (expires, expires, now, lease.execution_id, lease.token))
             if cursor.rowcount != 1:
                 return LeaseLost()
-            db.execute(HISTORY_RENEWED, (lease.execution_id, lease.token))
+            db.execute(HISTORY_RENEWED, (expires, lease.execution_id, lease.token))
         return Renewed(ExecutionLease(lease.execution_id, lease.token, expires))
 
     def release(self, lease, *, now=None) -> Released | LeaseLost:
@@ -457,16 +464,13 @@ class ExecutionTable(ExecutionClient):
             self._on_ended(ended)
 
     def _end(self, db: Transaction, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
-        """End the lease's delivery with `sql` if it is current; record how in the history."""
-        expires = db.execute(
-            "SELECT lease_expires_at FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"
-            + LOCKED,
-            (lease.execution_id, lease.token),
-        ).fetchone()
-        if expires is None:
+        """End the lease's delivery with `sql` if it is current; record how in the history.
+
+        The fence is `sql`'s WHERE clause (current token, delivery not ended): on PostgreSQL the
+        UPDATE locks the row, waits for a claim that holds it, and then finds the token moved."""
+        if db.execute(sql, params + (lease.execution_id, lease.token)).rowcount != 1:
             return False
-        db.execute(sql, params + (lease.execution_id, lease.token))
-        db.execute(HISTORY_CLOSE, (now, how.value, outcome, expires[0], lease.execution_id, lease.token))
+        db.execute(HISTORY_END, (now, how.value, outcome, lease.execution_id, lease.token))
         return True
 
     def next_ready_at(self) -> Optional[int]:

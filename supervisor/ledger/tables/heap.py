@@ -12,7 +12,7 @@ from ..values import ExecutionLease, HeapRecord, LeaseLost
 # The fence and the write in one statement: the row goes in only while the lease's token is
 # current and its delivery has not ended. ON CONFLICT keeps an existing record untouched. On
 # PostgreSQL the execution's row is share-locked by the same statement (see
-# `executions.LOCKED`): a claim moving the token either commits first, and the write finds the
+# `execution_rows.LOCKED`): a claim moving the token either commits first, and the write finds the
 # token gone, or waits until the write has committed; without the lock, a write checked against
 # the token before the claim committed could commit after it.
 WRITE = """

@@ -19,7 +19,7 @@ from ..values import StoreReceipt, StoreState
 from . import waiters
 
 GET = "SELECT name, state_json, version FROM stores WHERE name = ?"
-# Writes lock the store's row first (see `executions.LOCKED`): changes, and a wait that checks the
+# Writes lock the store's row first (see `execution_rows.LOCKED`): changes, and a wait that checks the
 # version before it registers, each see the last committed change and none slips in between.
 GET_LOCKED = GET + " /*FOR UPDATE*/"
 CREATE = """
