@@ -82,11 +82,15 @@ SHOP = [
 NEWEST_FIRST = ["order-new", "mail-flaky", "order-wait", "mail-run", "order-mid", "order-old"]
 
 
-@pytest.fixture(scope="module")
-def shop(tmp_path_factory):
-    """The ledger of `SHOP`: one execution at a time is admitted and given its state, so each
-    claim takes the one just admitted. `mail-run` holds a 10-minute lease of this process."""
-    db = tmp_path_factory.mktemp("shop") / "ledger.db"
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def shop(request, tmp_path_factory):
+    """The ledger of `SHOP`, on each backend: one execution at a time is admitted and given its
+    state, so each claim takes the one just admitted. `mail-run` holds a 10-minute lease of this
+    process."""
+    if request.param == "sqlite":
+        db = tmp_path_factory.mktemp("shop") / "ledger.db"
+    else:
+        db = request.getfixturevalue("pg_cluster").new_database()
     with open_backend(db) as backend:
         now = backend.clock()
         for execution_id, workflow, age, fate in SHOP:
@@ -233,8 +237,8 @@ def test_get_of_an_unknown_execution_exits_1(shop):
 
 
 @pytest.mark.timeout(60)
-def test_get_shows_the_timer_a_supervised_execution_sleeps_on(tmp_path, supervisors):
-    db = tmp_path / "ledger.db"
+def test_get_shows_the_timer_a_supervised_execution_sleeps_on(each_backend, tmp_path, supervisors):
+    db = each_backend
     with open_backend(db) as backend:
         backend.executions.admit("napper", "sv.nap", json.dumps({"seconds": 60, "log": str(tmp_path / "log")}))
     supervisors.start(db, concurrency=1)
@@ -275,8 +279,8 @@ def test_history_shows_human_times(shop):
     assert isinstance(lease["claimed_at"], int)
 
 
-def test_wake_at_takes_a_duration_from_now_an_iso_time_or_epoch_ms(tmp_path, db_snapshot):
-    db = tmp_path / "ledger.db"
+def test_wake_at_takes_a_duration_from_now_an_iso_time_or_epoch_ms(each_backend, tmp_path, db_snapshot):
+    db = each_backend
     with open_backend(db) as backend:
         backend.executions.admit("idle", "order")
         (lease,) = backend.executions.claim_due(limit=1, duration=MIN)
@@ -401,8 +405,8 @@ def test_metrics_escape_label_values_as_the_format_says():
     assert samples[("yieldstar_oldest_due_seconds", ())] == 0
 
 
-def test_stats_and_metrics_of_an_empty_ledger(tmp_path):
-    db = tmp_path / "ledger.db"
+def test_stats_and_metrics_of_an_empty_ledger(each_backend, tmp_path):
+    db = each_backend
     open_backend(db).close()
     assert re.search(r"^oldest due +none$", ok(yieldstar(db, "stats")), re.MULTILINE)
     samples = parse_exposition(ok(yieldstar(db, "metrics")))

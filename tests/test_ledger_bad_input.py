@@ -9,6 +9,12 @@ from supervisor import Completed, ExecutionLease, Failed, Suspended, open_backen
 LEASE_MS = 30_000
 
 
+@pytest.fixture
+def db_path(each_backend):
+    """Every test runs on both backends."""
+    return each_backend
+
+
 class NotAnOutcome:
     status = "completed"
     result_json = "1"

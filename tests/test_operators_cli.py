@@ -11,8 +11,8 @@ from supervisor import Failed, open_backend
 from supervisor.humane import parse_duration
 
 
-def test_cancel_resume_and_purge_from_the_command_line(tmp_path, db_snapshot):
-    db = tmp_path / "ledger.db"
+def test_cancel_resume_and_purge_from_the_command_line(each_backend, tmp_path, db_snapshot):
+    db = each_backend
     with open_backend(db) as backend:
         backend.executions.admit("order-1", "order")
         backend.executions.admit("order-2", "order")

@@ -16,8 +16,8 @@ __all__ = ["supervisors"]  # a fixture imported from faults
 
 
 @pytest.mark.timeout(60)
-def test_cancel_of_a_running_execution_stops_its_worker_and_refuses_its_writes(tmp_path, supervisors):
-    db = tmp_path / "ledger.db"
+def test_cancel_of_a_running_execution_stops_its_worker_and_refuses_its_writes(each_backend, tmp_path, supervisors):
+    db = each_backend
     options = {"log": str(tmp_path / "effects.log"), "gate": str(tmp_path / "gate")}
     admit(db, "held", "sv.hold", options)
     # Renewals every 3 s: only the check made each heartbeat can stop the worker sooner.
@@ -48,8 +48,8 @@ def test_cancel_of_a_running_execution_stops_its_worker_and_refuses_its_writes(t
 
 
 @pytest.mark.timeout(60)
-def test_resume_after_the_bug_is_fixed_runs_only_the_steps_not_done(tmp_path, supervisors):
-    db = tmp_path / "ledger.db"
+def test_resume_after_the_bug_is_fixed_runs_only_the_steps_not_done(each_backend, tmp_path, supervisors):
+    db = each_backend
     log = tmp_path / "steps.log"
     Path(f"{log}.bug").touch()
     admit(db, "order-42", "rs.order", {"log": str(log)})
@@ -67,11 +67,11 @@ def test_resume_after_the_bug_is_fixed_runs_only_the_steps_not_done(tmp_path, su
 
 
 @pytest.mark.timeout(90)
-def test_purge_while_a_supervisor_runs_deletes_only_finished_executions(tmp_path, supervisors, monkeypatch):
+def test_purge_while_a_supervisor_runs_deletes_only_finished_executions(each_backend, tmp_path, supervisors, monkeypatch):
     from supervisor.ledger.tables import executions as table_executions
 
     monkeypatch.setattr(table_executions, "PURGE_BATCH", 10)  # many short transactions beside the supervisor's
-    db = tmp_path / "ledger.db"
+    db = each_backend
     with open_backend(db) as backend:
         for n in range(200):
             backend.executions.admit(f"old-{n}", "sv.noop3")

@@ -681,7 +681,9 @@ class ExecutionTable(ExecutionClient):
             unacked.sort(key=lambda r: (-r.unacknowledged_deliveries, r.execution_id))
             live = [LiveLease(*found) for found in db.execute(LIVE, {"now": now}).fetchall()]
             deliveries = db.execute(DELIVERIES).fetchone()[0]
-        return LedgerStats(now=now, by_status=by_status, by_workflow=dict(sorted(by_workflow.items())),
+        # Workflows and each one's statuses by name, whatever order the backend's grouping gave.
+        by_workflow = {workflow: dict(sorted(counts.items())) for workflow, counts in sorted(by_workflow.items())}
+        return LedgerStats(now=now, by_status=by_status, by_workflow=by_workflow,
                            oldest_due=self._as_of(due[0], now) if due else None, unacknowledged=unacked[:limit],
                            live_leases=live, deliveries=deliveries)
 
