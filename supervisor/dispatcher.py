@@ -76,6 +76,7 @@ class SupervisorConfig:
     poll_ms: int = 500
     grace_ms: int = 10_000
     durability: str = "normal"
+    listen: bool = True  # False: no nudges (a pooler that cannot LISTEN); new work is found by polling
 
     def __post_init__(self) -> None:
         lease = self.lease_ms
@@ -92,6 +93,8 @@ class SupervisorConfig:
             raise InvalidArgument(
                 f"concurrency must be at most {MAX_CONCURRENCY} (one worker process each), got {self.concurrency}:"
                 " run more supervisors on the same ledger for more")
+        if not isinstance(self.listen, bool):
+            raise InvalidArgument(f"listen must be True or False, got {self.listen!r}")
         if not isinstance(self.grace_ms, int) or isinstance(self.grace_ms, bool) or self.grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be an int >= 0, got {self.grace_ms!r}")
         if self.renew_ms >= self.lease_ms:
@@ -181,10 +184,13 @@ class Supervisor:
             except LedgerUnusable as exc:
                 log.error("%s", exc)
                 return EXIT_LEDGER_UNUSABLE
-            try:
-                nudges = calls.backend.listen_for_due()
-            except (OSError, StorageError) as exc:
-                log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
+            if not cfg.listen:
+                log.info("not listening for nudges: new work is found by polling every %d ms", cfg.poll_ms)
+            else:
+                try:
+                    nudges = calls.backend.listen_for_due()
+                except (OSError, StorageError) as exc:
+                    log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
             loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, db_path=self.db_path, signals=self._signals,
                                 stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
                                 on_delivery=self._on_delivery)

@@ -329,3 +329,12 @@ def test_settle_and_put_for_outside_systems(db):
         assert client.put("mailbox", {"n": 2}) == [{"n": 1}, {"n": 2}]
     with open_backend(db) as backend:
         assert json.loads(backend.stores.get("mailbox").state_json) == [{"n": 1}, {"n": 2}]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("options, message", [({"listen": "no"}, "listen must be a bool"),
+                                              ({"poll_s": 0}, "poll_s must be a number of seconds > 0")])
+def test_bad_client_options_are_a_value_error_naming_them_and_create_no_ledger(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        Client(tmp_path / "ledger.db", **options)
+    assert not (tmp_path / "ledger.db").exists()

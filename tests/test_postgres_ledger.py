@@ -96,6 +96,35 @@ def test_an_idle_supervisor_is_woken_by_a_notification_and_a_waiting_client_by_a
         log.close()
 
 
+def listening_sessions(uri: str) -> int:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND application_name = 'yieldstar-listen'").fetchone()[0]
+
+
+def test_poll_only_supervisors_and_clients_never_listen_and_still_finish_the_work(pg_uri, tmp_path):
+    # What a connection pooler in transaction mode needs: no LISTEN session at all.
+    log = open(tmp_path / "supervisor.log", "wb")
+    supervisor = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", pg_uri, "supervise", APP,
+                                   "--poll-only", "--poll-ms", "100", "--concurrency", "1"], stdout=log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
+                                  start_new_session=True)
+    try:
+        with Client(pg_uri, poll_s=0.1, listen=False) as client:
+            wait_until(lambda: b"is ready" in (tmp_path / "supervisor.log").read_bytes(), timeout=30)
+            handles = [client.start("sv.noop3", None, id=f"polled-{n}") for n in range(3)]
+            assert [h.result(timeout=20) for h in handles] == ["ok"] * 3
+            assert listening_sessions(pg_uri) == 0
+        assert b"not listening for nudges" in (tmp_path / "supervisor.log").read_bytes()
+        with Client(pg_uri, poll_s=0.1) as client:  # the default listens, which the count above would see
+            assert client.start("sv.noop3", None).result(timeout=20) == "ok"
+            assert listening_sessions(pg_uri) == 1
+    finally:
+        supervisor.terminate()
+        supervisor.wait(30)
+        log.close()
+
+
 def test_a_listener_whose_session_was_killed_connects_again(pg_cluster, pg_uri):
     with open_backend(pg_uri) as backend:
         listener = backend.listen_for_outcomes()

@@ -91,13 +91,15 @@ class OutcomeWatch:
     caller reads the record itself after registering, so an outcome committed before
     registration is not missed either."""
 
-    def __init__(self, backend, poll_s: float = POLL_S):
+    def __init__(self, backend, poll_s: float = POLL_S, listen: bool = True):
         self._backend = backend
         self._poll_s = poll_s
-        try:
-            self._listener = backend.listen_for_outcomes()
-        except OSError:
-            self._listener = None  # no socket can be made here: the slow poll alone finds outcomes
+        self._listener = None  # without one, the slow poll alone finds outcomes
+        if listen:
+            try:
+                self._listener = backend.listen_for_outcomes()
+            except OSError:
+                pass  # no socket can be made here
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._lock = threading.Lock()
@@ -172,13 +174,14 @@ class OutcomeWatch:
 class _Base:
     """What `Client` and `AsyncClient` share: the backend, the registry check, the watch."""
 
-    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S):
+    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
         if registry is not None and not isinstance(registry, Registry):
             raise InvalidArgument(f"registry must be a worker.Registry, not {type(registry).__name__}")
         if not (arguments.finite(poll_s) and poll_s > 0):
             raise InvalidArgument(f"poll_s must be a number of seconds > 0, got {poll_s!r}")
         self._registry = registry
         self._poll_s = poll_s
+        self._listen = arguments.boolean("listen", listen)
         self.backend = open_backend(target)
         self._watch: Optional[OutcomeWatch] = None
         self._watch_lock = threading.Lock()
@@ -215,7 +218,7 @@ class _Base:
     def _watching(self) -> OutcomeWatch:
         with self._watch_lock:
             if self._watch is None:
-                self._watch = OutcomeWatch(self.backend, self._poll_s)
+                self._watch = OutcomeWatch(self.backend, self._poll_s, self._listen)
             return self._watch
 
     def _close(self) -> None:
@@ -299,6 +302,8 @@ class Client(_Base):
         target: the ledger: a SQLite path (created when missing), as `open_backend` takes.
         registry: when given, `start` refuses workflow names it does not know.
         poll_s: how often a waiting `result()` looks for outcomes whose announcement it missed.
+        listen: False to wait by that poll alone, without listening for announcements (LISTEN on
+            PostgreSQL): for a connection pooler that cannot LISTEN.
     """
 
     def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None) -> Handle:
@@ -389,8 +394,8 @@ class AsyncClient(_Base):
     Its ledger calls run on one thread of its own, so a database that is slow or busy never
     blocks the event loop; waiting for results costs no thread per waiter."""
 
-    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S):
-        super().__init__(target, registry=registry, poll_s=poll_s)
+    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
+        super().__init__(target, registry=registry, poll_s=poll_s, listen=listen)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yieldstar-client")
 
     async def _call(self, fn: Callable, *args, **kwargs) -> Any:

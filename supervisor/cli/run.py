@@ -27,6 +27,9 @@ from . import (
 @click.option("--heartbeat-misses", type=click.IntRange(min=1), default=3, show_default=True,
               help="Silent heartbeat intervals before a worker gives up on the supervisor, or it on them.")
 @click.option("--poll-ms", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--poll-only", is_flag=True,
+              help="Find new work by polling every --poll-ms only, without listening for nudges (LISTEN on"
+                   " PostgreSQL): for a connection pooler that cannot LISTEN.")
 @click.option("--grace-ms", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is running and nothing is due.")
@@ -36,8 +39,8 @@ from . import (
 @click.option("--verbose", is_flag=True, help="When the app cannot be loaded, print the whole traceback too.")
 @click.pass_context
 @handles_errors
-def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, grace_ms,
-              durability, until_idle, summary_s, quiet, verbose) -> None:
+def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, poll_only,
+              grace_ms, durability, until_idle, summary_s, quiet, verbose) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
@@ -48,7 +51,7 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
     config = SupervisorConfig(
         concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
         heartbeat_misses=heartbeat_misses,
-        poll_ms=poll_ms, grace_ms=grace_ms, durability=durability)
+        poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability)
     supervisor = Supervisor(ctx.obj["db"], app, config)
     status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() else None
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
