@@ -45,6 +45,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -178,12 +179,15 @@ class Supervisor:
                 log.info("stopped while the workers were loading the app")
                 return EXIT_STOPPED
             try:
-                calls = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "ledger-calls",
-                                    gathering=True)
-                renewals = LedgerCalls(open_backend(self.db_path, durability=cfg.durability), "lease-renewals")
+                calls = self._ledger_calls("ledger-calls", gathering=True)
+                if calls is not None:
+                    renewals = self._ledger_calls("lease-renewals")
             except LedgerUnusable as exc:
                 log.error("%s", exc)
                 return EXIT_LEDGER_UNUSABLE
+            if calls is None or renewals is None:
+                log.info("stopped while waiting for the ledger")
+                return EXIT_STOPPED
             if not cfg.listen:
                 log.info("not listening for nudges: new work is found by polling every %d ms", cfg.poll_ms)
             else:
@@ -212,6 +216,24 @@ class Supervisor:
             # Told to stop at once, or with nothing left to write: do not wait for a busy database.
             self._close(calls, renewals, timeout=0.5 if killed else 5.0)
             self._restore(previous_handlers)
+
+    def _ledger_calls(self, name: str, **options) -> Optional[LedgerCalls]:
+        """A ledger thread with a backend of its own. A transient storage error (a server
+        restarting, a session killed, a busy file) is waited out with a growing delay, as a child
+        waits it out: it costs time, not the supervisor. None if told to stop meanwhile."""
+        delay = 0.05
+        while True:
+            try:
+                return LedgerCalls(open_backend(self.db_path, durability=self.config.durability), name, **options)
+            except StorageError as exc:
+                if not exc.transient:
+                    raise
+                if delay == 0.05:
+                    log.warning("cannot open the ledger yet, will retry: %s", exc)
+            if self._stop_requests:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     @property
     def running(self) -> int:

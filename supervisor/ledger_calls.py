@@ -72,12 +72,15 @@ class Wakeup:
 @dataclass
 class Call:
     """One ledger call: `backend.executions.<method>(*args, **kwargs)`; `about` is what the
-    caller needs to act on the reply (a delivery, a claim request)."""
+    caller needs to act on the reply (a delivery, a claim request). `timed`: the reply carries
+    the ledger's time read just before the call, for a caller that needs "how long from now"
+    (on PostgreSQL that time is the server's: reading it is a ledger call too, made here)."""
 
     method: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     about: Any = None
+    timed: bool = False
 
 
 @dataclass
@@ -85,6 +88,7 @@ class Reply:
     call: Call
     value: Any = None
     error: Optional[StorageError] = None
+    clock_ms: Optional[int] = None  # the ledger's time before a timed call
 
 
 def _joins(call: Call, batch: Optional[list[Call]] = None) -> bool:
@@ -183,7 +187,8 @@ class LedgerCalls:
         executions = self.backend.executions
         if len(batch) == 1:
             call = batch[0]
-            return [Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs))]
+            clock_ms = self.backend.clock() if call.timed else None
+            return [Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs), clock_ms=clock_ms)]
         acks = [call for call in batch if call.method == "acknowledge"]
         claims = [call for call in batch if call.method == "claim_due"]
         replies, leases = executions.acknowledge_and_claim(

@@ -25,10 +25,10 @@ from typing import Callable, Optional
 from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
 
 from .ledger.errors import TRANSIENT_KINDS, LedgerGone, LedgerUnusable, StorageError
-from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
 from .ledger.sqlite.nudge import NudgeListener
-from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
 from .ledger.values import LeaseLost, Renewed, Retry
+from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
+from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -84,7 +84,6 @@ class DispatchLoop:
         self.on_delivery = on_delivery
         self.fatal: Optional[StorageError] = None
         self.failing: dict[str, int] = {}  # storage errors in a row, by ledger method
-        self.clock = calls.backend.clock
         now = time.monotonic()
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
         self.claiming = False  # a claim is in flight
@@ -226,7 +225,7 @@ class DispatchLoop:
         # after a nudge or a finished delivery that came while this claim was in flight).
         self.claim_wanted = self.claim_wanted or len(leases) == reply.call.about
         if not leases and (self.pool.idle() or self.until_idle):
-            self.calls.submit(Call("next_ready_at"))
+            self.calls.submit(Call("next_ready_at", timed=True))
 
     def idle(self, now: float) -> list[Child]:
         """The idle workers that may take a delivery: heard from within two heartbeats (each
@@ -252,7 +251,9 @@ class DispatchLoop:
             return
         ready = reply.value
         if ready is not None:
-            wait_s = max(0.005, (ready - self.clock()) / 1000)
+            # The ledger's time comes with the reply: this thread never reads it (on PostgreSQL
+            # that is a round trip, which could block every heartbeat behind a lost server).
+            wait_s = max(0.005, (ready - reply.clock_ms) / 1000)
             self.next_poll = min(self.next_poll, now + wait_s)
         elif self.until_idle and not self.pool.busy() and not self.ending and not self.claiming:
             self.idle_checked = True

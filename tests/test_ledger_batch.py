@@ -213,3 +213,19 @@ def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_pat
     assert batches == [(3, 3)]
     assert [reply.value for reply in replies[:3]] == [Suspended()] * 3
     assert [lease.execution_id for lease in replies[3].value] == ["e3"]
+
+
+def test_a_timed_call_brings_the_ledgers_time_read_on_the_ledger_thread(db_path, clock):
+    # The supervisor's loop never reads the ledger's clock itself: on PostgreSQL that is a round
+    # trip, which must not hold up its heartbeats. A timed call brings the time with its reply.
+    with open_backend(db_path, clock=clock) as setup:
+        setup.executions.admit("later", "w", now=clock.now + 5_000)
+    calls = LedgerCalls(open_backend(db_path, clock=clock), "test-timed")
+    try:
+        calls.submit(Call("next_ready_at", timed=True))
+        calls.submit(Call("next_ready_at"))
+        timed, untimed = replies_of(calls, 2)
+    finally:
+        assert calls.close()
+    assert (timed.value, timed.clock_ms) == (clock.now + 5_000, clock.now)
+    assert (untimed.value, untimed.clock_ms) == (clock.now + 5_000, None)

@@ -14,6 +14,8 @@ mid-transaction by a row lock that another connection holds, found waiting in
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import threading
 import time
@@ -25,6 +27,7 @@ import pytest
 from faults import dump_on_hang, query, step_tokens, supervisors, wait_until
 from supervisor import Completed, LeaseLost, open_backend
 from supervisor.ledger.errors import StorageBusy, StorageError, StorageUnavailable
+from supervisor.ledger.postgres import notify
 from test_supervisor import no_two_live_leases
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("dump_on_hang")]
@@ -32,6 +35,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("dump_on_hang")]
 __all__ = ["dump_on_hang", "supervisors"]  # fixtures imported from faults
 
 RESPONSE = '{"value": "charged"}'
+OUTAGE_S = 8.0  # longer than a worker's start timeout
 
 
 def ledger_session_waiting_for_a_lock(uri: str, timeout: float = 10.0) -> tuple[int, str]:
@@ -265,3 +269,83 @@ def test_a_server_restarted_twice_under_a_running_supervisor_loses_nothing_and_d
     assert redelivered >= 2, f"only {redelivered} executions were delivered more than once"
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(30) == 0, supervisor.log()
+
+
+@pytest.mark.timeout(120)
+def test_a_supervisor_started_while_the_server_is_down_waits_for_it_and_then_works(own_cluster, tmp_path,
+                                                                                   supervisors):
+    uri = own_cluster.new_database()
+    with open_backend(uri) as backend:
+        backend.executions.admit("early", "sv.noop3")
+    own_cluster.stop_server()
+    supervisor = supervisors.start(uri, concurrency=1, ready=False)
+    time.sleep(OUTAGE_S)  # how long the server stays down
+    assert supervisor.popen.poll() is None, f"the supervisor gave up:\n{supervisor.log()}"
+    own_cluster.start_server()
+    wait_until(lambda: counts(uri).get("completed") == 1, timeout=60, interval=0.1,
+               message="the execution admitted before the outage to complete")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0, supervisor.log()
+
+
+@pytest.mark.timeout(120)
+def test_a_supervisor_whose_own_connection_is_refused_at_start_waits_and_then_works(pg_cluster, supervisors):
+    # A role that may hold one session: the worker's. The supervisor's own connections are
+    # refused ("too many connections", a transient fault) until the limit is raised.
+    name = f"limited_{time.monotonic_ns()}"
+    with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{name}" LOGIN CONNECTION LIMIT 1')
+        admin.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
+    uri = f"postgresql://{name}@/{name}?host={pg_cluster.folder}"
+    with open_backend(uri) as backend:
+        backend.executions.admit("waiting", "sv.noop3")
+    supervisor = supervisors.start(uri, concurrency=1, ready=False)
+    wait_until(lambda: "cannot open the ledger yet" in supervisor.log(), timeout=30,
+               message="the supervisor to be refused a connection")
+    assert "too many connections" in supervisor.log()
+    assert supervisor.popen.poll() is None, f"the supervisor gave up:\n{supervisor.log()}"
+    with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
+        admin.execute(f'ALTER ROLE "{name}" CONNECTION LIMIT 10')
+    wait_until(lambda: counts(uri).get("completed") == 1, timeout=60, interval=0.1,
+               message="the execution to complete once connections are allowed")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0, supervisor.log()
+
+
+@pytest.mark.timeout(120)
+def test_a_listener_never_waits_for_a_server_that_does_not_answer_and_hears_again_once_it_is_back(own_cluster):
+    """A supervisor's loop holds its listener beside its children's pipes: reconnecting must
+    never block it, even when a connection attempt would hang (a host cut off from the server)."""
+    import socket
+
+    uri = own_cluster.new_database()
+    with open_backend(uri) as backend:
+        listener = backend.listen_for_outcomes()
+        try:
+            own_cluster.stop_server()
+            # A socket that takes connections and never answers: each attempt waits its whole timeout.
+            silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            silent.bind(f"{own_cluster.folder}/.s.PGSQL.5432")
+            silent.listen(64)
+            try:
+                wait_until(lambda: select.select([listener], [], [], 0.1)[0] and listener.read() is None, timeout=10,
+                           message="the listener to find its connection broken")
+                deadline = time.monotonic() + notify.RECONNECT_S + 3  # past the first reconnection attempt
+                while time.monotonic() < deadline:
+                    began = time.monotonic()
+                    ready = select.select([listener], [], [], 0.2)[0]
+                    assert time.monotonic() - began < 1.0, "the listener waited for the server"
+                    assert not ready
+            finally:
+                silent.close()
+                os.unlink(f"{own_cluster.folder}/.s.PGSQL.5432")
+            own_cluster.start_server()
+            wait_until(lambda: select.select([listener], [], [], 0.2)[0], timeout=30,
+                       message="the listener to be back")
+            assert listener.read() is None  # what was sent meanwhile is lost: look at everything
+            with open_backend(uri) as writer:  # the first backend's session ended with the server
+                writer.executions.admit("e1", "w")
+                writer.executions.cancel("e1")
+            assert select.select([listener], [], [], 10)[0] and listener.read() == {"e1"}
+        finally:
+            listener.close()

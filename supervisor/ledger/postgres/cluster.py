@@ -51,11 +51,19 @@ class Cluster:
 
     def start(self) -> "Cluster":
         self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+        self.start_server()
+        return self
+
+    def start_server(self) -> None:
+        """Start the server (again): on its Unix socket only, never on a network address."""
         options = (f"-c listen_addresses='' -c unix_socket_directories={self.folder} -c unix_socket_permissions=0700"
                    " -c max_connections=300 -c shared_buffers=32MB")
         self._run("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "server.log"), "-w",
                   "start")
-        return self
+
+    def stop_server(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data: `start_server()` starts it again."""
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
 
     def uri(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@/{database}?host={self.folder}"

@@ -11,13 +11,14 @@ A notification is only a hint, sent after the commit it is about: polling stays 
 always correct, so one lost with a broken connection costs a poll interval. A listener has a
 connection of its own (a LISTEN holds no transaction open, so it blocks nothing); its
 `fileno()` joins a `select()`/`wait()` and `drain()`/`read()` consume what came. A listener
-whose connection broke reports readable once, reads nothing, and tries to connect again every
-few seconds; meanwhile its `fileno()` is a pipe that is never ready.
+whose connection broke reports readable once, reads nothing, and connects again in the
+background; its `fileno()` is then a pipe, ready once the connection is back.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Optional
 
@@ -39,52 +40,96 @@ def notify_ended(conn, execution_ids: list[str]) -> None:
 
 
 class Listener:
-    """One LISTEN on one channel, on a connection of its own."""
+    """One LISTEN on one channel, on a connection of its own.
+
+    Its methods never wait for the server, so a supervisor's loop can hold it beside its
+    children's pipes: once the connection breaks, connecting again is tried every
+    `RECONNECT_S` on a thread of its own (a server that is away, or a host cut off from it,
+    would block a connect for seconds). Meanwhile `fileno()` is a pipe, made ready when the
+    connection is back; what was sent in between is lost, so that first read says "look at
+    everything".
+    """
 
     def __init__(self, uri: str, channel: str):
         self._uri = uri
         self._channel = channel
+        self._lock = threading.Lock()  # guards _conn, _reconnecting and _closed across the two threads
         self._conn = None
-        self._tried_at = 0.0
-        # What `fileno()` gives while disconnected: a pipe nobody writes, never ready.
-        self._idle_read, self._idle_write = os.pipe()
-        self._connect()
+        self._reconnecting = False
+        self._closed = False
+        # What `fileno()` gives while disconnected: ready once a connection is back.
+        self._back_read, self._back_write = os.pipe()
+        os.set_blocking(self._back_read, False)
+        os.set_blocking(self._back_write, False)
+        self._conn = self._connect()
 
-    def _connect(self) -> None:
+    def _connect(self):
+        """A connection listening on the channel, or None if the server cannot be reached."""
         import psycopg
 
-        self._tried_at = time.monotonic()
         try:
             conn = psycopg.connect(self._uri, autocommit=True, connect_timeout=10, application_name="yieldstar-listen")
             conn.execute(f"LISTEN {self._channel}")
         except psycopg.Error:
-            return  # the server is away: the caller's polling goes on meanwhile
-        self._conn = conn
+            return None  # the server is away: the caller's polling goes on meanwhile
+        return conn
+
+    def _reconnect(self) -> None:
+        """On its own thread: connect again every RECONNECT_S until it works or the listener closes."""
+        while True:
+            time.sleep(RECONNECT_S)
+            with self._lock:
+                if self._closed:
+                    self._reconnecting = False
+                    return
+            conn = self._connect()
+            if conn is None:
+                continue
+            with self._lock:
+                self._reconnecting = False
+                if self._closed:
+                    conn.close()
+                    return
+                self._conn = conn
+            try:
+                os.write(self._back_write, b"\0")
+            except OSError:
+                pass  # already ready, or closed
+            return
 
     def fileno(self) -> int:
-        if self._conn is None or self._conn.closed:
+        with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                return conn.pgconn.socket
             self._conn = None
-            if time.monotonic() - self._tried_at >= RECONNECT_S:
-                self._connect()
-            if self._conn is None:
-                return self._idle_read
-        return self._conn.pgconn.socket
+            if not self._reconnecting and not self._closed:
+                self._reconnecting = True
+                threading.Thread(target=self._reconnect, name=f"listen-{self._channel}", daemon=True).start()
+            return self._back_read
 
     def _take(self) -> Optional[list[str]]:
-        """The payloads that arrived; None if the connection broke (it is opened again)."""
+        """The payloads that arrived; None when the connection broke, or is back after breaking
+        (what came in between is lost)."""
         import psycopg
 
-        if self._conn is None:
+        back = False
+        try:
+            back = bool(os.read(self._back_read, 64))
+        except BlockingIOError:
+            pass
+        with self._lock:
+            conn = self._conn
+        if conn is None or back:
             return None
         try:
-            self._conn.pgconn.consume_input()
+            conn.pgconn.consume_input()
             payloads = []
-            while (note := self._conn.pgconn.notifies()) is not None:
+            while (note := conn.pgconn.notifies()) is not None:
                 payloads.append(note.extra.decode())
             return payloads
         except psycopg.Error:
-            self._conn.close()
-            self._conn = None  # `fileno()` connects again
+            conn.close()  # `fileno()` starts connecting again
             return None
 
     def drain(self) -> None:
@@ -98,7 +143,10 @@ class Listener:
         return {i for p in payloads for i in p.split("\n")}
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        for fd in (self._idle_read, self._idle_write):
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        for fd in (self._back_read, self._back_write):
             os.close(fd)
