@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from supervisor import open_backend
+from supervisor import Completed, open_backend
 from supervisor.ledger.postgres.clock import ServerClock
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,3 +71,36 @@ def test_the_estimate_is_never_ahead_of_the_server_and_ignores_the_hosts_wall_cl
         record = backend.executions.admit("e1", "w")
         assert abs(record.created_at - conn.execute(SERVER_NOW).fetchone()[0]) < 1000
         assert backend.clock.syncs <= 2  # the 200 estimates above took one second at most
+
+
+def test_threads_sharing_a_backend_never_deadlock_on_the_clock_and_the_connection(pg_uri):
+    # One thread in a transaction asks for the time (holding the connection, wanting the clock);
+    # another syncs the clock (holding the clock, wanting the connection): the clock must not
+    # hold its lock while it reads the server.
+    import threading
+
+    with open_backend(pg_uri) as backend:
+        backend.clock._interval_ns = 0  # every reading asks the server
+        stop = threading.Event()
+
+        def claiming():  # a claim and an acknowledgement read the time again inside their transaction
+            n = 0
+            while not stop.is_set():
+                n += 1
+                backend.executions.admit(f"e{n}", "w")
+                for lease in backend.executions.claim_due(limit=1, duration=60_000):
+                    backend.executions.acknowledge(lease, Completed("1"))
+
+        def reading():
+            while not stop.is_set():
+                backend.clock()
+
+        threads = [threading.Thread(target=claiming, daemon=True), threading.Thread(target=reading, daemon=True)]
+        for thread in threads:
+            thread.start()
+        time.sleep(3)  # how long the two threads race
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        assert not any(thread.is_alive() for thread in threads), "the threads deadlocked"
+        assert backend.clock.syncs > 100

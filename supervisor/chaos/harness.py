@@ -284,13 +284,8 @@ class ChaosRun:
     def _kill_session(self, desperate: bool) -> bool:
         """Terminate one runtime session of the PostgreSQL ledger: one busy in a statement or a
         transaction if there is one (or we waited long enough), never one of the harness's own.
-
-        Not while a supervisor is starting up: a supervisor opens its ledger connections once,
-        at start, and exits (code 2) if a storage error meets it there, transient or not; the
-        runtime's connections are made to survive a kill from then on (calls retried, a new
-        connection opened), and so is a worker's start (it waits a transient error out)."""
-        if any(not h.started_up() for h in self.fleet.running()):
-            return False
+        Any moment will do, a supervisor's start included: a supervisor and a worker wait a
+        transient error out while they open the ledger, and retry their calls after."""
         try:
             sessions = [s for s in faults.runtime_sessions(self.reads) if s[0] not in self.own_sessions]
         except ReadFailed:

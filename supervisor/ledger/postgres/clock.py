@@ -39,12 +39,23 @@ class ServerClock:
         self.syncs = 0
 
     def __call__(self) -> int:
+        now_ns = time.monotonic_ns()
         with self._lock:
-            now_ns = time.monotonic_ns()
-            if self._received_ns is None or now_ns - self._received_ns >= self._interval_ns:
-                self._server_ms = self._read()  # a storage error propagates: the call needing the time fails
-                now_ns = self._received_ns = time.monotonic_ns()
-                self.syncs += 1
-            estimate = self._server_ms + (now_ns - self._received_ns) // 1_000_000
-            self._last = max(self._last, estimate)
-            return self._last
+            due = self._received_ns is None or now_ns - self._received_ns >= self._interval_ns
+            if not due:
+                return self._estimate(now_ns)
+        # The server is read outside the lock: the read takes the connection's lock, which a
+        # thread in a transaction holds while it asks for the time (the other order deadlocks).
+        server_ms = self._read()  # a storage error propagates: the call needing the time fails
+        received_ns = time.monotonic_ns()
+        with self._lock:
+            self.syncs += 1
+            if self._received_ns is None or received_ns > self._received_ns:
+                self._server_ms, self._received_ns = server_ms, received_ns
+            return self._estimate(received_ns)
+
+    def _estimate(self, now_ns: int) -> int:
+        """Under the lock: the estimate at monotonic `now_ns`, never below one given before."""
+        estimate = self._server_ms + (now_ns - self._received_ns) // 1_000_000
+        self._last = max(self._last, estimate)
+        return self._last
