@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from supervisor import Completed, open_backend
+from supervisor import Completed, Suspended, open_backend
 from supervisor.ledger.postgres.clock import ServerClock
 
 pytestmark = pytest.mark.timeout(60)
@@ -104,3 +104,20 @@ def test_threads_sharing_a_backend_never_deadlock_on_the_clock_and_the_connectio
             thread.join(10)
         assert not any(thread.is_alive() for thread in threads), "the threads deadlocked"
         assert backend.clock.syncs > 100
+
+
+def test_a_claim_records_no_time_before_the_rows_last_change_made_by_a_process_whose_estimate_is_ahead(pg_uri):
+    # Two processes' estimates of the server's clock differ by their own lags. One acknowledges
+    # a delivery at its estimate; another, a few ms behind, claims the execution at once (a wake
+    # came during the lease): the history must still read the end, then the claim.
+    t = 5_000_000_000_000
+    with open_backend(pg_uri) as ahead, open_backend(pg_uri) as behind:
+        ahead.clock, behind.clock = (lambda: t + 5), (lambda: t)
+        ahead.executions.admit("e", "w", now=t - 100)
+        (first,) = ahead.executions.claim_due(limit=1, duration=60_000, now=t - 100)
+        ahead.executions.request_wake("e", t - 10, now=t - 50)
+        assert ahead.executions.acknowledge(first, Suspended()) == Suspended()  # ended at t + 5
+        (second,) = behind.executions.claim_due(limit=1, duration=60_000)
+        ended, claimed = behind.executions.history("e")
+        assert (ended.ended_by, ended.ended_at) == ("acknowledged", t + 5)
+        assert claimed.claimed_at == t + 5 and second.expires_at == t + 5 + 60_000

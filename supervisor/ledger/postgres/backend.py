@@ -46,6 +46,7 @@ class PostgresBackend(LedgerTables):
         delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
         self._conn = Connection(uri, durability=durability, delays=delays)
         self.clock = clock or ServerClock(self._read_server_clock)
+        self.one_clock = clock is None
         try:
             with self._conn.write() as db:
                 version = recognise(db, self.path)

@@ -57,10 +57,14 @@ class LedgerTables:
     `self.redelivery_delay` and `self._conn`, then calls `_open_tables()`, and says how it
     announces work that became due and executions that ended."""
 
+    #: Every process's clock estimates one shared clock (the server's), a little behind it by an
+    #: amount each process has its own of: see `ExecutionTable(one_clock=)`.
+    one_clock = False
+
     def _open_tables(self) -> None:
         announce = self._announce_due
         self.executions = ExecutionTable(self._conn, self._clock, self.redelivery_delay, on_due=announce,
-                                                on_ended=self._announce_ended)
+                                         on_ended=self._announce_ended, one_clock=self.one_clock)
         self.heap = HeapTable(self._conn, self._clock)
         self.starts = StartTable(self._conn, self._clock, on_due=announce)
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)

@@ -202,8 +202,15 @@ class _Row:
 
 class ExecutionTable(ExecutionClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int],
-                 on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None):
+                 on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None,
+                 one_clock: bool = False):
+        """`one_clock`: the processes' clocks are estimates of one clock, each a little behind it
+        (by its own amount). A claim then records no time before the row's last change (which
+        another process may have stamped a millisecond ahead of this one's estimate), so that an
+        execution's lease history reads in the order of its commits: a delivery that ended, then
+        the claim that followed it."""
         self._conn = conn
+        self._one_clock = one_clock
         self._on_due = on_due  # told after a commit that may have made an execution due
         self._on_ended = on_ended  # told the ids after a commit that made executions terminal
         self._clock = clock
@@ -356,6 +363,7 @@ class ExecutionTable(ExecutionClient):
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[ExecutionLease]:
         leases = []
         for row in self._claimable(db, now, limit, lock=True):
+            at = max(now, row.updated_at) if self._one_clock else now
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
             if row.status == RUNNING:
                 # The previous delivery's lease expired; this claim supersedes it.
@@ -366,12 +374,12 @@ class ExecutionTable(ExecutionClient):
                     (ended_at, DeliveryEnd.SUPERSEDED.value, None, ended_at, row.execution_id, row.token),
                 )
             token = row.token + 1
-            expires = now + duration
+            expires = at + duration
             # A running row is always due (claimed when due; wakes only move due_at earlier),
             # so while the lease lasts its expiry plus the redelivery delay decides.
             ready = max(row.due_at, expires + self._delay(unacked + 1))
-            db.execute(CLAIM, (expires, unacked, ended_at, ready, now, row.execution_id))
-            db.execute(HISTORY_OPEN, (row.execution_id, token, self._holder, now, expires))
+            db.execute(CLAIM, (expires, unacked, ended_at, ready, at, row.execution_id))
+            db.execute(HISTORY_OPEN, (row.execution_id, token, self._holder, at, expires))
             leases.append(ExecutionLease(row.execution_id, token, expires))
         return leases
 
