@@ -2,6 +2,11 @@
 folder, listening on a Unix socket only (`listen_addresses=''`, socket owner-only), removed
 afterwards.
 
+A cluster for several hosts (`supervisor.ledger.postgres.hosts`) also listens on TCP, on the
+addresses it is given and no other: each must be a literal address of one interface (the
+database's end of a test's veth pair), never a wildcard, and clients from the `trusted_networks`
+given with them connect without a password (`pg_hba.conf`, `trust`). The Unix socket stays.
+
 `initdb` refuses to run as root; as root, every server command runs as the `postgres` user
 (`runuser -u postgres --`) in a folder that user owns. Without the server binaries the caller
 skips PostgreSQL tests (under `CI=true` a skip is a failure: CI always runs both backends).
@@ -9,11 +14,12 @@ skips PostgreSQL tests (under `CI=true` a skip is a failure: CI always runs both
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import subprocess
 import tempfile
-from typing import Optional
+from typing import Optional, Sequence
 
 PG_BIN = os.environ.get("YIELDSTAR_PG_BIN", "/usr/lib/postgresql/15/bin")
 
@@ -31,8 +37,32 @@ def available() -> Optional[str]:
     return None
 
 
+def _literal_addresses(addresses: Sequence[str]) -> list[str]:
+    """`addresses` checked to be literal IP addresses of one interface each (not `*`, not
+    `0.0.0.0` or `::`, not a host name that could resolve to anything)."""
+    checked = []
+    for address in addresses:
+        try:
+            parsed = ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"listen_addresses takes literal IP addresses only, not {address!r}") from None
+        if parsed.is_unspecified:
+            raise ValueError(f"{address} would listen on every interface: give one interface's address")
+        checked.append(str(parsed))
+    return checked
+
+
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, *, listen_addresses: Sequence[str] = (), trusted_networks: Sequence[str] = ()) -> None:
+        """`listen_addresses`: TCP addresses to listen on (port 5432) besides the Unix socket,
+        none by default; `trusted_networks`: the client networks (CIDR) allowed in over TCP
+        without a password."""
+        self.listen_addresses = _literal_addresses(listen_addresses)
+        self.trusted_networks = [str(ipaddress.ip_network(network)) for network in trusted_networks]
+        if any(ipaddress.ip_network(network).prefixlen == 0 for network in self.trusted_networks):
+            raise ValueError("trusted_networks may not include every address (a /0 network)")
+        if self.trusted_networks and not self.listen_addresses:
+            raise ValueError("trusted_networks is for a cluster that listens on TCP (listen_addresses)")
         self.folder = tempfile.mkdtemp(prefix="yieldstar-pg-")
         self.data = os.path.join(self.folder, "data")
         self._as_postgres = os.geteuid() == 0
@@ -51,13 +81,19 @@ class Cluster:
 
     def start(self) -> "Cluster":
         self._run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+        if self.trusted_networks:
+            with open(os.path.join(self.data, "pg_hba.conf"), "a") as hba:
+                hba.write("# the networks of the hosts this cluster was started for\n")
+                hba.writelines(f"host all all {network} trust\n" for network in self.trusted_networks)
         self.start_server()
         return self
 
     def start_server(self) -> None:
-        """Start the server (again): on its Unix socket only, never on a network address."""
-        options = (f"-c listen_addresses='' -c unix_socket_directories={self.folder} -c unix_socket_permissions=0700"
-                   " -c max_connections=300 -c shared_buffers=32MB")
+        """Start the server (again): on its Unix socket, and on `listen_addresses` only (by
+        default none: never on a network address)."""
+        listen = ",".join(self.listen_addresses)
+        options = (f"-c listen_addresses='{listen}' -c unix_socket_directories={self.folder}"
+                   " -c unix_socket_permissions=0700 -c max_connections=300 -c shared_buffers=32MB")
         self._run("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "server.log"), "-w",
                   "start")
 
@@ -65,8 +101,14 @@ class Cluster:
         """Stop the server, keeping its data: `start_server()` starts it again."""
         self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
 
-    def uri(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@/{database}?host={self.folder}"
+    def uri(self, database: str = "postgres", address: Optional[str] = None) -> str:
+        """The URI of `database` on the Unix socket, or over TCP at one of `listen_addresses`."""
+        if address is None:
+            return f"postgresql://postgres@/{database}?host={self.folder}"
+        if address not in self.listen_addresses:
+            raise ValueError(f"the cluster does not listen on {address} (it listens on {self.listen_addresses})")
+        host = f"[{address}]" if ":" in address else address
+        return f"postgresql://postgres@{host}:5432/{database}"
 
     def new_database(self) -> str:
         """A fresh, empty database; returns its URI."""
