@@ -19,8 +19,9 @@ back. Nothing else is needed: no firewall.
 
 `Hosts.stop()` (or leaving the `with` block) kills every process still inside the namespaces,
 stops the server, deletes the veths and the namespaces, and checks that they are gone. What a
-run killed before its teardown left behind (namespaces and links named after a process that no
-longer exists) is deleted by the next run.
+run killed before its teardown left behind is removed by the next run: namespaces and links
+named after a process that no longer exists, and the server it had started (each run records
+its server's folder in RUNS, named after its process, until its teardown).
 
 Root is needed, and the `ip` command (iproute2); `available()` says why not otherwise.
 """
@@ -46,6 +47,7 @@ from . import cluster as clusters
 SPACE = ipaddress.ip_network("10.231.0.0/16")  # the blocks (/24) hosts' networks are picked from
 MAX_HOSTS = 64  # /30 networks in one /24
 LOCK_FILE = "/run/lock/yieldstar-hosts.lock"
+RUNS = "/run/yieldstar-hosts"  # one file per live run: its server's folder
 LINK_TIMEOUT_S = 5.0
 _STALE_NAMESPACE = re.compile(r"^ys-(\d+)-\d+-h\d+$")
 _STALE_LINK = re.compile(r"^ys([0-9a-f]+)s\d+[dh]\d+$")
@@ -154,6 +156,7 @@ class Hosts:
         self.cluster: Optional[clusters.Cluster] = None
         self.block: Optional[ipaddress.IPv4Network] = None
         self._serial = next(_serials)
+        self._record = os.path.join(RUNS, f"{os.getpid()}-{self._serial}")
 
     def __iter__(self):
         return iter(self.hosts)
@@ -176,8 +179,11 @@ class Hosts:
                 self.block = _free_block()
                 for index in range(self.count):
                     self._add_host(index)
-            self.cluster = clusters.Cluster(listen_addresses=[h.db_address for h in self.hosts],
-                                            trusted_networks=[h.network for h in self.hosts])
+                self.cluster = clusters.Cluster(listen_addresses=[h.db_address for h in self.hosts],
+                                                trusted_networks=[h.network for h in self.hosts])
+                os.makedirs(RUNS, mode=0o700, exist_ok=True)
+                with open(self._record, "w") as record:
+                    record.write(self.cluster.folder)
             for host in self.hosts:
                 host._cluster = self.cluster
             self.cluster.start()
@@ -210,6 +216,8 @@ class Hosts:
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+        if os.path.exists(self._record):
+            os.unlink(self._record)
         for host in self.hosts:
             _delete(host.namespace, [host.db_link])
         left = [h for h in self.hosts if _link_exists(h.db_link) or h.namespace in _namespaces()]
@@ -283,17 +291,54 @@ def _delete(namespace: str, links: Sequence[str]) -> None:
         time.sleep(0.02)
 
 
-def _remove_stale() -> None:
-    """Delete the namespaces and links of runs whose process is gone (killed before teardown)."""
-    def dead(pid: int) -> bool:
-        return not os.path.exists(f"/proc/{pid}")
+def _dead(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
 
+
+def _remove_stale() -> None:
+    """Remove what runs whose process is gone (killed before their teardown) left: their
+    servers, namespaces and links."""
+    for run in os.listdir(RUNS) if os.path.isdir(RUNS) else []:
+        if _dead(int(run.split("-")[0])):
+            with open(os.path.join(RUNS, run)) as record:
+                _stop_server(record.read().strip())
+            os.unlink(os.path.join(RUNS, run))
     for namespace in _namespaces():
         found = _STALE_NAMESPACE.match(namespace)
-        if found and dead(int(found.group(1))):
+        if found and _dead(int(found.group(1))):
             _kill_inside(namespace)
             _delete(namespace, [])
     for link in os.listdir("/sys/class/net"):
         found = _STALE_LINK.match(link)
-        if found and dead(int(found.group(1), 16)):
+        if found and _dead(int(found.group(1), 16)):
             _delete("", [link])
+
+
+def _stop_server(folder: str) -> None:
+    """Stop the server of a `Cluster` whose owner is gone (SIGQUIT: an immediate shutdown, as
+    `pg_ctl -m immediate`), and remove its folder."""
+    if not os.path.basename(folder).startswith("yieldstar-pg-"):
+        return  # not a folder `Cluster` made
+    data = os.path.join(folder, "data")
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            pid = int(f.readline())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().split(b"\0")
+    except (OSError, ValueError):
+        pid, command = None, []
+    if pid is not None and data.encode() in command:  # that server, not a process that took its pid
+        os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,188 @@
+"""Two hosts on one PostgreSQL server, and a network partition (issue 14, SPEC section 7).
+
+Each host is a Linux network namespace joined to the server by a veth pair
+(`supervisor.ledger.postgres.hosts`), and runs a real `yieldstar supervise` inside it that
+reaches the database over TCP at the server's address on its own veth. Host A holds two
+executions mid-delivery: one inside a step (`sv.hold`: its late write is a step record), one
+whose steps are all recorded (`sv.finish_late`: its late write is the acknowledgement). A's link
+is taken down; host B takes both over once their leases expire and completes them. The gates
+open while A is still cut off (its workers carry on, and their writes wait on the dead link),
+the link heals, and every late write of A is refused by the fencing token: the steps, the lease
+history and the results stay B's. A then works on without a restart.
+
+Needs root and `ip` (CI runs as root): otherwise the test is skipped with a message, and under
+`CI=true` that skip is a failure. Nothing listens beyond the veths the test made, and every
+process is started inside a namespace it made; all of it is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_on_hang, gone, read_log, step_tokens,
+                    supervisors, wait_gone, wait_until)
+from supervisor import open_backend
+from supervisor.ledger.postgres import hosts as multihost
+from test_supervisor import no_two_live_leases
+
+pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("dump_on_hang")]
+
+__all__ = ["dump_on_hang", "supervisors"]  # fixtures imported from faults
+
+LEASE_MS = 3000
+RENEW_MS = 500
+REDELIVERY_MS = 1000  # the ledger's redelivery delay after an unacknowledged delivery
+# A write on a cut link waits for its TCP retransmissions; `tcp_user_timeout` (10 s,
+# supervisor/ledger/postgres/connection.py) ends it as a storage error after that.
+TCP_USER_TIMEOUT_S = 10
+
+
+@pytest.fixture
+def hosts():
+    why = multihost.available()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the multi-host tests, but {why}")
+        pytest.skip(f"multi-host tests skipped: {why}")
+    with multihost.Hosts(2) as made:
+        yield made
+
+
+@pytest.fixture
+def start_on(hosts, supervisors, tmp_path):
+    """Start `yieldstar supervise` inside a host's namespace, on the database as that host
+    reaches it; the `supervisors` fixture kills what is left of it (before the hosts go)."""
+    def start(host: multihost.Host, uri: str, *, concurrency: int = 2) -> SupervisorProcess:
+        args = [sys.executable, "-m", "supervisor.cli", "--db", host.uri(uri), "supervise", APP,
+                "--concurrency", str(concurrency), "--lease-ms", str(LEASE_MS), "--renew-ms", str(RENEW_MS),
+                "--heartbeat-ms", str(HEARTBEAT_MS), "--poll-ms", str(POLL_MS)]
+        log_path = tmp_path / f"host-{host.index}-supervisor.log"
+        with open(log_path, "wb") as log:
+            popen = host.popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                               start_new_session=True)
+        process = SupervisorProcess(popen, log_path, concurrency)
+        supervisors.started.append(process)
+        process.wait_ready()
+        assert set(process.workers()) <= set(host.pids()), "a worker runs outside its host's namespace"
+        return process
+    return start
+
+
+def outcomes(ledger, execution_id: str) -> list[tuple[int, str, str]]:
+    return [(h.token, h.ended_by, h.outcome) for h in ledger.executions.history(execution_id)]
+
+
+def event(log: Path, name: str, execution_id: str, token: int):
+    return next((e for e in read_log(log) if (e.event, e.execution_id, e.token) == (name, execution_id, token)), None)
+
+
+@pytest.mark.timeout(150)
+def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes_are_refused_after_healing(
+        hosts, start_on, tmp_path):
+    a, b = hosts
+    uri = hosts.cluster.new_database()  # the test's own view: the server's Unix socket
+    log, gate = tmp_path / "effects.log", tmp_path / "gate"
+    options = {"log": str(log), "gate": str(gate), "hold_tokens": [1]}
+    admit(uri, "step", "sv.hold", options)  # held inside its step `hold`
+    admit(uri, "ack", "sv.finish_late", options)  # held after its last step: only its acknowledgement is left
+    ids = ("step", "ack")
+
+    first = start_on(a, uri)
+    held = {eid: wait_until(lambda eid=eid: event(log, "waiting", eid, 1), timeout=30, message=f"{eid} held on A")
+            for eid in ids}
+    stale = {eid: e.pid for eid, e in held.items()}
+    assert set(stale.values()) <= set(first.workers())
+    second = start_on(b, uri)
+
+    with open_backend(uri) as ledger:
+        a.partition()
+        cut_at = time.monotonic()
+        taken_at: dict[str, float] = {}
+
+        def taken_over() -> bool:
+            for eid in ids:
+                if eid not in taken_at and any(h.token == 2 for h in ledger.executions.history(eid)):
+                    taken_at[eid] = time.monotonic() - cut_at
+            return len(taken_at) == len(ids)
+
+        wait_until(taken_over, timeout=LEASE_MS / 1000 + REDELIVERY_MS / 1000 + 20, interval=0.05,
+                   message="host B to take over both executions")
+        wait_until(lambda: all(ledger.executions.get(eid).status == "completed" for eid in ids), timeout=20,
+                   message="host B to complete both executions")
+        taken_over_records = {eid: outcomes(ledger, eid) for eid in ids}
+        for eid in ids:
+            assert taken_over_records[eid] == [(1, "superseded", None), (2, "acknowledged", "completed")]
+            history = ledger.executions.history(eid)
+            no_two_live_leases(history)
+            first_lease, second_lease = history
+            assert first_lease.holder.endswith(f":{first.pid}") and second_lease.holder.endswith(f":{second.pid}")
+            # By the server's clock, B claimed once A's lease (live at the cut, renewed until it)
+            # had expired and the redelivery delay had passed; by the test's, about a lease after the cut.
+            assert second_lease.claimed_at >= first_lease.expires_at + REDELIVERY_MS, history
+            assert REDELIVERY_MS / 1000 <= taken_at[eid] <= (LEASE_MS + REDELIVERY_MS) / 1000 + 5, taken_at
+        results = {eid: ledger.executions.get(eid).result_json for eid in ids}
+        assert all(json.loads(result)["token"] == 2 for result in results.values())
+        steps = {eid: step_tokens(uri, eid) for eid in ids}
+        assert steps == {"step": [("before", 1, 1), ("hold", 1, 2), ("after", 1, 2)],
+                         "ack": [("before", 1, 1), ("after", 1, 1)]}
+        assert "delivery execution=" not in first.log()  # A settled nothing while cut off
+        assert first.popen.poll() is None, f"host A's supervisor died while cut off:\n{first.log()}"
+        alive_while_cut = sorted(pid for pid in stale.values() if not gone(pid))
+
+        # Still cut off, A's workers pass their gates: the step write and the acknowledgement
+        # leave for the server and wait on the dead link. Heal it while they wait.
+        gate.touch()
+        if alive_while_cut == sorted(stale.values()):
+            wait_until(lambda: event(log, "end", "step", 1) and event(log, "finishing", "ack", 1), timeout=10,
+                       message="host A's workers to pass their gates")
+        a.heal()
+        healed_after = time.monotonic() - cut_at
+
+        # Each keeps a stale write out: the token refuses it at the server, or A's supervisor,
+        # answered first (a renewal refused, or its look at which deliveries ended in the
+        # ledger), kills the worker.
+        refused = {eid: f"delivery execution={eid} token=1 outcome=lost" for eid in ids}
+        killed = {eid: (f"token 1: the lease is lost; killing worker pid {stale[eid]}",
+                        f"token 1: its delivery ended in the ledger (cancelled?); killing worker pid {stale[eid]}")
+                  for eid in ids}
+        how = {}
+
+        def stale_deliveries_ended() -> bool:
+            text = first.log()
+            for eid in ids:
+                if refused[eid] in text:
+                    how[eid] = "refused by the token"
+                elif any(line in text for line in killed[eid]):
+                    how[eid] = "worker killed by its supervisor"
+            return len(how) == len(ids)
+
+        wait_until(stale_deliveries_ended, timeout=TCP_USER_TIMEOUT_S + 20, interval=0.05,
+                   message="host A's stale deliveries to end")
+        assert how["ack"] == "refused by the token"  # its worker was done: nothing to kill
+        wait_gone([stale[eid] for eid in ids if how[eid] != "refused by the token"])
+        assert first.popen.poll() is None and second.popen.poll() is None
+        # Nothing A did counted: the records and the outcomes are B's.
+        assert {eid: outcomes(ledger, eid) for eid in ids} == taken_over_records
+        assert {eid: ledger.executions.get(eid).result_json for eid in ids} == results
+        assert {eid: step_tokens(uri, eid) for eid in ids} == steps
+        assert not any(e.token == 1 and e.step_key == "after" for e in read_log(log) if e.execution_id == "step")
+
+        # A carries on without a restart: with B stopped, it alone runs what comes next.
+        second.signal(signal.SIGTERM)
+        assert second.wait(30) == 0, second.log()
+        admit(uri, "later", "sv.steps", {"log": str(log), "steps": 2})
+        wait_until(lambda: ledger.executions.get("later").status == "completed", timeout=TCP_USER_TIMEOUT_S + 20,
+                   interval=0.05, message="host A to run a new execution after healing")
+        assert ledger.executions.history("later")[-1].holder.endswith(f":{first.pid}")
+
+    print(f"takeover after the cut: {taken_at} s (lease {LEASE_MS} ms, redelivery {REDELIVERY_MS} ms);"
+          f" healed {healed_after:.1f} s after the cut; A's workers alive while cut off: {alive_while_cut}"
+          f" of {sorted(stale.values())}; stale deliveries: {how}")
