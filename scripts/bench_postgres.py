@@ -5,11 +5,16 @@
 Starts a throwaway cluster (supervisor/ledger/postgres/cluster.py: a Unix socket only) and prints, in
 one run:
 - raw: single-row INSERT transactions per second with synchronous_commit=on, from 1 client
-  and from 4 client processes at once, the yardstick;
+  and from 4 client processes at once, the yardstick (the 4-client one measured again beside
+  each workflow run);
 - the ledger's fenced `write_step`, `claim_due` (one execution) and `acknowledge` per second,
   one client, each beside the 1-client raw rate;
 - 3-step no-op workflows per second through `yieldstar supervise --concurrency 4`, from the
-  first acknowledgement to the last, beside the 4-client raw rate.
+  first acknowledgement to the last, each run beside a 4-client raw run made just before it
+  (the median ratio of `--repeats` pairs), and from 1, 2 and 3 such supervisors at once;
+- `claim_due`'s cost against the history: claims with 1k and with 100k completed executions in
+  the database (copies of one the ledger produced, with its lease history), alternately, so the
+  claim's cost is shown not to grow with the terminal rows.
 
 The machine is shared and noisy: compare the ratios.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -77,15 +83,20 @@ def ledger_rates(uri: str, n: int) -> dict:
     return {"write_step": writes, "claim_due": claims, "acknowledge": acks}
 
 
-def workflow_rate(uri: str, n: int) -> float:
+def workflow_rate(uri: str, n: int, supervisors: int = 1) -> float:
+    """3-step workflows per second through `supervisors` supervisors of 4 workers each, from the
+    first acknowledgement to the last."""
     with open_backend(uri) as backend:
         for i in range(n):
             backend.executions.admit(f"w{i}", "noop3")
-    done = subprocess.run([sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.bench_app",
-                           "--concurrency", "4", "--until-idle", "--quiet"], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr)
+    command = [sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.bench_app", "--concurrency",
+               "4", "--until-idle", "--quiet"]
+    running = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL) for _ in range(supervisors)]
+    for process in running:
+        _, err = process.communicate(timeout=600)
+        if process.returncode != 0:
+            raise RuntimeError(err)
     with psycopg.connect(uri) as conn:
         first, last, count = conn.execute("SELECT min(ended_at), max(ended_at), count(*) FROM lease_history"
                                           " WHERE execution_id LIKE 'w%%' AND outcome = 'completed'").fetchone()
@@ -93,10 +104,49 @@ def workflow_rate(uri: str, n: int) -> float:
     return (count - 1) / ((last - first) / 1000)
 
 
+def add_completed(uri: str, count: int) -> None:
+    """`count` completed executions, each with its lease history: copies of one the ledger made."""
+    with open_backend(uri) as backend:
+        backend.executions.admit("template", "bench")
+        (lease,) = backend.executions.claim_due(limit=1, duration=600_000)
+        backend.executions.acknowledge(lease, Completed("1"))
+    with psycopg.connect(uri, autocommit=True) as conn:
+        for table in ("executions", "lease_history"):
+            columns = [name for (name,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema ="
+                " current_schema() ORDER BY ordinal_position", (table,)).fetchall()]
+            chosen = ", ".join("'done-' || g" if c == "execution_id" else c for c in columns)
+            conn.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {chosen} FROM {table},"
+                         f" generate_series(1, %s) g WHERE execution_id = 'template'", (count,))
+        conn.execute("ANALYZE")
+
+
+def claim_scaling(cluster: Cluster, small: int, large: int, n: int, repeats: int = 5) -> tuple[float, float]:
+    """The median time of one claim (limit=1, one of `n` due executions) with `small` and with
+    `large` completed executions in the database, measured alternately."""
+    uris = {}
+    for size in (small, large):
+        uris[size] = cluster.new_database()
+        add_completed(uris[size], size)
+    times: dict[int, list[float]] = {small: [], large: []}
+    for repeat in range(repeats):
+        for size, uri in uris.items():
+            with open_backend(uri) as backend:
+                for i in range(n):
+                    backend.executions.admit(f"due-{repeat}-{i}", "bench")
+                started = time.perf_counter()
+                for _ in range(n):
+                    backend.executions.claim_due(limit=1, duration=600_000)
+                times[size].append((time.perf_counter() - started) / n)
+    return statistics.median(times[small]), statistics.median(times[large])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workflows", type=int, default=1500)
     parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3, help="paired raw and workflow runs, for the median ratio")
+    parser.add_argument("--terminal", type=int, default=100_000, help="completed executions for the claim scaling")
     args = parser.parse_args()
     cluster = Cluster().start()
     try:
@@ -104,17 +154,33 @@ def main() -> None:
         with psycopg.connect(raw_db, autocommit=True) as conn:
             conn.execute("CREATE TABLE raw_steps (execution_id TEXT, step_key TEXT, attempt INTEGER,"
                          " step_response_json TEXT, PRIMARY KEY (execution_id, step_key, attempt))")
+
+        def raw4() -> float:
+            with psycopg.connect(raw_db, autocommit=True) as conn:
+                conn.execute("TRUNCATE raw_steps")
+            return raw_rate(raw_db, 4, args.ops // 2)
+
         raw1 = raw_rate(raw_db, 1, args.ops)
-        raw4 = raw_rate(raw_db, 4, args.ops // 2)
         ops = ledger_rates(cluster.new_database(), args.ops)
-        flows = workflow_rate(cluster.new_database(), args.workflows)
+        # Each workflow run beside a raw run just before it: the machine's speed drifts.
+        paired = [(raw4(), workflow_rate(cluster.new_database(), args.workflows)) for _ in range(args.repeats)]
+        fleets = [(raw4(), workflow_rate(cluster.new_database(), args.workflows, k)) for k in (1, 2, 3)]
+        small, large = claim_scaling(cluster, 1_000, args.terminal, 200)
     finally:
         cluster.stop()
-    print(f"raw INSERT transactions/s, synchronous_commit=on: 1 client {raw1:8,.0f}   4 clients {raw4:8,.0f}")
+    print(f"raw INSERT transactions/s, synchronous_commit=on, 1 client: {raw1:8,.0f}")
     for name, rate in ops.items():
         print(f"{name:<14} {rate:8,.0f}/s   {raw1 / rate:4.2f}x the time of a raw insert transaction")
-    print(f"3-step workflows/s, supervise --concurrency 4: {flows:8,.0f}   ({flows / raw4:.2f} of the 4-client raw rate;"
-          f" {args.workflows} workflows)")
+    print(f"3-step workflows/s, supervise --concurrency 4 ({args.workflows} workflows), each beside the 4-client raw rate"
+          " measured just before it:")
+    for raw, flows in paired:
+        print(f"  {flows:8,.0f}/s   raw {raw:8,.0f}/s   {flows / raw:.2f} of it")
+    print(f"  median: {statistics.median(f / r for r, f in paired):.2f} of the 4-client raw rate")
+    print("3-step workflows/s from several supervisors of 4 workers each on the one server:")
+    for k, (raw, flows) in enumerate(fleets, start=1):
+        print(f"  {k} supervisor{'s' if k > 1 else ' '}  {flows:8,.0f}/s   raw {raw:8,.0f}/s   {flows / raw:.2f} of it")
+    print(f"claim_due with 1,000 completed executions {small * 1e6:7.0f} us, with {args.terminal:,}"
+          f" {large * 1e6:7.0f} us: {large / small:.2f}x")
 
 
 if __name__ == "__main__":

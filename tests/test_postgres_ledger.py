@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from faults import APP, wait_until
-from supervisor import LeaseLost, open_backend
+from supervisor import Completed, LeaseLost, open_backend
 from worker import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,6 +52,34 @@ def test_a_stale_write_racing_a_claim_open_in_another_transaction_waits_for_it_a
         claimer.close()
         assert replies == [LeaseLost()]
         assert backend.heap.steps("e1") == []
+
+
+@pytest.mark.parametrize("call", [
+    lambda b, lease: b.executions.renew(lease, duration=100),
+    lambda b, lease: b.executions.release(lease),
+    lambda b, lease: b.executions.acknowledge(lease, Completed('"stale"')),
+    lambda b, lease: b.executions.acknowledge_and_claim([(lease, Completed('"stale"'))], limit=0, duration=100)[0][0],
+], ids=["renew", "release", "acknowledge", "acknowledge in a batch"])
+def test_every_fenced_write_racing_a_claim_open_in_another_transaction_waits_for_it_and_is_refused(pg_uri, call):
+    with open_backend(pg_uri, clock=lambda: 1_000) as backend:
+        backend.executions.admit("e1", "w")
+        (stale,) = backend.executions.claim_due(limit=1, duration=100)
+        claimer = psycopg.connect(pg_uri)  # another supervisor's claim, paused before its commit
+        claimer.execute("SELECT token FROM executions WHERE execution_id = 'e1' FOR UPDATE")
+        claimer.execute("UPDATE executions SET token = token + 1 WHERE execution_id = 'e1'")
+        replies: list = []
+        writer = threading.Thread(target=lambda: replies.append(call(backend, stale)))
+        writer.start()
+        wait_for_a_lock_wait(pg_uri)
+        claimer.commit()
+        writer.join(10)
+        claimer.close()
+        assert replies == [LeaseLost()]
+        record = backend.executions.get("e1")
+        assert (record.status, record.token, record.result_json) == ("running", 2, None)
+        assert record.lease_expires_at == 1_100  # the stale holder's renewal did not move it
+        (history,) = backend.executions.history("e1")
+        assert (history.token, history.ended_by) == (1, None)
 
 
 def test_without_a_clock_the_ledger_keeps_the_servers_time(pg_uri):
