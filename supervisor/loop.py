@@ -319,7 +319,8 @@ class DispatchLoop:
         ended = {(lease.execution_id, lease.token) for lease in reply.value}
         for delivery in reply.call.about:
             if (delivery.lease.execution_id, delivery.lease.token) in ended:
-                self.lose(delivery, "its delivery ended in the ledger (cancelled?)")
+                self.lose(delivery,
+                          "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)")
 
     def child_of(self, delivery: Delivery) -> Optional[Child]:
         return next((c for c in self.pool.children if c.delivery is delivery), None)

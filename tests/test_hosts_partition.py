@@ -151,7 +151,8 @@ def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes
         # ledger), kills the worker.
         refused = {eid: f"delivery execution={eid} token=1 outcome=lost" for eid in ids}
         killed = {eid: (f"token 1: the lease is lost; killing worker pid {stale[eid]}",
-                        f"token 1: its delivery ended in the ledger (cancelled?); killing worker pid {stale[eid]}")
+                        f"token 1: its delivery ended in the ledger (cancelled, or claimed again after its lease"
+                        f" expired); killing worker pid {stale[eid]}")
                   for eid in ids}
         how = {}
 

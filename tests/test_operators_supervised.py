@@ -34,7 +34,7 @@ def test_cancel_of_a_running_execution_stops_its_worker_and_refuses_its_writes(e
         assert isinstance(backend.heap.write_step(stale, step_key="hold", step_attempt=1, done=True,
                                                   step_response_json="1"), LeaseLost)
         Path(options["gate"]).touch()  # the step would end now, had its worker lived
-        wait_until(lambda: "cancelled?" in supervisor.log(), message="the supervisor to say why it killed the worker")
+        wait_until(lambda: "its delivery ended in the ledger (cancelled" in supervisor.log(), message="the supervisor to say why it killed the worker")
         wait_until(lambda: backend.executions.stats().live_leases == [] and
                    backend.executions.stats().by_status["cancelled"] == 1)
         record = backend.executions.get("held")
