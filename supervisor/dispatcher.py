@@ -51,6 +51,7 @@ from typing import Callable, Optional
 
 from worker.registry import AppNotFound, check_app_name
 
+from .ledger import arguments
 from .ledger.backends import open_backend, shown
 from .ledger.errors import InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import LedgerCalls, Wakeup
@@ -94,8 +95,7 @@ class SupervisorConfig:
             raise InvalidArgument(
                 f"concurrency must be at most {MAX_CONCURRENCY} (one worker process each), got {self.concurrency}:"
                 " run more supervisors on the same ledger for more")
-        if not isinstance(self.listen, bool):
-            raise InvalidArgument(f"listen must be True or False, got {self.listen!r}")
+        arguments.boolean("listen", self.listen)
         if not isinstance(self.grace_ms, int) or isinstance(self.grace_ms, bool) or self.grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be an int >= 0, got {self.grace_ms!r}")
         if self.renew_ms >= self.lease_ms:

@@ -258,7 +258,7 @@ def test_finding_10_a_config_with_only_a_short_lease_derives_its_renewal_and_hea
     assert SupervisorConfig().renew_ms == 10_000 and SupervisorConfig().heartbeat_ms == 1000
     with pytest.raises(ValueError, match="renew_ms"):
         SupervisorConfig(lease_ms=3000, renew_ms=3000)
-    with pytest.raises(ValueError, match="listen must be True or False"):
+    with pytest.raises(ValueError, match="listen must be a bool"):
         SupervisorConfig(listen="no")
 
 

@@ -9,6 +9,7 @@ import time
 import psycopg
 import pytest
 
+from faults import wait_until
 from supervisor import Completed, Suspended, open_backend
 from supervisor.ledger.postgres.clock import ServerClock
 
@@ -81,15 +82,13 @@ def test_threads_sharing_a_backend_never_deadlock_on_the_clock_and_the_connectio
 
     with open_backend(pg_uri) as backend:
         backend.clock._interval_ns = 0  # every reading asks the server
-        stop = threading.Event()
+        stop, claims = threading.Event(), []
 
         def claiming():  # a claim and an acknowledgement read the time again inside their transaction
-            n = 0
             while not stop.is_set():
-                n += 1
-                backend.executions.admit(f"e{n}", "w")
+                backend.executions.admit(f"e{len(claims)}", "w")
                 for lease in backend.executions.claim_due(limit=1, duration=60_000):
-                    backend.executions.acknowledge(lease, Completed("1"))
+                    claims.append(backend.executions.acknowledge(lease, Completed("1")))
 
         def reading():
             while not stop.is_set():
@@ -98,12 +97,16 @@ def test_threads_sharing_a_backend_never_deadlock_on_the_clock_and_the_connectio
         threads = [threading.Thread(target=claiming, daemon=True), threading.Thread(target=reading, daemon=True)]
         for thread in threads:
             thread.start()
-        time.sleep(3)  # how long the two threads race
-        stop.set()
-        for thread in threads:
-            thread.join(10)
+        try:
+            # Both threads at work long enough to have met in the two orders many times over;
+            # deadlocked, neither gets any further.
+            wait_until(lambda: len(claims) >= 200 and backend.clock.syncs >= 1_000, timeout=30,
+                       message="200 claims and 1,000 clock readings (the threads deadlocked)")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(10)
         assert not any(thread.is_alive() for thread in threads), "the threads deadlocked"
-        assert backend.clock.syncs > 100
 
 
 def test_a_claim_records_no_time_before_the_rows_last_change_made_by_a_process_whose_estimate_is_ahead(pg_uri):

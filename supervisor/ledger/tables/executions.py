@@ -406,12 +406,7 @@ class ExecutionTable(ExecutionClient):
         return Released()
 
     def acknowledge(self, lease, outcome: Outcome, *, now=None) -> Outcome | LeaseLost:
-        acknowledgement = self._acknowledgement(lease, outcome)
-        given, now = now, self._now(now)
-        with self._conn.write() as db:
-            now = self._now_locked(given, now)
-            reply, woke = self._acknowledge_in(db, acknowledgement, now)
-        self._announce_acknowledged([(acknowledgement, reply)], woke)
+        (reply,), _ = self._acknowledge_and_claim([self._acknowledgement(lease, outcome)], now)
         return reply
 
     def acknowledge_and_claim(self, acknowledgements, *, limit, duration, now=None):
@@ -425,6 +420,12 @@ class ExecutionTable(ExecutionClient):
             checked.append(self._acknowledgement(*pair))
         arguments.integer("limit", limit, minimum=0)
         arguments.integer("duration", duration, minimum=1)
+        return self._acknowledge_and_claim(checked, now, limit=limit, duration=duration)
+
+    def _acknowledge_and_claim(self, checked: list[tuple], now: Optional[int], *, limit: int = 0,
+                               duration: int = 0):
+        """Checked acknowledgements (`_acknowledgement`), then a claim of up to `limit` leases of
+        `duration`, in one transaction; the announcements after its commit."""
         given, now = now, self._now(now)
         replies, woke = [], False
         with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
