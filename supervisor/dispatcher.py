@@ -117,6 +117,7 @@ class Stats:
     lost: int = 0
     child_deaths: int = 0
     children_killed: int = 0
+    unconfirmed: int = 0  # deliveries stopped because no renewal confirmed their lease in time
     storage_errors: int = 0
 
 

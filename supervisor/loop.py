@@ -11,7 +11,10 @@ A delivery's life: claimed (a `claim_due` reply) -> handed to an idle ready chil
 found dead gets nothing, and the lease is released at once) -> renewed while its child answers
 -> the child's DONE -> acknowledged or released (retried after a backoff while the database
 fails, renewed meanwhile) -> settled. A renewal that finds the lease lost kills the child: it
-may be inside a step calling the outside world, and a stale delivery must not hold a slot.
+may be inside a step calling the outside world, and a stale delivery must not hold a slot. So
+does a lease that no renewal has confirmed for a whole lease length (the database cut off or
+not answering): another supervisor may hold the execution by then, and the child must not go
+on running its steps beside the new holder's.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class DispatchLoop:
         now = time.monotonic()
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
         self.claiming = False  # a claim is in flight
+        self.claim_sent_at = now  # when the claim in flight was sent
         self.checking_ended = False  # an `ended` call is in flight
         self.next_ended_check = now
         self.next_poll = now
@@ -119,6 +123,7 @@ class DispatchLoop:
             if self.idle_checked:
                 log.info("idle: nothing running and nothing due")
                 return EXIT_STOPPED
+            self.stop_unconfirmed(now)
             self.claim(now)
             self.renew(now)
             self.beat(now)
@@ -199,6 +204,7 @@ class DispatchLoop:
         if not idle:
             return
         self.claiming, self.claim_wanted = True, False
+        self.claim_sent_at = now
         self.next_poll = now + self.cfg.poll_ms / 1000
         self.calls.submit(Call("claim_due", kwargs={"limit": len(idle), "duration": self.cfg.lease_ms},
                                about=len(idle)))
@@ -214,7 +220,8 @@ class DispatchLoop:
         self.stats.claimed += len(leases)
         idle = self.idle(now) if self.grace_deadline is None else []
         for lease in leases:
-            delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms)
+            delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms,
+                                held_until=self.claim_sent_at + self.cfg.lease_ms / 1000)
             child = idle.pop(0) if idle else None
             if child is not None and self.hand_over(child, delivery, now):
                 continue
@@ -236,7 +243,8 @@ class DispatchLoop:
     def hand_over(self, child: Child, delivery: Delivery, now: float) -> bool:
         lease = delivery.lease
         child.delivery = delivery
-        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at)):
+        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at,
+                       delivery.held_until)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.delivery = None
@@ -268,7 +276,7 @@ class DispatchLoop:
         self.next_renewal = now + self.cfg.renew_ms / 1000
         for delivery in self.renewable(now):
             if not delivery.renewing and not delivery.lost:
-                delivery.renewing = True
+                delivery.renewing, delivery.renew_sent_at = True, now
                 self.renewals.submit(Call("renew", (delivery.lease,), {"duration": self.cfg.lease_ms}, about=delivery))
 
     def renewable(self, now: float) -> list[Delivery]:
@@ -284,8 +292,25 @@ class DispatchLoop:
             return  # the lease has slack for the next round
         if isinstance(reply.value, Renewed):
             delivery.lease = reply.value.lease
+            # The ledger set the new expiry after the call was sent: it lasts at least this long.
+            delivery.held_until = max(delivery.held_until, delivery.renew_sent_at + self.cfg.lease_ms / 1000)
             return
         self.lose(delivery, "the lease is lost")
+
+    def stop_unconfirmed(self, now: float) -> None:
+        """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
+        length. The ledger may have let it expire (a database that cannot be reached, or answers
+        too slowly; this supervisor paused), and another supervisor claim it: this host's child
+        must not go on calling the outside world beside the new holder. Its own write door shut
+        at the same moment (the heartbeat carries `held_until`); the fence refuses anything it
+        sends anyway. Costs time, never correctness: a lease that was in fact still ours expires
+        unused, and the execution is delivered again."""
+        for child in list(self.pool.children):
+            delivery = child.delivery
+            if delivery is not None and not delivery.lost and now >= delivery.held_until:
+                self.stats.unconfirmed += 1
+                self.lose(delivery, f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database"
+                                    " out of reach or too slow, or this supervisor paused); another supervisor may hold it")
 
     def lose(self, delivery: Delivery, why: str) -> None:
         """The delivery ended in the ledger (lost, or cancelled): kill its child, which may be
@@ -351,7 +376,7 @@ class DispatchLoop:
                     self.replace(child)
                 continue
             delivery = child.delivery
-            if not child.send((BEAT, delivery.lease.expires_at if delivery else None)):
+            if not child.send((BEAT, delivery.lease.expires_at, delivery.held_until) if delivery else (BEAT, None, None)):
                 continue  # its death shows on its sentinel
             if now - child.last_answer > limit:
                 # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
@@ -558,8 +583,10 @@ class DispatchLoop:
             # Once the grace period is over, only the settlements' replies (or their deadline)
             # are worth waking for.
             deadlines += [self.grace_deadline if self.grace_deadline > now else self.settle_deadline]
-        if any(c.delivery is not None and not c.delivery.lost for c in self.pool.children) or self.ending:
+        held = [c.delivery.held_until for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
+        if held or self.ending:
             deadlines.append(self.next_renewal)
+        deadlines += held
         deadlines += [d.retry_at for d in self.ending.values()]
         return min(deadlines)
 

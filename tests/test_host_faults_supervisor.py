@@ -23,8 +23,8 @@ from supervisor import open_backend
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.pool import MAX_CONCURRENCY
 
-from faults import (admit, cli, damage_table, db, dump_on_hang, fill_disk, freeze, gone, ledger, read_log, supervisors,
-                    thaw, tmpfs, wait_gone, wait_until)
+from faults import (LEASE_MS, admit, cli, damage_table, db, dump_on_hang, fill_disk, freeze, gone, ledger, read_log,
+                    supervisors, thaw, tmpfs, wait_gone, wait_until)
 from test_supervisor_faults import hold_input, outcomes, status, waiting
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -241,10 +241,14 @@ def test_finding_6_a_lost_lease_frees_its_worker_at_once(db, ledger, tmp_path, s
     second = supervisors.start(db, concurrency=1)
     wait_until(lambda: status(ledger, "taken") == "completed", timeout=30, message="the takeover")
     thaw(first.pid)
-    # Its next renewal finds the lease lost: the worker is killed, not left to run its step out
-    # (the gate never opens for token 1: left alone it would wait 60 s).
+    # Awake, it finds that no renewal has confirmed the lease for a whole lease length (or its
+    # next renewal finds the lease lost): the worker is killed, not left to run its step out (the
+    # gate never opens for token 1: left alone it would wait 60 s).
     wait_gone([stale], timeout=5)
-    first.wait_log(f"token 1: the lease is lost; killing worker pid {stale}")
+    wait_until(lambda: any(f"token 1: {why}" in first.log() for why in (
+        "the lease is lost; killing worker pid", f"no renewal has confirmed its lease for {LEASE_MS} ms")),
+        message=f"the supervisor to say why it killed worker {stale}")
+    assert f"killing worker pid {stale}" in first.log()
     assert first.popen.poll() is None and second.popen.poll() is None
     assert outcomes(ledger, "taken") == [(1, "superseded", None), (2, "acknowledged", "completed")]
     first.wait_ready()  # and it was replaced

@@ -3,12 +3,14 @@
 Each host is a Linux network namespace joined to the server by a veth pair
 (`supervisor.ledger.postgres.hosts`), and runs a real `yieldstar supervise` inside it that
 reaches the database over TCP at the server's address on its own veth. Host A holds two
-executions mid-delivery: one inside a step (`sv.hold`: its late write is a step record), one
-whose steps are all recorded (`sv.finish_late`: its late write is the acknowledgement). A's link
-is taken down; host B takes both over once their leases expire and completes them. The gates
-open while A is still cut off (its workers carry on, and their writes wait on the dead link),
-the link heals, and every late write of A is refused by the fencing token: the steps, the lease
-history and the results stay B's. A then works on without a restart.
+executions mid-delivery: one inside a step (`sv.hold`), one whose steps are all recorded
+(`sv.finish_late`), let go right after the cut so that its acknowledgement leaves on the dead
+link. A's link is taken down. A's supervisor cannot renew: once a lease has gone unconfirmed for
+its whole length it kills the worker still inside a step, before host B may claim anything. B
+takes both over once their leases expire and completes them. The link heals: A's
+acknowledgement, and the late step write and acknowledgement a process of A still makes with
+the old lease, are refused by the fencing token; the steps, the lease history and the results
+stay B's. A then works on without a restart.
 
 Needs root and `ip` (CI runs as root): otherwise the test is skipped with a message, and under
 `CI=true` that skip is a failure. Nothing listens beyond the veths the test made, and every
@@ -84,15 +86,31 @@ def event(log: Path, name: str, execution_id: str, token: int):
     return next((e for e in read_log(log) if (e.event, e.execution_id, e.token) == (name, execution_id, token)), None)
 
 
+# A stale holder's late writes, made from inside the cut-off host once it is healed: the step
+# the killed worker would have recorded next, and an acknowledgement of the delivery.
+LATE_WRITES = """
+import json, sys
+from supervisor import Completed, ExecutionLease, open_backend
+uri, execution_id, expires_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lease = ExecutionLease(execution_id, 1, expires_at)
+with open_backend(uri) as ledger:
+    step = ledger.heap.write_step(lease, step_key="after", step_attempt=1, done=True, step_response_json="1")
+    ack = ledger.executions.acknowledge(lease, Completed(json.dumps({"token": 1})))
+print(json.dumps([step.status, ack.status]))
+"""
+
+
 @pytest.mark.timeout(150)
-def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes_are_refused_after_healing(
+def test_a_host_cut_off_mid_step_stops_its_workers_is_taken_over_after_a_lease_and_its_late_writes_are_refused(
         hosts, start_on, tmp_path):
     a, b = hosts
     uri = hosts.cluster.new_database()  # the test's own view: the server's Unix socket
-    log, gate = tmp_path / "effects.log", tmp_path / "gate"
-    options = {"log": str(log), "gate": str(gate), "hold_tokens": [1]}
-    admit(uri, "step", "sv.hold", options)  # held inside its step `hold`
-    admit(uri, "ack", "sv.finish_late", options)  # held after its last step: only its acknowledgement is left
+    log = tmp_path / "effects.log"
+    gates = {"step": tmp_path / "gate-step", "ack": tmp_path / "gate-ack"}
+    # `step` is held inside its step `hold`; `ack` after its last step, so that once let go its
+    # only remaining write is its acknowledgement. Only token 1 (host A's delivery) is held.
+    admit(uri, "step", "sv.hold", {"log": str(log), "gate": str(gates["step"]), "hold_tokens": [1]})
+    admit(uri, "ack", "sv.finish_late", {"log": str(log), "gate": str(gates["ack"]), "hold_tokens": [1]})
     ids = ("step", "ack")
 
     first = start_on(a, uri)
@@ -105,6 +123,16 @@ def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes
     with open_backend(uri) as ledger:
         a.partition()
         cut_at = time.monotonic()
+        # A's `ack` worker finishes now: its supervisor's acknowledgement leaves on the dead link.
+        gates["ack"].touch()
+        wait_until(lambda: event(log, "finishing", "ack", 1), timeout=10, message="A's ack worker to finish")
+
+        # A's supervisor cannot renew; once a lease has gone unconfirmed for its whole length it
+        # kills the worker still inside a step, before any other host may claim the execution.
+        wait_gone([stale["step"]], timeout=LEASE_MS / 1000 + 5)
+        stopped_after = time.monotonic() - cut_at
+        assert f"execution step token 1: no renewal has confirmed its lease for {LEASE_MS} ms" in first.log()
+        assert stopped_after <= LEASE_MS / 1000 + 1, stopped_after
         taken_at: dict[str, float] = {}
 
         def taken_over() -> bool:
@@ -128,6 +156,8 @@ def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes
             # had expired and the redelivery delay had passed; by the test's, about a lease after the cut.
             assert second_lease.claimed_at >= first_lease.expires_at + REDELIVERY_MS, history
             assert REDELIVERY_MS / 1000 <= taken_at[eid] <= (LEASE_MS + REDELIVERY_MS) / 1000 + 5, taken_at
+        # A's worker had stopped before B began: the step never ran on two hosts at once.
+        assert stopped_after < taken_at["step"], (stopped_after, taken_at)
         results = {eid: ledger.executions.get(eid).result_json for eid in ids}
         assert all(json.loads(result)["token"] == 2 for result in results.values())
         steps = {eid: step_tokens(uri, eid) for eid in ids}
@@ -135,41 +165,18 @@ def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes
                          "ack": [("before", 1, 1), ("after", 1, 1)]}
         assert "delivery execution=" not in first.log()  # A settled nothing while cut off
         assert first.popen.poll() is None, f"host A's supervisor died while cut off:\n{first.log()}"
-        alive_while_cut = sorted(pid for pid in stale.values() if not gone(pid))
 
-        # Still cut off, A's workers pass their gates: the step write and the acknowledgement
-        # leave for the server and wait on the dead link. Heal it while they wait.
-        gate.touch()
-        if alive_while_cut == sorted(stale.values()):
-            wait_until(lambda: event(log, "end", "step", 1) and event(log, "finishing", "ack", 1), timeout=10,
-                       message="host A's workers to pass their gates")
+        # Heal. A's acknowledgement, on its way since the cut, is refused by the token.
+        gates["step"].touch()
         a.heal()
         healed_after = time.monotonic() - cut_at
-
-        # Each keeps a stale write out: the token refuses it at the server, or A's supervisor,
-        # answered first (a renewal refused, or its look at which deliveries ended in the
-        # ledger), kills the worker.
-        refused = {eid: f"delivery execution={eid} token=1 outcome=lost" for eid in ids}
-        killed = {eid: (f"token 1: the lease is lost; killing worker pid {stale[eid]}",
-                        f"token 1: its delivery ended in the ledger (cancelled, or claimed again after its lease"
-                        f" expired); killing worker pid {stale[eid]}")
-                  for eid in ids}
-        how = {}
-
-        def stale_deliveries_ended() -> bool:
-            text = first.log()
-            for eid in ids:
-                if refused[eid] in text:  # the delivery's own write, or its settlement, was refused
-                    how[eid] = ("step write refused" if f"execution {eid} token 1: write of step" in text else
-                                "settlement refused")
-                elif any(line in text for line in killed[eid]):
-                    how[eid] = "worker killed by its supervisor"
-            return len(how) == len(ids)
-
-        wait_until(stale_deliveries_ended, timeout=TCP_USER_TIMEOUT_S + 20, interval=0.05,
-                   message="host A's stale deliveries to end")
-        assert how["ack"] == "settlement refused"  # its worker was done: nothing to kill, the acknowledgement is refused
-        wait_gone([stale[eid] for eid in ids if how[eid] == "worker killed by its supervisor"])
+        first.wait_log("delivery execution=ack token=1 outcome=lost", timeout=TCP_USER_TIMEOUT_S + 20)
+        # So is every late write a process of host A still makes with the old lease.
+        late = a.run([sys.executable, "-c", LATE_WRITES, a.uri(uri), "step",
+                      str(ledger.executions.history("step")[0].expires_at)],
+                     capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert late.returncode == 0, late.stderr
+        assert json.loads(late.stdout) == ["lost", "lost"]
         assert first.popen.poll() is None and second.popen.poll() is None
         # Nothing A did counted: the records and the outcomes are B's.
         assert {eid: outcomes(ledger, eid) for eid in ids} == taken_over_records
@@ -185,6 +192,5 @@ def test_a_host_cut_off_mid_step_is_taken_over_after_a_lease_and_its_late_writes
                    interval=0.05, message="host A to run a new execution after healing")
         assert ledger.executions.history("later")[-1].holder.endswith(f":{first.pid}")
 
-    print(f"takeover after the cut: {taken_at} s (lease {LEASE_MS} ms, redelivery {REDELIVERY_MS} ms);"
-          f" healed {healed_after:.1f} s after the cut; A's workers alive while cut off: {alive_while_cut}"
-          f" of {sorted(stale.values())}; stale deliveries: {how}")
+    print(f"A's worker stopped {stopped_after:.1f} s after the cut; takeover after the cut: {taken_at} s"
+          f" (lease {LEASE_MS} ms, redelivery {REDELIVERY_MS} ms); healed {healed_after:.1f} s after the cut")

@@ -194,10 +194,12 @@ def test_a_frozen_worker_is_killed_and_replaced_and_its_execution_delivered_agai
 
 PAUSE_CASES = {
     # The workers hear nothing for longer than 3 heartbeats: the resumed worker stops by itself,
-    # before it reaches the ledger at all.
+    # before it reaches the ledger at all (or its supervisor, resumed too, kills it first: no
+    # renewal has confirmed its lease for a whole lease length).
     "worker gives up": ("sv.hold", ()),
     # Workers that wait 50 heartbeats survive the pause: the resumed worker's next step write
-    # meets the fence (or the supervisor's stop, once its renewal comes back lost).
+    # meets the fence, or its own door, shut since its lease went unconfirmed, stops it; or the
+    # supervisor kills it first (its lease unconfirmed, or its renewal come back lost).
     "step write refused": ("sv.hold", ("--heartbeat-misses", "50")),
     # The resumed worker has nothing left to write: its supervisor's acknowledgement is refused.
     "acknowledgement refused": ("sv.finish_late", ("--heartbeat-misses", "50")),
@@ -230,16 +232,19 @@ def test_a_frozen_supervisor_and_its_workers_resume_to_find_their_writes_refused
 
     Path(options["gate"]).touch()  # the stale worker may now carry on...
     thaw_group(first.pgid)
+    unconfirmed = f"token 1: no renewal has confirmed its lease for {LEASE_MS} ms"
     if case == "worker gives up":
         wait_gone([stale], timeout=15)
-        first.wait_log(f"worker pid {stale} lost its supervisor")
+        wait_until(lambda: f"worker pid {stale} lost its supervisor" in first.log() or unconfirmed in first.log(),
+                   message="the supervisor to say why its worker stopped")
     else:
         # Two things race once thawed, and either keeps the stale worker out: its own write (or
         # its supervisor's acknowledgement) refused by the token, or its supervisor's renewal
         # finding the lease lost and killing it before it gets that far.
         refused = "delivery execution=paused token=1 outcome=lost"
-        killed = f"token 1: the lease is lost; killing worker pid {stale}"
-        wait_until(lambda: refused in first.log() or killed in first.log(), message="the stale delivery to end")
+        killed = (f"token 1: the lease is lost; killing worker pid {stale}", unconfirmed)
+        wait_until(lambda: refused in first.log() or any(k in first.log() for k in killed),
+                   message="the stale delivery to end")
         if refused in first.log():
             assert not gone(stale)  # not killed: the fence alone kept it out, and the pool reuses it
             if case == "acknowledgement refused":
