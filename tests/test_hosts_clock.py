@@ -9,8 +9,9 @@ the code a patch would know about). Host A holds an execution inside a step and 
 lease. With B 30 s ahead, B never takes that live lease over however long A holds it; when A's
 supervisor is killed, B takes the execution over one lease and the redelivery delay later by the
 server's clock, not 30 s early; with B 30 s behind, not 30 s late. Each test first proves the
-shift took: the library is mapped in B's supervisor and workers, and a step B's worker ran logs
-a wall-clock time 30 s away from the time the ledger recorded for that step.
+shift took: the library is mapped in B's supervisor and workers, B's supervisor stamps its log
+30 s off, and a step B's worker ran logs a wall-clock time 30 s away from the time the ledger
+recorded for that step.
 
 Needs root and `ip` (CI runs as root), and gcc: otherwise the tests are skipped with a message,
 and under `CI=true` that skip is a failure. Everything started is killed and removed afterwards.
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 
@@ -31,7 +33,7 @@ from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_o
 from supervisor import open_backend
 from supervisor.chaos import wall_clock
 from supervisor.ledger.postgres import hosts as multihost
-from test_hosts_partition import hosts
+from test_hosts_partition import hosts, outcomes
 from test_supervisor import no_two_live_leases
 from test_wall_clock import needs_the_shim
 
@@ -92,8 +94,10 @@ def wall_clock_minus_record_ms(uri: str, log, execution_id: str, token: int, ste
     return end.time_ns // 1_000_000 - written_at
 
 
-def outcomes(ledger, execution_id: str) -> list[tuple[int, str, str]]:
-    return [(h.token, h.ended_by, h.outcome) for h in ledger.executions.history(execution_id)]
+def first_logged_at(process: SupervisorProcess) -> float:
+    """The wall-clock time (the supervisor's own) its log's first line was stamped with."""
+    stamp = process.log().split(" yieldstar[", 1)[0]
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 @pytest.mark.timeout(90)
@@ -105,12 +109,18 @@ def test_a_host_whose_wall_clock_is_30_s_off_never_takes_a_live_lease_and_takes_
     log, gate = tmp_path / "effects.log", tmp_path / "gate"
     admit(uri, "held", "sv.hold", {"log": str(log), "gate": str(gate), "hold_tokens": [1]})
 
+    starting_a = time.time()
     first = start_on(a, uri, concurrency=1)
     wait_until(lambda: any((e.event, e.execution_id) == ("waiting", "held") for e in read_log(log)), timeout=30,
                message="host A to hold the execution inside its step")
+    starting_b = time.time()
     second = start_on(b, uri, concurrency=1, env=wall_clock.shifted_env(skew_ms))
+    b_ready = time.time()
 
-    # The shift took in B's processes, and in none of A's.
+    # The shift took in B's processes, and in none of A's: B's supervisor stamps its log with
+    # its own wall clock.
+    assert starting_b - 1 <= first_logged_at(second) - skew_ms / 1000 <= b_ready + 1, (starting_b, second.log())
+    assert starting_a - 1 <= first_logged_at(first) <= b_ready + 1, (starting_a, first.log())
     assert [shifted_by(pid) for pid in [second.pid, *second.workers()]] == [str(skew_ms)] * 2
     assert [shifted_by(pid) for pid in [first.pid, *first.workers()]] == [None] * 2
     # A's one worker is busy: B runs the probe, and its worker's clock reads the skew off the server's.
