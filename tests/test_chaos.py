@@ -574,7 +574,8 @@ def test_kinds_this_host_cannot_inject_are_left_out_of_all_and_refused_by_name(t
     assert set(left_out) == {"disk_full", "clock_skew"}
     assert "root" in left_out["disk_full"] and "no room" in left_out["clock_skew"]
     assert config.faults == tuple(k for k in ALL_KINDS if k not in (FaultKind.DISK_FULL, FaultKind.CLOCK_SKEW,
-                                                                    FaultKind.CONNECTION_KILL))
+                                                                    FaultKind.CONNECTION_KILL) and not k.hits_host
+                                  and k != FaultKind.SERVER_RESTART)
     with pytest.raises(InvalidArgument, match="disk_full cannot be injected here: it needs root"):
         applicable_kinds(ChaosConfig(faults=("disk_full", "kill_child")), str(tmp_path), None)
     with pytest.raises(InvalidArgument, match="clock_skew cannot be injected here"):
@@ -632,7 +633,8 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     assert check_["executions"]["admitted_by_harness"] == 300
     assert report["ok"], summary
     injected = check_["faults"]["by_kind"]
-    elsewhere = {"hold_write_lock", "disk_full", "clock_skew"} if on_postgres else {"connection_kill"}
+    elsewhere = ({"hold_write_lock", "disk_full", "clock_skew"} if on_postgres else {"connection_kill"}) | \
+        {"partition", "frozen_host", "server_restart"}  # --hosts only
     assert set(report["harness"]["kinds_not_offered"]) == elsewhere
     expected = [k for k in FaultKind if k.value not in elsewhere and not (k == FaultKind.DISK_FULL and os.geteuid())]
     assert all(injected.get(kind.value, 0) >= 1 for kind in expected), injected

@@ -51,6 +51,11 @@ Invariants and how each is read (the kind names appear in `violations`):
   (execution, step) pairs, and no child was recorded by two starts or runs another start's plan.
 
 Lease and timer times are compared in true time, each taken back from its writer's clock skew.
+
+With `--hosts`, the figures add, per host: the leases its supervisors held, those lost to a
+partition or a freeze of the host (superseded deliveries that `takeovers` explains so), and the
+stale operations refused once it was joined again (the refusals its supervisors logged for those
+deliveries); and the takeover times after a partition and after a frozen host.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class Checker(SharingChecks, FailureChecks):
         self.result = CheckResult()
         self.clocks = Clocks(read_fleet(folder) if folder is not None else None)
         self.step_pids: dict[tuple[str, int], set] = defaultdict(set)  # workers that logged each delivery
+        self.takeover_reasons: dict[tuple[str, int], Optional[str]] = {}  # superseded delivery -> why
 
     def run(self) -> CheckResult:
         reader = open_reader(self.db_path)
@@ -372,8 +378,9 @@ class Checker(SharingChecks, FailureChecks):
                 elif op is not None and op[0] == "sleep":
                     row = self.recorded[(line.execution_id, line.key)]
                     until = json.loads(row[5])["until"]
-                    # `until` and the due check are ledger times; the log's time is true time. The
-                    # clock that decided "due" is the delivery's: its supervisor's, skew and all.
+                    # `until` and the due check are ledger times; the log's time is the worker's wall
+                    # clock. The clock that decided "due" is the delivery's: its supervisor's, skew
+                    # and all (with --hosts, the server's, while the host's wall clock is skewed).
                     at = line.time_ns // 1_000_000 + self._skew_of(line.execution_id, line.token)
                     if at < until:
                         self.result.violate("timer_early", line.execution_id, f"timer {line.key} set for {until}"
@@ -398,12 +405,13 @@ class Checker(SharingChecks, FailureChecks):
         self.result.figures["steps"].update(dict(runs))
 
     def _skew_of(self, eid: str, token: int) -> int:
-        """The clock skew of the supervisor that held delivery `token` of `eid` (and its workers)."""
+        """How far the ledger clock of delivery `token` of `eid` (its supervisor's and its workers')
+        runs ahead of its workers' wall clock, which times the step log."""
         history = self.history.get(eid, [])
         if not 1 <= token <= len(history):
             return 0
         h = history[token - 1]
-        return self.clocks.skew(h[2], h[3])
+        return self.clocks.skew(h[2], h[3]) - self.clocks.wall_skew(h[2], h[3])
 
     def _check_takeovers(self) -> None:
         config = read_run_config(self.folder)
@@ -411,9 +419,9 @@ class Checker(SharingChecks, FailureChecks):
             self.result.figures["takeovers"] = {"checked": False,
                                                 "why": "no fleet journal or config.json in the work folder"}
             return
-        figures = check_takeovers(self.history, read_fault_journal(self.folder), read_lock_holds(self.folder),
-                                  self.clocks, self.step_pids, lease_ms=config["lease_ms"],
-                                  renew_ms=config["renew_ms"], violate=self.result.violate)
+        figures, self.takeover_reasons = check_takeovers(
+            self.history, read_fault_journal(self.folder), read_lock_holds(self.folder), self.clocks, self.step_pids,
+            lease_ms=config["lease_ms"], renew_ms=config["renew_ms"], violate=self.result.violate)
         skews = self.clocks.skews()
         figures["clocks"] = {"supervisors": len(skews), "skewed": sum(1 for k in skews if k),
                              "min_skew_ms": min(skews, default=0), "max_skew_ms": max(skews, default=0)}
@@ -426,7 +434,7 @@ class Checker(SharingChecks, FailureChecks):
         refusals, tracebacks = read_refusals(self.folder)
         figures: dict = {kind: {"total": 0, "after_takeover": 0} for kind in ("worker_writes", "renewals",
                                                                            "deliveries_lost")}
-        for kind, eid, token in refusals:
+        for kind, eid, token, _ in refusals:
             history = self.history.get(eid, [])
             superseded = 1 <= token <= len(history) and history[token - 1][6] == "superseded"
             figures[kind]["total"] += 1
@@ -434,6 +442,35 @@ class Checker(SharingChecks, FailureChecks):
         figures["total"] = sum(f["total"] for f in figures.values())
         figures["tracebacks_in_logs"] = tracebacks
         self.result.figures["stale_refused"] = figures
+        if any(life.host is not None for life in self.clocks.lives()):
+            self.result.figures["hosts"] = self._by_host(refusals)
+
+    def _by_host(self, refusals: list) -> dict:
+        """Per host (`--hosts`): the leases its supervisors held, those lost to a partition or a
+        freeze of the host, and the stale operations refused after it healed (or thawed): worker
+        writes, renewals and settlements of deliveries that the host fault cost."""
+        host_of = {life.number: life.host for life in self.clocks.lives()}
+        hosts: dict = {host: {"supervisors": 0, "leases_held": 0, "lost_to_partition": 0, "lost_to_freeze": 0,
+                              "stale_refused_after_partition": 0, "stale_refused_after_freeze": 0}
+                       for host in sorted(set(host_of.values()))}
+        for life in self.clocks.lives():
+            hosts[life.host]["supervisors"] += 1
+        reasons = self.takeover_reasons
+        lost_to = {"holder_partitioned": "partition", "host_frozen": "freeze"}
+        for eid, rows in self.history.items():
+            for _, token, holder, claimed_at, *_ in rows:
+                life = self.clocks.life(holder, claimed_at)
+                if life is None:
+                    continue
+                hosts[life.host]["leases_held"] += 1
+                fault = lost_to.get(reasons.get((eid, token)))
+                if fault:
+                    hosts[life.host][f"lost_to_{fault}"] += 1
+        for _, eid, token, number in refusals:
+            fault = lost_to.get(reasons.get((eid, token)))
+            if fault and number in host_of:
+                hosts[host_of[number]][f"stale_refused_after_{fault}"] += 1
+        return hosts
 
 def check(db_path: str, folder: Optional[str] = None, *,
           late_write_tolerance_ms: int = LATE_WRITE_TOLERANCE_MS) -> CheckResult:

@@ -10,6 +10,10 @@ taking away its writer's skew. Who wrote what:
 - a step's `written_at` and a timer's `until`: the holder's worker, with the same clock;
 - a superseded delivery's `ended_at` is its own last `expires_at`, the holder's clock again.
 
+With `--hosts` the ledger's clock is the server's for every process, whatever its host's wall
+clock says: every ledger skew is 0, and a host's wall-clock skew (`wall_skew_ms`) moves only the
+times the workers write into the step log.
+
 Without a fleet journal (a ledger that no chaos run wrote), every skew is 0.
 """
 
@@ -52,9 +56,18 @@ class Clocks:
         life = self.life(holder, ledger_ms)
         return life.skew_ms if life is not None else 0
 
+    def wall_skew(self, holder: str, ledger_ms: int) -> int:
+        """How far the wall clock of `holder`'s host ran ahead (`--hosts`; 0 otherwise)."""
+        life = self.life(holder, ledger_ms)
+        return life.wall_skew_ms if life is not None else 0
+
     def true_ms(self, holder: str, ledger_ms: int) -> int:
         """`ledger_ms`, read from `holder`'s clock, in true time."""
         return ledger_ms - self.skew(holder, ledger_ms)
 
     def skews(self) -> list[int]:
-        return sorted(life.skew_ms for lives in self._lives.values() for life in lives)
+        """Every supervisor's skew: of its ledger clock, or of its host's wall clock (`--hosts`)."""
+        return sorted(life.skew_ms or life.wall_skew_ms for lives in self._lives.values() for life in lives)
+
+    def lives(self) -> list[SupervisorLife]:
+        return [life for lives in self._lives.values() for life in lives]

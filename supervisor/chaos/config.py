@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from ..ledger.errors import InvalidArgument
+from ..ledger.postgres.hosts import MAX_HOSTS
 from .faults import ALL_KINDS, FaultKind
 
 
@@ -25,6 +26,7 @@ class ChaosConfig:
     grace_ms: int = 5000
     poll_ms: int = 100
     lenient_supervisors: Optional[int] = None  # run with fleet.LENIENT_MISSES; None: 1 if > 1 supervisor
+    hosts: int = 0  # > 0: that many network-namespace hosts, one supervisor each, on the run's own server
 
     def __post_init__(self) -> None:
         for name in ("supervisors", "concurrency", "executions", "lease_ms", "renew_ms", "heartbeat_ms", "poll_ms"):
@@ -35,6 +37,11 @@ class ChaosConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidArgument(f"{name} must be a number > 0, got {value!r}")
+        if not isinstance(self.hosts, int) or isinstance(self.hosts, bool) or not 0 <= self.hosts <= MAX_HOSTS:
+            raise InvalidArgument(f"hosts must be an int in 0..{MAX_HOSTS}, got {self.hosts!r}")
+        if self.hosts and self.supervisors != self.hosts:
+            raise InvalidArgument(f"with hosts, each host runs one supervisor: supervisors ({self.supervisors})"
+                                  f" must equal hosts ({self.hosts})")
         if self.lenient_supervisors is None:
             object.__setattr__(self, "lenient_supervisors", 1 if self.supervisors > 1 else 0)
         if not isinstance(self.lenient_supervisors, int) or not 0 <= self.lenient_supervisors <= self.supervisors:

@@ -74,13 +74,15 @@ REFUSALS = [
 ]
 
 
-def read_refusals(folder: str) -> tuple[list[tuple[str, str, int]], int]:
+def read_refusals(folder: str) -> tuple[list[tuple[str, str, int, int]], int]:
     """Stale operations the runtime refused, as the supervisors and their workers logged them:
-    `(kind, execution, token)` for worker writes the fence refused, renewals that found the lease
-    lost, and deliveries that ended lost; and how many tracebacks the logs hold."""
+    `(kind, execution, token, supervisor number)` for worker writes the fence refused, renewals
+    that found the lease lost, and deliveries that ended lost; and how many tracebacks the logs
+    hold."""
     found = []
     tracebacks = 0
     for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
+        number = int(re.search(r"supervisor-(\d+)\.log$", path).group(1))
         with open(path, errors="replace") as f:
             for line in f:
                 if line.startswith("Traceback"):
@@ -89,7 +91,7 @@ def read_refusals(folder: str) -> tuple[list[tuple[str, str, int]], int]:
                 for kind, pattern in REFUSALS:
                     match = pattern.search(line)
                     if match:
-                        found.append((kind, match.group(1), int(match.group(2))))
+                        found.append((kind, match.group(1), int(match.group(2)), number))
     return found, tracebacks
 
 
@@ -124,6 +126,8 @@ class SupervisorLife:
     skew_ms: int = 0
     import_delay_ms: int = 0
     lenient: bool = False
+    host: Optional[int] = None  # the host it ran in (`--hosts`)
+    wall_skew_ms: int = 0  # how far its host's wall clock ran ahead (`--hosts`); its ledger clock is the server's
     ended_ms: Optional[int] = None
     how: Optional[str] = None  # killed | stopped | crashed | killed at the end
 
@@ -138,7 +142,8 @@ def read_fleet(folder: str) -> Optional[dict[int, list[SupervisorLife]]]:
         if event["event"] == "start":
             by_number[event["number"]] = SupervisorLife(
                 event["number"], event["pid"], event["at_ms"], event.get("skew_ms", 0),
-                event.get("import_delay_ms", 0), event.get("lenient", False))
+                event.get("import_delay_ms", 0), event.get("lenient", False), event.get("host"),
+                event.get("wall_skew_ms", 0))
         elif event["event"] == "exit" and event["number"] in by_number:
             life = by_number[event["number"]]
             life.ended_ms, life.how = event["at_ms"], event.get("how")

@@ -18,9 +18,14 @@ signals, so a pid that was reused by an unrelated process is never hit.
 | `clock_skew`        | a supervisor is restarted with its ledger clock ahead or behind (by a few hundred ms) |
 | `connection_kill`   | (PostgreSQL) `pg_terminate_backend` of one runtime session (`application_name` |
 |                     | `yieldstar...`), preferably one busy in a statement or a transaction      |
+| `partition`         | (hosts) one host's veth goes down for 0.5-3 leases while a worker of it is mid-step, then up |
+| `frozen_host`       | (hosts) SIGSTOP every process of one host for 1.3-3 leases, then SIGCONT  |
+| `server_restart`    | (hosts) the run's PostgreSQL server: a fast shutdown, then a start        |
 
-`hold_write_lock`, `disk_full` and `clock_skew` exist on a SQLite ledger only, `connection_kill`
-on PostgreSQL only (`capabilities.BACKEND_ONLY` says why).
+`hold_write_lock` and `disk_full` exist on a SQLite ledger only, `connection_kill` on PostgreSQL
+only; `partition`, `frozen_host` and `server_restart` need `--hosts` (the run's own server and
+network namespaces); `clock_skew` skews a SQLite ledger's clock, or, with `--hosts`, a host's wall
+clock by seconds (`capabilities` says why each runs where it does).
 
 Clocks are also a property of the fleet: with `clock_skew` enabled, about half of the supervisors
 the harness starts run with a skewed clock (see `FaultPlan.skew_ms` for how far).
@@ -51,6 +56,9 @@ class FaultKind(str, enum.Enum):
     SLOW_START = "slow_start"
     CLOCK_SKEW = "clock_skew"
     CONNECTION_KILL = "connection_kill"
+    PARTITION = "partition"
+    FROZEN_HOST = "frozen_host"
+    SERVER_RESTART = "server_restart"
 
     def __str__(self) -> str:
         return self.value
@@ -59,7 +67,12 @@ class FaultKind(str, enum.Enum):
     def hits_supervisor(self) -> bool:
         """It takes a supervisor out of service for a while (the harness keeps another healthy)."""
         return self in (FaultKind.KILL_SUPERVISOR, FaultKind.FREEZE_SUPERVISOR, FaultKind.TERM_SUPERVISOR,
-                        FaultKind.SLOW_START, FaultKind.CLOCK_SKEW)
+                        FaultKind.SLOW_START, FaultKind.CLOCK_SKEW, FaultKind.PARTITION, FaultKind.FROZEN_HOST)
+
+    @property
+    def hits_host(self) -> bool:
+        """It cuts off or freezes a whole host (`--hosts`)."""
+        return self in (FaultKind.PARTITION, FaultKind.FROZEN_HOST)
 
     @property
     def restarts_supervisor(self) -> bool:
@@ -77,6 +90,7 @@ class FaultKind(str, enum.Enum):
 
 
 ALL_KINDS = tuple(FaultKind)
+HOST_SKEW_MS = 30_000  # the farthest a host's wall clock is skewed (`--hosts`), either way
 
 
 def parse_kinds(values) -> tuple[FaultKind, ...]:
@@ -138,6 +152,15 @@ class FaultPlan:
         """Longer than a lease, so that another supervisor takes over the frozen one's work."""
         return self.rng.uniform(1.3, 3.0) * self.lease_s
 
+    def partition_s(self) -> float:
+        """How long a host stays cut off: half a lease to three. A cut shorter than the lease may
+        still cost its leases: TCP retransmits a renewal caught by the cut only after a backoff."""
+        return self.rng.uniform(0.5, 3.0) * self.lease_s
+
+    def freeze_host_s(self) -> float:
+        """Longer than a lease, as `freeze_supervisor_s`: the other hosts take the work over."""
+        return self.rng.uniform(1.3, 3.0) * self.lease_s
+
     def freeze_child_s(self) -> float:
         """How long before SIGCONT: its supervisor should have killed it well before."""
         return self.rng.uniform(1.5, 3.0) * self.lease_s
@@ -171,9 +194,17 @@ class FaultPlan:
         all of `bound_ms` (never 0)."""
         return self.rng.choice((-1, 1)) * self.rng.randint(max(1, bound_ms // 4), bound_ms)
 
-    def fleet_skew_ms(self, bound_ms: int) -> int:
-        """The clock skew of a supervisor the fleet starts: half of them keep the true time."""
-        return self.skew_ms(bound_ms) if self.rng.random() < 0.5 else 0
+    def host_skew_ms(self) -> int:
+        """A host's wall-clock skew (`--hosts`): seconds ahead or behind, up to `HOST_SKEW_MS`.
+        On PostgreSQL the server's clock is the only clock that decides, so any skew must do."""
+        return self.rng.choice((-1, 1)) * self.rng.randint(HOST_SKEW_MS // 30, HOST_SKEW_MS)
+
+    def fleet_skew_ms(self, bound_ms: int, *, hosts: bool = False) -> int:
+        """The clock skew of a supervisor the fleet starts: half of them keep the true time. With
+        `hosts`, a wall-clock skew of seconds (`host_skew_ms`)."""
+        if self.rng.random() >= 0.5:
+            return 0
+        return self.host_skew_ms() if hosts else self.skew_ms(bound_ms)
 
     def choose(self, items: list):
         return self.rng.choice(items)

@@ -7,6 +7,13 @@ which its workers inherit) and its app's import delay (`YIELDSTAR_CHAOS_IMPORT_D
 `worker.chaos_app`). The fleet journal (`supervisors.jsonl`) records every start, with those
 properties and the pid that the ledger's lease history names as the holder, and every exit: the
 checker needs both to set ledger times beside each other and to know who was alive when.
+
+With `--hosts` (`hosts` given), each supervisor runs inside one host's network namespace and
+reaches the database at the server's address on that host's veth; a replacement goes into the
+host of the supervisor it replaces, and `ensure` keeps one supervisor per host. A clock skew is
+then a skew of the host's wall clock (`wall_clock.shifted_env`: CLOCK_REALTIME, `time()`,
+`gettimeofday()` of the supervisor and its workers), journalled as `wall_skew_ms`: the ledger's
+times are the server's whatever the hosts' clocks say, so the ledger clock's `skew_ms` is 0.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
@@ -54,6 +61,8 @@ class SupervisorHandle:
     listed_at: float = 0.0  # when its workers were last listed
     ready: bool = False  # it logged that it is supervising
     workers_seen: dict = field(default_factory=dict)  # pid -> psutil.Process, every worker ever listed
+    host: Any = None  # its `hosts.Host` (`--hosts`), or None on the harness's own machine
+    wall_skew_ms: int = 0  # how far its host's wall clock runs ahead (`--hosts`)
 
     @property
     def pid(self) -> int:
@@ -103,9 +112,11 @@ class Fleet:
     """
 
     def __init__(self, config, db_path: str, folder: str, anomaly: Callable[[str, str], None],
-                 skew: Callable[[], int] = lambda: 0):
-        """`skew()` draws the clock skew (ms) of each supervisor started without one given."""
+                 skew: Callable[[], int] = lambda: 0, hosts: Sequence[Any] = ()):
+        """`skew()` draws the clock skew (ms) of each supervisor started without one given; `hosts`
+        (`--hosts`): the hosts to run one supervisor each in, on `db_path` as each reaches it."""
         self.config = config
+        self.hosts = list(hosts)
         self.db_path = db_path
         self.folder = folder
         self.anomaly = anomaly
@@ -121,10 +132,13 @@ class Fleet:
         self._journal.flush()
 
     def start_one(self, *, lenient: Optional[bool] = None, skew_ms: Optional[int] = None,
-                  import_delay_ms: int = 0) -> SupervisorHandle:
+                  import_delay_ms: int = 0, host: Any = None) -> SupervisorHandle:
         """Start a supervisor; lenient if fewer than `lenient_supervisors` members are; with its
         clock `skew_ms` ahead (or behind, if negative; drawn by the fleet's `skew` when None), and
-        an app that takes `import_delay_ms` to import in each of its workers."""
+        an app that takes `import_delay_ms` to import in each of its workers; inside `host` (which
+        a fleet of hosts needs), whose wall clock the skew then shifts."""
+        if bool(self.hosts) != (host is not None):
+            raise ValueError("a fleet of hosts starts each supervisor in one host, and only such a fleet does")
         c = self.config
         if lenient is None:
             lenient = sum(1 for h in self.members() if h.lenient) < c.lenient_supervisors
@@ -135,24 +149,38 @@ class Fleet:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
         for name in (CLOCK_SKEW_ENV, IMPORT_DELAY_ENV, IMPORT_LOG_ENV):
             env.pop(name, None)  # from the harness's own environment: only what is drawn here counts
-        if skew_ms:
+        wall_skew_ms = 0
+        if host is not None:
+            from .wall_clock import shifted_env
+
+            skew_ms, wall_skew_ms = 0, skew_ms  # the ledger's clock is the server's: only the wall clock moves
+            if wall_skew_ms:
+                env = shifted_env(wall_skew_ms, env)
+        elif skew_ms:
             env[CLOCK_SKEW_ENV] = str(skew_ms)
         if import_delay_ms:
             env[IMPORT_DELAY_ENV] = str(import_delay_ms)
             env[IMPORT_LOG_ENV] = os.path.join(self.folder, IMPORT_LOG)
+        argv = [sys.executable, "-m", "supervisor.cli", "--db", host.uri(self.db_path) if host else self.db_path,
+                "supervise", APP, "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms),
+                "--renew-ms", str(c.renew_ms), "--heartbeat-ms", str(c.heartbeat_ms), "--poll-ms", str(c.poll_ms),
+                "--grace-ms", str(c.grace_ms), "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)]
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.cli", "--db", self.db_path, "supervise", APP,
-                 "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms), "--renew-ms", str(c.renew_ms),
-                 "--heartbeat-ms", str(c.heartbeat_ms), "--poll-ms", str(c.poll_ms), "--grace-ms", str(c.grace_ms),
-                 "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
+            popen = (host.popen if host is not None else subprocess.Popen)(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,
                 start_new_session=True)  # its own process group: it can be frozen with its workers
         handle = SupervisorHandle(number, popen, log_path, psutil.Process(popen.pid), lenient=lenient,
-                                  skew_ms=skew_ms, import_delay_ms=import_delay_ms)
+                                  skew_ms=skew_ms, import_delay_ms=import_delay_ms, host=host,
+                                  wall_skew_ms=wall_skew_ms)
         self.handles.append(handle)
-        self._note("start", handle, lenient=lenient, skew_ms=skew_ms, import_delay_ms=import_delay_ms)
+        where = {"host": host.index, "wall_skew_ms": wall_skew_ms} if host is not None else {}
+        self._note("start", handle, lenient=lenient, skew_ms=skew_ms, import_delay_ms=import_delay_ms, **where)
         return handle
+
+    def replace(self, handle: SupervisorHandle, **kwargs) -> SupervisorHandle:
+        """A new supervisor in place of `handle` (which was killed or told to stop): as lenient, and
+        on the same host."""
+        return self.start_one(lenient=handle.lenient, host=handle.host, **kwargs)
 
     def members(self) -> list[SupervisorHandle]:
         """Supervisors that are, or will be again, supervising: running or frozen."""
@@ -162,6 +190,13 @@ class Fleet:
         return [h for h in self.handles if h.state == RUNNING]
 
     def ensure(self, count: int) -> None:
+        """`count` members; with hosts, one on each host."""
+        if self.hosts:
+            served = {h.host.index for h in self.members()}
+            for host in self.hosts:
+                if host.index not in served:
+                    self.start_one(host=host)
+            return
         while len(self.members()) < count:
             self.start_one()
 

@@ -13,6 +13,9 @@
     +------------------------------------+
     as root with disk_full: the ledger (and its -wal, -shm) lives on a tmpfs mounted in the work
     folder, copied off and unmounted at the end
+    with --hosts N: each supervisor runs in a network namespace of its own, on the run's own
+    PostgreSQL server (`chaos.hosts`); a partition takes a host's veth down, a frozen host is
+    SIGSTOPped whole, the server is restarted; all of it torn down at the end
              |  after the fault phase: thaw everything, restore the fleet, wait until every
              v  execution is terminal, stop the supervisors gracefully, then run the checker
     checker (ledger + steps.log + external/*.log)  ->  report (JSON) + one-screen summary
@@ -29,6 +32,13 @@ harness reads it through `ledger_reads`, the one module that knows the backend. 
 its own fault kinds (`capabilities.BACKEND_ONLY`): the write lock, the full disk and the skewed
 clock are a SQLite file's; `connection_kill` terminates PostgreSQL sessions. Either way the
 ledger must hold no executions: one that does is refused, untouched.
+
+With `hosts` (`--hosts N`), the harness makes N network-namespace hosts and starts its own
+PostgreSQL server listening on their veths only (`chaos.hosts.RunHosts`), one supervisor in each
+host; the kinds `partition`, `frozen_host` and `server_restart` join the others, and `clock_skew`
+shifts a host's wall clock by seconds (the server's clock alone decides on PostgreSQL). It needs
+root and `ip`; without them the run says why and does not start. The hosts, the server and the
+namespaces are torn down at the end, on an interrupt as well; a dump of the database stays.
 
 Fault kinds this host cannot inject are left out of a run that asked for all of them, with a
 notice; naming one explicitly that cannot be injected is an error: `disk_full` needs root (it
@@ -67,6 +77,8 @@ from .checker import check
 from .config import ChaosConfig
 from .disk import Burst, LedgerDisk, size_mb
 from .faults import Fault, FaultKind, FaultPlan
+from . import hosts as hosts_faults
+from .hosts import RunHosts, ServerRestart
 from .fleet import FROZEN, ROOT, RUNNING, TICK_S, Fleet, SupervisorHandle
 from .ledger_reads import ReadFailed, backend_kind, open_reader
 from .progress import SHORT, Progress
@@ -101,6 +113,27 @@ class SlowStart:
 
 
 @dataclass
+class PendingHeal:
+    """A `partition` in progress, journalled once the host is joined again (with its real times)."""
+
+    host: object
+    target: dict
+    step: Optional[dict]
+    seconds: float
+    at_s: float
+    at_ms: int
+
+
+@dataclass
+class PendingRestart:
+    """A `server_restart` in progress, journalled once the server is up again."""
+
+    restart: ServerRestart
+    step: Optional[dict]
+    at_s: float
+
+
+@dataclass
 class PendingBurst:
     """A `disk_full` burst in progress, journalled once it is over (with its real times)."""
 
@@ -112,8 +145,9 @@ class PendingBurst:
 
 class ChaosRun:
     def __init__(self, config: ChaosConfig, folder: str, db_path: str, out: Callable[[str], None], tty: bool,
-                 disk: Optional[LedgerDisk] = None):
+                 disk: Optional[LedgerDisk] = None, hosts: Optional[RunHosts] = None):
         self.config = config
+        self.hosts = hosts
         self.folder = folder
         self.db_path = db_path
         self.out = out
@@ -122,7 +156,10 @@ class ChaosRun:
         self.plan = FaultPlan(self.rng, config.faults, interval_s=config.fault_interval_s,
                               lease_s=config.lease_ms / 1000)
         self.anomalies: list[dict] = []
-        self.fleet = Fleet(config, db_path, folder, self._anomaly, skew=self._fleet_skew)
+        self.fleet = Fleet(config, db_path, folder, self._anomaly, skew=self._fleet_skew,
+                           hosts=hosts.hosts if hosts else ())
+        self.cut: dict[int, PendingHeal] = {}  # host index -> its partition in progress
+        self.restarts: list[PendingRestart] = []
         self.watcher = StepWatcher(os.path.join(folder, STEP_LOG))
         self.imports = ImportWatcher(os.path.join(folder, IMPORT_LOG))
         self.slow_starts: list[SlowStart] = []
@@ -183,18 +220,20 @@ class ChaosRun:
         """The clock skew of a supervisor the fleet starts on its own (see `Fleet`)."""
         if FaultKind.CLOCK_SKEW not in self.config.faults:
             return 0
-        return self.plan.fleet_skew_ms(self.config.max_skew_ms)
+        return self.plan.fleet_skew_ms(self.config.max_skew_ms, hosts=bool(self.hosts))
 
     def _healthy(self) -> list[SupervisorHandle]:
-        """Running supervisors that can take work now: not frozen, stopping, or slow-starting."""
+        """Running supervisors that can take work now: not frozen, stopping, slow-starting, or cut
+        off on a partitioned host."""
         starting = {s.handle.number for s in self.slow_starts}
-        return [h for h in self.fleet.running() if h.number not in starting]
+        return [h for h in self.fleet.running()
+                if h.number not in starting and not (h.host is not None and h.host.index in self.cut)]
 
     def _in_step_children(self, handles) -> list[tuple[SupervisorHandle, psutil.Process, OpenStep]]:
         found = []
         for h in handles:
             for child in h.workers():
-                step = self.watcher.inside(child)
+                step = self.watcher.inside(child, skew_ms=h.wall_skew_ms)
                 if step is not None:
                     found.append((h, child, step))
         return found
@@ -209,6 +248,8 @@ class ChaosRun:
             return self._stall(kind, desperate)
         if kind == FaultKind.CONNECTION_KILL:
             return self._kill_session(desperate)
+        if kind == FaultKind.SERVER_RESTART:
+            return self._restart_server(desperate)
         # A lenient supervisor would not notice a frozen worker for many seconds: freeze only
         # workers whose supervisor is expected to kill and replace them. A supervisor is
         # restarted only once it has started up (before, SIGTERM is not yet a graceful stop).
@@ -240,11 +281,11 @@ class ChaosRun:
             self._record(kind, target, step_info, {"seconds": round(seconds, 3)})
         elif kind == FaultKind.KILL_SUPERVISOR:
             self.fleet.kill(handle)
-            replacement = self.fleet.start_one(lenient=handle.lenient)
+            replacement = self.fleet.replace(handle)
             self._record(kind, dict(target, replacement=replacement.number), step_info)
         elif kind == FaultKind.TERM_SUPERVISOR:
             self.fleet.terminate(handle)
-            replacement = self.fleet.start_one(lenient=handle.lenient)
+            replacement = self.fleet.replace(handle)
             self._record(kind, dict(target, replacement=replacement.number), step_info)
         elif kind == FaultKind.FREEZE_SUPERVISOR:
             if not faults.signal_group(handle.pid, signal.SIGSTOP):
@@ -256,12 +297,67 @@ class ChaosRun:
         elif kind == FaultKind.SLOW_START:
             self._slow_start(handle, target, step_info)
         elif kind == FaultKind.CLOCK_SKEW:
-            skew = self.plan.skew_ms(self.config.max_skew_ms)
+            skew = self.plan.host_skew_ms() if self.hosts else self.plan.skew_ms(self.config.max_skew_ms)
             self.fleet.terminate(handle)
-            replacement = self.fleet.start_one(lenient=handle.lenient, skew_ms=skew)
+            replacement = self.fleet.replace(handle, skew_ms=skew)
             self._record(kind, dict(target, replacement=replacement.number, replacement_pid=replacement.pid),
-                         step_info, {"skew_ms": skew, "previous_skew_ms": handle.skew_ms})
+                         step_info, {"skew_ms": skew, "previous_skew_ms": handle.wall_skew_ms or handle.skew_ms,
+                                     "wall_clock": bool(self.hosts)})
+        elif kind == FaultKind.PARTITION:
+            handle.host.partition()
+            seconds = self.plan.partition_s()
+            target = dict(target, host=handle.host.index, supervisors=self._on_host(handle.host))
+            self.cut[handle.host.index] = PendingHeal(handle.host, target, step_info, seconds,
+                                                      now - self.started, time.time_ns() // 10**6)
+            self.pending.append((now + seconds, lambda: self._heal(handle.host.index)))
+        elif kind == FaultKind.FROZEN_HOST:
+            on_host = [h for h in self.fleet.members() if h.host is handle.host]
+            stopped = hosts_faults.freeze(handle.host)
+            for h in on_host:
+                h.state = FROZEN
+            seconds = self.plan.freeze_host_s()
+            self.pending.append((now + seconds, lambda: self._thaw_host(stopped, on_host)))
+            self._record(kind, dict(target, host=handle.host.index, supervisors=[h.number for h in on_host]),
+                         step_info, {"seconds": round(seconds, 3), "processes": len(stopped)})
         return True
+
+    def _on_host(self, host) -> list[int]:
+        return [h.number for h in self.fleet.members() if h.host is host]
+
+    def _heal(self, index: int) -> None:
+        pending = self.cut.pop(index)
+        pending.host.heal()
+        healed_ms = time.time_ns() // 10**6
+        self._record(FaultKind.PARTITION, pending.target, pending.step,
+                     {"seconds": round(pending.seconds, 3), "healed_ms": healed_ms},
+                     at_s=pending.at_s, at_ms=pending.at_ms)
+
+    def _thaw_host(self, stopped: list, on_host: list[SupervisorHandle]) -> None:
+        hosts_faults.thaw(stopped)
+        for h in on_host:
+            if h.state == FROZEN:
+                h.state = RUNNING
+
+    def _restart_server(self, desperate: bool) -> bool:
+        """A fast shutdown of the server, then a start (on a thread): one at a time, preferably
+        while a worker is inside a step."""
+        if self.restarts:
+            return False
+        inside = self._in_step_children(self.fleet.running())
+        if not inside and not desperate:
+            return False
+        step = self.plan.choose(inside)[2].as_dict() if inside else None
+        restart = ServerRestart(self.hosts.cluster)
+        restart.start()
+        self.restarts.append(PendingRestart(restart, step, time.monotonic() - self.started))
+        return True
+
+    def _end_restart(self, pending: PendingRestart) -> None:
+        pending.restart.join()
+        if pending.restart.error:
+            self._anomaly("server_restart_failed", pending.restart.error)
+        self._record(FaultKind.SERVER_RESTART, {"server": "the run's own"}, pending.step, pending.restart.as_params(),
+                     at_s=pending.at_s, at_ms=pending.restart.began_ms)
 
     def _stall(self, kind: FaultKind, desperate: bool) -> bool:
         """A held write lock or a full disk: one of each at a time, while a worker is in a step."""
@@ -311,7 +407,7 @@ class ChaosRun:
         offset = self.plan.kill_offset()
         at_s, at_ms = time.monotonic() - self.started, time.time_ns() // 10**6
         self.fleet.terminate(handle)
-        replacement = self.fleet.start_one(lenient=handle.lenient, import_delay_ms=delay)
+        replacement = self.fleet.replace(handle, import_delay_ms=delay)
         # Killed workers are replaced and load the app again: time for them too, and a start.
         deadline = time.monotonic() + (wanted + 1) * delay / 1000 + STARTUP_ALLOWANCE_S
         self.slow_starts.append(SlowStart(dict(target, replacement=replacement.number, replacement_pid=replacement.pid),
@@ -321,6 +417,9 @@ class ChaosRun:
         """Faults in progress: reap lock holders, journal bursts that ended, kill the workers of
         slow starts while they load the app."""
         self.lock_holders = [p for p in self.lock_holders if p.poll() is None]
+        for pending in [r for r in self.restarts if not r.restart.is_alive()]:
+            self.restarts.remove(pending)
+            self._end_restart(pending)
         for pending in [b for b in self.bursts if not b.burst.is_alive()]:
             self.bursts.remove(pending)
             self._end_burst(pending)
@@ -443,6 +542,9 @@ class ChaosRun:
         self.bursts = []
         for start in list(self.slow_starts):
             self._end_slow_start(start)
+        for pending in self.restarts:
+            self._end_restart(pending)
+        self.restarts = []
         self.run_pending(all_now=True)
         if graceful:
             self.fleet.stop_all()
@@ -480,9 +582,17 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         db_path: the ledger: a SQLite path or a `postgresql://` URI; `<folder>/ledger.db` when None.
             It must hold no executions yet. With `disk_full`, the ledger lives on a tmpfs in the
             folder during the run, and is copied to `<folder>/ledger.db` at the end. The fault
-            kinds of the other backend are not offered (`capabilities.BACKEND_ONLY`).
+            kinds of the other backend are not offered (`capabilities.BACKEND_ONLY`). None with
+            `config.hosts`: the run makes its own server (and keeps a dump, `<folder>/ledger.dump`).
         out: where lines of output go; `tty` makes the progress line update in place.
     """
+    if config.hosts:
+        why = hosts_faults.available()
+        if why is not None:
+            raise InvalidArgument(f"--hosts cannot run here: {why}")
+        if db_path is not None:
+            raise InvalidArgument("--hosts starts its own PostgreSQL server, listening on the hosts' veths only;"
+                                  " leave out --db")
     folder = os.path.abspath(folder or tempfile.mkdtemp(prefix=f"yieldstar-chaos-{config.seed}-"))
     os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
     config, dropped = applicable_kinds(config, folder, db_path)
@@ -493,8 +603,12 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         disk = LedgerDisk(folder, size_mb(config.executions))
         disk.mount()
     backend = None
+    hosts = RunHosts(config.hosts) if config.hosts else None
     try:
-        if disk:
+        if hosts:
+            out(f"yieldstar chaos: making {config.hosts} hosts (network namespaces) and their PostgreSQL server")
+            db_path = hosts.start()
+        elif disk:
             db_path = disk.db_path
         elif not is_uri(db_path):
             db_path = os.path.abspath(db_path or os.path.join(folder, "ledger.db"))
@@ -503,10 +617,14 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
             disk.pin()
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(config.as_dict(), f, indent=2)
-        return _run(config, folder, db_path, backend, disk, dropped, out, tty)
+        return _run(config, folder, db_path, backend, disk, dropped, out, tty, hosts)
     finally:
         if backend is not None:
             backend.close()
+        if hosts:
+            trouble = hosts.stop(folder)
+            out(f"yieldstar chaos: hosts, server and namespaces removed"
+                + (f"; {trouble}" if trouble else f"; the database is dumped to {os.path.join(folder, 'ledger.dump')}"))
         if disk:
             trouble = disk.unmount()
             if trouble:
@@ -514,16 +632,21 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
 
 
 def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional[LedgerDisk],
-         dropped: dict, out: Callable[[str], None], tty: bool) -> dict:
+         dropped: dict, out: Callable[[str], None], tty: bool, hosts: Optional[RunHosts] = None) -> dict:
     from .report import build_report, source_of
 
     began = time.time()
-    run = ChaosRun(config, folder, db_path, out, tty, disk)
+    run = ChaosRun(config, folder, db_path, out, tty, disk, hosts)
     admissions = plan_workload(run.rng, config.executions, config.duration_s * ADMIT_SHARE, folder,
                                config.lease_ms / 1000)
     out(f"yieldstar chaos: seed {config.seed}, {config.duration_s:g} s of faults, {config.supervisors} supervisors"
         f" x {config.concurrency} workers, {config.executions} executions on {_backend_name(db_path)} ledger"
         f" {shown(db_path)}; work folder {folder}")
+    listening = None
+    if hosts:
+        listening = hosts.listening()
+        out(f"yieldstar chaos: {config.hosts} hosts, one supervisor each; the server listens on"
+            f" {', '.join(listening)} (the hosts' veths) and its Unix socket, nowhere else")
     admitter = Admitter(backend, admissions, run.started)
     graceful = False
     timings = {}
@@ -575,11 +698,14 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
         "frozen_children_alive_at_thaw": run.frozen_children_alive_at_thaw,
         "faults_skipped": run.skipped,
         "ledger_backend": _backend_name(db_path),
-        "kinds_not_offered": kinds_not_offered(backend_kind(db_path)),
+        "kinds_not_offered": kinds_not_offered(backend_kind(db_path), config.hosts),
         "kinds_left_out": dropped,
         "admitted_by_harness": admitter.admitted,
         "workers_killed_while_starting": run.workers_killed_while_starting,
         "disk": disk_figures,
+        "hosts": {"count": config.hosts, "server_listening_on": listening,
+                  "veths": {h.index: {"host": h.host_address, "database": h.db_address} for h in hosts.hosts},
+                  "dump": os.path.join(folder, "ledger.dump")} if hosts else None,
         "anomalies": run.anomalies,
     }
     return build_report(config, result, harness=harness, timings=timings, folder=folder, db_path=shown(db_path),

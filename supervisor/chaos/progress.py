@@ -48,7 +48,8 @@ class Progress:
 SHORT = {FaultKind.KILL_CHILD: "kc", FaultKind.FREEZE_CHILD: "sc", FaultKind.KILL_SUPERVISOR: "ks",
          FaultKind.FREEZE_SUPERVISOR: "ss", FaultKind.TERM_SUPERVISOR: "ts", FaultKind.HOLD_WRITE_LOCK: "lk",
          FaultKind.DISK_FULL: "df", FaultKind.SLOW_START: "sl", FaultKind.CLOCK_SKEW: "ck",
-         FaultKind.CONNECTION_KILL: "cx"}
+         FaultKind.CONNECTION_KILL: "cx", FaultKind.PARTITION: "pt", FaultKind.FROZEN_HOST: "fh",
+         FaultKind.SERVER_RESTART: "sr"}
 
 
 def legend() -> str:

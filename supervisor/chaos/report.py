@@ -33,7 +33,8 @@ INVARIANTS = [
     ("no lease superseded while its holder was alive", ("superseded_while_alive",)),
     ("effect and start ids: each belongs to one execution", ("effect_id_shared", "start_id_shared")),
     ("processes: no crash, orphan or hung stop", ("supervisor_crashed", "supervisor_exit", "supervisor_hung",
-                                                  "orphan_survived", "disk_full_failed")),
+                                                  "orphan_survived", "disk_full_failed",
+                                                  "server_restart_failed")),
 ]
 
 
@@ -130,6 +131,10 @@ def summary_lines(report: dict) -> list[str]:
             elsewhere = sorted(h.get("kinds_not_offered") or {})
             lines.append(f"ledger      {h['ledger_backend']} {report.get('ledger')}"
                          + (f"; not offered on it: {', '.join(elsewhere)}" if elsewhere else ""))
+        if h.get("hosts"):
+            lines.append(f"hosts       {h['hosts']['count']} network namespaces, one supervisor each; the server"
+                         f" listened on {', '.join(h['hosts']['server_listening_on'] or [])} and its Unix socket;"
+                         f" dump {h['hosts']['dump']}")
         for kind, why in (h.get("kinds_left_out") or {}).items():
             lines.append(f"left out   {kind}: {why}")
         if h.get("disk"):
@@ -143,7 +148,10 @@ def summary_lines(report: dict) -> list[str]:
                      f" {t['stall_windows']} stalls, the longest {t['longest_stall_ms']} ms")
         if clocks.get("skewed"):
             lines.append(f"clocks      {clocks['skewed']} of {clocks['supervisors']} supervisors skewed,"
-                         f" {clocks['min_skew_ms']:+d}..{clocks['max_skew_ms']:+d} ms")
+                         f" {clocks['min_skew_ms']:+d}..{clocks['max_skew_ms']:+d} ms"
+                         + (" (their hosts' wall clocks; the ledger's clock is the server's)"
+                            if check.get("hosts") else ""))
+        lines.extend(_host_lines(check, config))
     fl = check.get("failures")
     if fl:
         lines.append(f"failures    {fl['failed']} executions failed, {fl['planned']} as planned; {fl['step_errors']}"
@@ -185,6 +193,25 @@ def summary_lines(report: dict) -> list[str]:
     verdict = "PASS" if check.get("ok") else "FAIL"
     lines.append(f"RESULT: {verdict}: {check.get('total_violations', 0)} violations,"
                  f" {e.get('not_terminal', 0)} executions not terminal")
+    return lines
+
+
+def _host_lines(check: dict, config: Optional[dict]) -> list[str]:
+    """(`--hosts`) each host's leases, and the takeover times after a partition and a frozen host
+    beside the lease."""
+    hosts = check.get("hosts")
+    if not hosts:
+        return []
+    lines = [f"host {host:<6} {h['supervisors']} supervisors, {h['leases_held']} leases held; lost"
+             f" {h['lost_to_partition']} to a partition, {h['lost_to_freeze']} to a freeze; stale refused after"
+             f" healing {h['stale_refused_after_partition']}, after a thaw {h['stale_refused_after_freeze']}"
+             for host, h in hosts.items()]
+    lease = f"lease {config['lease_ms']} ms" if config else "lease ?"
+    for kind, t in (_get(check, "takeovers", "takeover_after", default={}) or {}).items():
+        what = {"partition": "a partition", "frozen_host": "a frozen host"}.get(kind, kind)
+        lines.append(f"takeover    after {what}: " + (
+            f"median {t['median_ms']} ms, p99 {t['p99_ms']} ms, max {t['max_ms']} ms over {t['count']} leases"
+            f" ({lease})" if t.get("count") else f"no lease taken over ({lease})"))
     return lines
 
 

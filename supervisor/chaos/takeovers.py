@@ -36,11 +36,26 @@ times the harness takes a tick or so late):
   not have come in time). `STALL_SLACK_MS` either side: these times are measured exactly. So a
   window shorter than the lease minus two renewal intervals (minus the skew by which the claimer's
   clock runs ahead of the holder's) explains nothing, however it falls;
+- `host_frozen`: (`--hosts`) a `frozen_host` of the holder's host overlaps `renewed`..`expired`,
+  the window running one lease past the SIGCONT, as for `holder_frozen`;
+- `holder_partitioned`: (`--hosts`) a `partition` cut the holder's host off during
+  `renewed`..`expired`. The window runs from the cut to one lease past twice the cut's length
+  after the heal: a renewal caught by the cut is retransmitted with TCP's doubling backoff, so it
+  may reach the server as late as the cut lasted after the heal, and the workers that the
+  supervisor stopped while it could not renew leave their leases to expire;
+- `server_down`: (`--hosts`) a `server_restart`: from the fast shutdown's beginning to two renewal
+  intervals after the server was up again (a renewal that failed while it was down is retried an
+  interval later, on a new connection), judged as a `stall`;
 - `claim_unanswered`: (PostgreSQL) a `connection_kill` terminated a runtime session within
-  `SLACK_MS` of the claim, and the lease was never renewed: a session killed while its claim
-  commits leaves a claim that may have committed with a holder that was told it failed, and so
-  never learns of its lease (the one ambiguity a broken connection leaves). A kill at any other
-  moment explains nothing: the runtime retries the call that met it on a new connection.
+  `SLACK_MS` of the claim (a `server_restart` terminates every session), and the lease was never
+  renewed: a session killed while its claim commits leaves a claim that may have committed with a
+  holder that was told it failed, and so never learns of its lease (the one ambiguity a broken
+  connection leaves). A kill at any other moment explains nothing: the runtime retries the call
+  that met it on a new connection.
+
+The takeover time after a partition (or a frozen host) is, for each delivery it explains, the
+time from the cut (the SIGSTOP) to the next claim of its execution, both true times (the server's
+clock, and the harness's, on one machine).
 
 A clock skew is not an excuse of its own: the harness keeps any two clocks closer than half of
 lease minus renewal interval, and `expired` is read on the claimer's clock, so a skew shortens
@@ -56,7 +71,9 @@ from .clocks import Clocks
 
 SLACK_MS = 500
 STALL_SLACK_MS = 100
-REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall", "claim_unanswered")
+REASONS = ("holder_ended", "holder_frozen", "host_frozen", "holder_partitioned", "worker_fault", "stall",
+           "server_down", "claim_unanswered")
+HOST_FAULTS = {"holder_partitioned": "partition", "host_frozen": "frozen_host"}  # reason -> the fault kind
 
 
 def _merge(windows: list[tuple[int, int]], gap_ms: int) -> list[tuple[int, int]]:
@@ -80,6 +97,12 @@ class Takeovers:
         self.freezes: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.worker_faults: dict[int, list[dict]] = defaultdict(list)
         self.session_kills: list[int] = []
+        # (`--hosts`) supervisor number -> [(from, to)] of its host's cuts and freezes, and when
+        # the server was down
+        self.host_windows: dict[str, dict[int, list[tuple[int, int]]]] = {
+            reason: defaultdict(list) for reason in HOST_FAULTS}
+        self.server_down: list[tuple[int, int]] = []
+        self.takeover_ms: dict[str, list[int]] = {kind: [] for kind in HOST_FAULTS.values()}
         stalls = []
         for fault in faults:
             kind, at, target, params = fault["kind"], fault.get("at_ms", 0), fault.get("target", {}), fault["params"]
@@ -101,13 +124,26 @@ class Takeovers:
                 self.session_kills.append(at)
             elif kind == "disk_full" and params.get("filling_ms"):
                 stalls.append((params["filling_ms"], params["freed_ms"]))
+            elif kind == "partition":
+                healed = params.get("healed_ms") or at + int(params["seconds"] * 1000)
+                for number in target.get("supervisors", []):
+                    self.host_windows["holder_partitioned"][number].append((at, healed + (healed - at) + lease_ms))
+            elif kind == "frozen_host":
+                for number in target.get("supervisors", []):
+                    self.host_windows["host_frozen"][number].append(
+                        (at, at + int(params.get("seconds", 0) * 1000) + lease_ms))
+            elif kind == "server_restart":
+                up = params.get("started_ms") or at + 60_000  # never up again: the run fails anyway
+                self.server_down.append((params.get("began_ms", at), up + 2 * renew_ms))
+                self.session_kills.append(params.get("began_ms", at))
         self.stalls = _merge(stalls, renew_ms)
 
     def explain(self, eid: str, token: int, holder: str, claimed_at: int, expires_at: int, next_holder: str,
-                step_pids: set) -> Optional[str]:
+                step_pids: set, taken_at: Optional[int] = None) -> Optional[str]:
         """Why delivery `token` of `eid` was superseded, or None if no fault explains it.
 
-        `step_pids`: the workers that left lines in the step log for this delivery."""
+        `step_pids`: the workers that left lines in the step log for this delivery; `taken_at`:
+        when the next claim took it (true ms), for the takeover times after host faults."""
         life = self.clocks.life(holder, claimed_at)
         if life is None:
             return None
@@ -120,6 +156,12 @@ class Takeovers:
         for start, end in self.freezes.get(life.number, []):
             if start <= expired + SLACK_MS and end >= renewed - SLACK_MS:
                 return "holder_frozen"
+        for reason, windows in self.host_windows.items():
+            for start, end in windows.get(life.number, []):
+                if start <= expired + SLACK_MS and end >= renewed - SLACK_MS:
+                    if taken_at is not None:
+                        self.takeover_ms[HOST_FAULTS[reason]].append(taken_at - start)
+                    return reason
         for fault in self.worker_faults.get(life.number, []):
             step = fault.get("step")
             if step is not None and step.get("execution_id") == eid and step.get("token") == token:
@@ -132,9 +174,11 @@ class Takeovers:
             thawed = fault["at_ms"] + int(fault["params"].get("seconds", 0) * 1000)
             if fault["at_ms"] <= expired + SLACK_MS and thawed >= claimed - SLACK_MS and step_pids <= {worker}:
                 return "worker_fault"
-        for start, end in self.stalls:
-            if start <= renewed + self.renew_ms + STALL_SLACK_MS and end >= expired - self.renew_ms - STALL_SLACK_MS:
-                return "stall"
+        for reason, windows in (("stall", self.stalls), ("server_down", self.server_down)):
+            for start, end in windows:
+                if start <= renewed + self.renew_ms + STALL_SLACK_MS and \
+                        end >= expired - self.renew_ms - STALL_SLACK_MS:
+                    return reason
         if renewed == claimed and any(abs(at - claimed) <= SLACK_MS for at in self.session_kills):
             return "claim_unanswered"
         return None
@@ -145,11 +189,23 @@ class Takeovers:
         return ", ".join(close[:6]) or "none within 3 s"
 
 
+def _spread(values: list[int]) -> dict:
+    """Count, median, p99 and max of `values` (ms), by nearest rank."""
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+    at = lambda share: ordered[min(len(ordered) - 1, max(0, -(-len(ordered) * share // 100) - 1))]  # noqa: E731
+    return {"count": len(ordered), "median_ms": at(50), "p99_ms": at(99), "max_ms": ordered[-1]}
+
+
 def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks: Clocks, step_pids: dict, *,
-                    lease_ms: int, renew_ms: int, violate: Callable[[str, Optional[str], str], None]) -> dict:
-    """Report every superseded delivery that no fault explains; return the figures."""
+                    lease_ms: int, renew_ms: int,
+                    violate: Callable[[str, Optional[str], str], None]) -> tuple[dict, dict]:
+    """Report every superseded delivery that no fault explains; return the figures, and the
+    reason that explained each superseded delivery `(execution, token)` (None: unexplained)."""
     takeovers = Takeovers(faults, lock_holds, clocks, lease_ms=lease_ms, renew_ms=renew_ms)
     reasons: Counter = Counter()
+    by_delivery: dict[tuple[str, int], Optional[str]] = {}
     superseded = 0
     for eid, rows in history.items():
         for h, following in zip(rows, rows[1:]):
@@ -158,7 +214,8 @@ def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks:
                 continue
             superseded += 1
             reason = takeovers.explain(eid, token, holder, claimed_at, expires_at, following[2],
-                                       step_pids.get((eid, token), set()))
+                                       step_pids.get((eid, token), set()), clocks.true_ms(following[2], following[3]))
+            by_delivery[(eid, token)] = reason
             if reason is not None:
                 reasons[reason] += 1
                 continue
@@ -173,7 +230,10 @@ def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks:
                     f" last renewed at {renewed}, expired for the next claimer at {expired} (true ms); token"
                     f" {following[1]} took it at {clocks.true_ms(following[2], following[3])}. Faults near the"
                     f" expiry: {takeovers.nearby(expired, faults)}")
-    return {"superseded": superseded, "explained": {r: reasons.get(r, 0) for r in REASONS},
-            "unexplained": reasons.get("unexplained", 0),
-            "stall_windows": len(takeovers.stalls),
-            "longest_stall_ms": max((b - a for a, b in takeovers.stalls), default=0)}
+    figures = {"superseded": superseded, "explained": {r: reasons.get(r, 0) for r in REASONS},
+               "unexplained": reasons.get("unexplained", 0),
+               "stall_windows": len(takeovers.stalls),
+               "longest_stall_ms": max((b - a for a, b in takeovers.stalls), default=0)}
+    if any(f["kind"] in HOST_FAULTS.values() for f in faults):
+        figures["takeover_after"] = {kind: _spread(times) for kind, times in takeovers.takeover_ms.items()}
+    return figures, by_delivery

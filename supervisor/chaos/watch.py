@@ -72,10 +72,14 @@ class StepWatcher:
             else:
                 self.open.pop(pid, None)
 
-    def inside(self, process: psutil.Process) -> Optional[OpenStep]:
-        """The step `process` is in now, if its begin line is its own and recent."""
+    def inside(self, process: psutil.Process, skew_ms: int = 0) -> Optional[OpenStep]:
+        """The step `process` is in now, if its begin line is its own and recent. `skew_ms`: how far
+        the process's wall clock, which wrote the line's time, runs ahead (a host's, `--hosts`)."""
         step = self.open.get(process.pid)
-        if step is None or time.time_ns() - step.begun_ns > 30e9 or not _own_line(process, step.begun_ns):
+        if step is None:
+            return None
+        begun_ns = step.begun_ns - skew_ms * 1_000_000
+        if time.time_ns() - begun_ns > 30e9 or not _own_line(process, begun_ns):
             return None
         return step
 

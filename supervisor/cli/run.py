@@ -172,7 +172,13 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
               help="Seeds the workload and the fault plan: the same seed replays the same run, timing aside.")
 @click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=60, show_default=True,
               help="Seconds of faults; the workload is admitted over the first 85% of them.")
-@click.option("--supervisors", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--supervisors", type=click.IntRange(min=1), default=None,
+              help="Supervisors (default 3; with --hosts, one per host).")
+@click.option("--hosts", type=click.IntRange(min=0, max=64), default=0, show_default=True,
+              help="Run each supervisor in a network namespace of its own (a host), on a PostgreSQL server the run"
+                   " starts for itself, listening on the hosts' veths only, and add the faults partition,"
+                   " frozen_host and server_restart (clock_skew then shifts a host's wall clock). Needs root and"
+                   " `ip`; leave out --db. 0: every supervisor on this machine.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Workers per supervisor.")
 @click.option("--executions", type=click.IntRange(min=1), default=1000, show_default=True,
@@ -184,7 +190,8 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
               help="Fault kinds, repeated or comma-separated (default all): kill_child, freeze_child,"
                    " kill_supervisor, freeze_supervisor, term_supervisor, slow_start on either backend;"
                    " hold_write_lock, disk_full (root only: the ledger goes on a tmpfs), clock_skew on SQLite only;"
-                   " connection_kill on PostgreSQL only; none for a control run. The default takes the kinds of"
+                   " connection_kill on PostgreSQL only; partition, frozen_host, server_restart with --hosts"
+                   " only (clock_skew too, shifting a host's wall clock); none for a control run. The default takes the kinds of"
                    " the ledger's backend and leaves out, with a notice, those this host cannot inject; naming a"
                    " kind that cannot run is an error.")
 @click.option("--fault-interval-ms", type=click.IntRange(min=10), default=1200, show_default=True,
@@ -205,8 +212,9 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--summary", "summary_path", default=None,
               help="Write the one-screen summary to this file too (default: summary.txt in the work folder).")
 @handles_errors
-def chaos(seed, duration_s, supervisors, concurrency, executions, lease_ms, renew_ms, heartbeat_ms, fault_kinds,
-          fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path, summary_path) -> None:
+def chaos(seed, duration_s, supervisors, hosts, concurrency, executions, lease_ms, renew_ms, heartbeat_ms,
+          fault_kinds, fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path,
+          summary_path) -> None:
     """Kill, freeze and orphan supervisors and workers mid-step, then prove nothing was lost.
 
     The progress line abbreviates the fault kinds (kc kill_child, sc freeze_child, ...): a legend
@@ -217,7 +225,8 @@ def chaos(seed, duration_s, supervisors, concurrency, executions, lease_ms, rene
     from ..chaos import ChaosConfig, parse_kinds, run_chaos
     from ..chaos.report import save
 
-    config = ChaosConfig(seed=seed, duration_s=duration_s, supervisors=supervisors, concurrency=concurrency,
+    config = ChaosConfig(seed=seed, duration_s=duration_s, supervisors=supervisors or hosts or 3, hosts=hosts,
+                         concurrency=concurrency,
                          executions=executions, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
                          faults=parse_kinds(fault_kinds), fault_interval_s=fault_interval_ms / 1000,
                          lenient_supervisors=lenient_supervisors, drain_timeout_s=drain_timeout_s)
