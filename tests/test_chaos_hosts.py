@@ -30,7 +30,7 @@ from supervisor.chaos.takeovers import _spread
 from supervisor.chaos.watch import StepWatcher
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.ledger.postgres import hosts as multihost
-from test_chaos import Ledger, sound_history
+from test_chaos import Ledger, fault, sound_history
 from worker.chaos_app import digest
 
 HOST_KINDS = ("partition", "frozen_host", "server_restart")
@@ -91,6 +91,23 @@ def test_a_partition_of_another_host_or_one_healed_long_before_explains_nothing(
     host_fault(ledger, "partition", 1_000_200, [2], seconds=2.0, healed_ms=1_002_200)  # the claimer's host
     host_fault(ledger, "partition", 990_000, [1], seconds=1.0, healed_ms=991_000)  # over before the claim
     assert kinds(taken_over(ledger)) == {"superseded_while_alive"}
+
+
+@pytest.mark.parametrize("kind, params", [("partition", {"seconds": 2.0, "healed_ms": 1_002_900}),
+                                          ("frozen_host", {"seconds": 2.0, "processes": 3})])
+def test_a_host_fault_after_the_renewal_that_was_due_explains_nothing(ledger, kind, params):
+    # Renewed (claimed) at 1_000_000, due again at 1_000_300: a cut or a freeze at 1_000_900 came
+    # too late to stop that renewal; the lease was lost to something else.
+    host_fault(ledger, kind, 1_000_900, [1], **params)
+    assert kinds(taken_over(ledger)) == {"superseded_while_alive"}
+
+
+def test_a_worker_killed_on_a_host_that_was_cut_off_later_is_a_worker_fault(ledger):
+    fault(ledger, "kill_child", 1_000_100, step={"execution_id": "e1", "token": 1, "key": "a", "pid": 4242})
+    host_fault(ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
+    result = taken_over(ledger)
+    assert result.figures["takeovers"]["explained"]["worker_fault"] == 1
+    assert result.figures["hosts"][0]["lost_to_partition"] == 0
 
 
 def test_a_lease_lost_while_its_host_was_frozen_is_explained(ledger):

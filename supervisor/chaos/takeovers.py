@@ -36,13 +36,16 @@ times the harness takes a tick or so late):
   not have come in time). `STALL_SLACK_MS` either side: these times are measured exactly. So a
   window shorter than the lease minus two renewal intervals (minus the skew by which the claimer's
   clock runs ahead of the holder's) explains nothing, however it falls;
-- `host_frozen`: (`--hosts`) a `frozen_host` of the holder's host overlaps `renewed`..`expired`,
-  the window running one lease past the SIGCONT, as for `holder_frozen`;
-- `holder_partitioned`: (`--hosts`) a `partition` cut the holder's host off during
-  `renewed`..`expired`. The window runs from the cut to one lease past twice the cut's length
-  after the heal: a renewal caught by the cut is retransmitted with TCP's doubling backoff, so it
-  may reach the server as late as the cut lasted after the heal, and the workers that the
-  supervisor stopped while it could not renew leave their leases to expire;
+- `host_frozen`: (`--hosts`) a `frozen_host` of the holder's host caught the renewal that was due
+  next (it began no later than one renewal interval after `renewed`, `SLACK_MS` allowed) and
+  lasted until `renewed` at least; the window runs one lease past the SIGCONT, as for
+  `holder_frozen`;
+- `holder_partitioned`: (`--hosts`) a `partition` cut the holder's host off in the same way: the
+  cut caught the renewal that was due next. The window runs from the cut to one lease past twice
+  the cut's length after the heal: a renewal caught by the cut is retransmitted with TCP's
+  doubling backoff, so it may reach the server as late as the cut lasted after the heal, and the
+  workers that the supervisor stopped while it could not renew leave their leases to expire.
+  A cut that came later than that explains nothing: the renewal due before it should have landed;
 - `server_down`: (`--hosts`) a `server_restart`: from the fast shutdown's beginning to two renewal
   intervals after the server was up again (a renewal that failed while it was down is retried an
   interval later, on a new connection), judged as a `stall`;
@@ -71,7 +74,7 @@ from .clocks import Clocks
 
 SLACK_MS = 500
 STALL_SLACK_MS = 100
-REASONS = ("holder_ended", "holder_frozen", "host_frozen", "holder_partitioned", "worker_fault", "stall",
+REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall", "host_frozen", "holder_partitioned",
            "server_down", "claim_unanswered")
 HOST_FAULTS = {"holder_partitioned": "partition", "host_frozen": "frozen_host"}  # reason -> the fault kind
 
@@ -156,12 +159,6 @@ class Takeovers:
         for start, end in self.freezes.get(life.number, []):
             if start <= expired + SLACK_MS and end >= renewed - SLACK_MS:
                 return "holder_frozen"
-        for reason, windows in self.host_windows.items():
-            for start, end in windows.get(life.number, []):
-                if start <= expired + SLACK_MS and end >= renewed - SLACK_MS:
-                    if taken_at is not None:
-                        self.takeover_ms[HOST_FAULTS[reason]].append(taken_at - start)
-                    return reason
         for fault in self.worker_faults.get(life.number, []):
             step = fault.get("step")
             if step is not None and step.get("execution_id") == eid and step.get("token") == token:
@@ -174,14 +171,24 @@ class Takeovers:
             thawed = fault["at_ms"] + int(fault["params"].get("seconds", 0) * 1000)
             if fault["at_ms"] <= expired + SLACK_MS and thawed >= claimed - SLACK_MS and step_pids <= {worker}:
                 return "worker_fault"
-        for reason, windows in (("stall", self.stalls), ("server_down", self.server_down)):
-            for start, end in windows:
-                if start <= renewed + self.renew_ms + STALL_SLACK_MS and \
-                        end >= expired - self.renew_ms - STALL_SLACK_MS:
+        if self._stalled(self.stalls, renewed, expired):
+            return "stall"
+        for reason, windows in self.host_windows.items():
+            for start, end in windows.get(life.number, []):
+                if start <= renewed + self.renew_ms + SLACK_MS and end >= renewed - SLACK_MS:
+                    if taken_at is not None:
+                        self.takeover_ms[HOST_FAULTS[reason]].append(taken_at - start)
                     return reason
+        if self._stalled(self.server_down, renewed, expired):
+            return "server_down"
         if renewed == claimed and any(abs(at - claimed) <= SLACK_MS for at in self.session_kills):
             return "claim_unanswered"
         return None
+
+    def _stalled(self, windows: list[tuple[int, int]], renewed: int, expired: int) -> bool:
+        """A window caught the renewal due after `renewed` and lasted until too late for any."""
+        return any(start <= renewed + self.renew_ms + STALL_SLACK_MS and end >= expired - self.renew_ms - STALL_SLACK_MS
+                   for start, end in windows)
 
     def nearby(self, at_ms: int, faults: list[dict], within_ms: int = 3_000) -> str:
         close = [f"{f['kind']} at {f.get('at_ms', 0) - at_ms:+d} ms" for f in faults
