@@ -8,6 +8,7 @@ from typing import Optional
 from ..ledger.errors import InvalidArgument
 from ..ledger.postgres.hosts import MAX_HOSTS
 from .faults import ALL_KINDS, FaultKind
+from .workload import CHAOS_APP
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ChaosConfig:
     poll_ms: int = 100
     lenient_supervisors: Optional[int] = None  # run with fleet.LENIENT_MISSES; None: 1 if > 1 supervisor
     hosts: int = 0  # > 0: that many network-namespace hosts, one supervisor each, on the run's own server
+    app: str = CHAOS_APP  # the workflows the supervisors run; another app brings its own workload (`workload`)
 
     def __post_init__(self) -> None:
         for name in ("supervisors", "concurrency", "executions", "lease_ms", "renew_ms", "heartbeat_ms", "poll_ms"):

@@ -34,7 +34,6 @@ from worker.chaos_app import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
 from . import faults
 from .watch import IMPORT_LOG
 
-APP = "worker.chaos_app"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TICK_S = 0.05
 ORPHAN_GRACE_S = 5.0  # a dead supervisor's workers must be gone by then
@@ -117,6 +116,7 @@ class Fleet:
         (`--hosts`): the hosts to run one supervisor each in, on `db_path` as each reaches it."""
         self.config = config
         self.hosts = list(hosts)
+        self.cwd = os.getcwd()
         self.db_path = db_path
         self.folder = folder
         self.anomaly = anomaly
@@ -146,7 +146,10 @@ class Fleet:
             skew_ms = self.skew()
         number = len(self.handles) + 1
         log_path = os.path.join(self.folder, "logs", f"supervisor-{number:03d}.log")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        # The runtime's checkout, then the folder the run was started from (a user's app named by
+        # module is imported from there, as `yieldstar supervise` imports it from the current folder).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (ROOT, self.cwd, os.environ.get("PYTHONPATH")) if p))
         for name in (CLOCK_SKEW_ENV, IMPORT_DELAY_ENV, IMPORT_LOG_ENV):
             env.pop(name, None)  # from the harness's own environment: only what is drawn here counts
         wall_skew_ms = 0
@@ -162,7 +165,7 @@ class Fleet:
             env[IMPORT_DELAY_ENV] = str(import_delay_ms)
             env[IMPORT_LOG_ENV] = os.path.join(self.folder, IMPORT_LOG)
         argv = [sys.executable, "-m", "supervisor.cli", "--db", host.uri(self.db_path) if host else self.db_path,
-                "supervise", APP, "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms),
+                "supervise", c.app, "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms),
                 "--renew-ms", str(c.renew_ms), "--heartbeat-ms", str(c.heartbeat_ms), "--poll-ms", str(c.poll_ms),
                 "--grace-ms", str(c.grace_ms), "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)]
         with open(log_path, "ab") as log:

@@ -53,6 +53,7 @@ fires), so a replay hits the same kinds of faults at the same moments, not the s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -68,6 +69,7 @@ from typing import Callable, Optional
 import psutil
 
 from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
+from worker.registry import check_app_name, is_app_path
 
 from ..ledger.backends import is_uri, open_backend, shown
 from ..ledger.errors import InvalidArgument, YieldstarError
@@ -78,12 +80,12 @@ from .config import ChaosConfig
 from .disk import Burst, LedgerDisk, size_mb
 from .faults import Fault, FaultKind, FaultPlan
 from . import hosts as hosts_faults
-from .hosts import RunHosts, ServerRestart
+from .hosts import HostFaults, RunHosts
 from .fleet import FROZEN, ROOT, RUNNING, TICK_S, Fleet, SupervisorHandle
 from .ledger_reads import ReadFailed, backend_kind, open_reader
 from .progress import SHORT, Progress
 from .watch import IMPORT_LOG, ImportWatcher, OpenStep, StepWatcher
-from .workload import Admitter, plan_workload
+from .workload import CHAOS_APP, Admitter, app_workload, plan_workload
 
 ADMIT_SHARE = 0.85  # the workload is admitted over this share of the fault phase
 IN_STEP_PATIENCE_S = 2.0  # how long a fault waits for a target inside a step before taking any
@@ -113,27 +115,6 @@ class SlowStart:
 
 
 @dataclass
-class PendingHeal:
-    """A `partition` in progress, journalled once the host is joined again (with its real times)."""
-
-    host: object
-    target: dict
-    step: Optional[dict]
-    seconds: float
-    at_s: float
-    at_ms: int
-
-
-@dataclass
-class PendingRestart:
-    """A `server_restart` in progress, journalled once the server is up again."""
-
-    restart: ServerRestart
-    step: Optional[dict]
-    at_s: float
-
-
-@dataclass
 class PendingBurst:
     """A `disk_full` burst in progress, journalled once it is over (with its real times)."""
 
@@ -143,7 +124,7 @@ class PendingBurst:
     at_ms: int
 
 
-class ChaosRun:
+class ChaosRun(HostFaults):
     def __init__(self, config: ChaosConfig, folder: str, db_path: str, out: Callable[[str], None], tty: bool,
                  disk: Optional[LedgerDisk] = None, hosts: Optional[RunHosts] = None):
         self.config = config
@@ -158,8 +139,8 @@ class ChaosRun:
         self.anomalies: list[dict] = []
         self.fleet = Fleet(config, db_path, folder, self._anomaly, skew=self._fleet_skew,
                            hosts=hosts.hosts if hosts else ())
-        self.cut: dict[int, PendingHeal] = {}  # host index -> its partition in progress
-        self.restarts: list[PendingRestart] = []
+        self.cut: dict = {}  # host index -> its partition in progress (`hosts.PendingHeal`)
+        self.restarts: list = []  # `hosts.PendingRestart`
         self.watcher = StepWatcher(os.path.join(folder, STEP_LOG))
         self.imports = ImportWatcher(os.path.join(folder, IMPORT_LOG))
         self.slow_starts: list[SlowStart] = []
@@ -241,7 +222,8 @@ class ChaosRun:
     def try_inject(self, kind: FaultKind, waited_s: float) -> bool:
         """Inject `kind` now if a target is inside a step (or we waited long enough); False to
         try again on the next tick."""
-        desperate = waited_s > IN_STEP_PATIENCE_S
+        # An app of the user's leaves no step log: no target is ever seen inside a step, so none is awaited.
+        desperate = waited_s > IN_STEP_PATIENCE_S or self.config.app != CHAOS_APP
         if kind.hits_supervisor and len(self._healthy()) < min(2, self.config.supervisors):
             return False  # keep at least one healthy supervisor through every fault
         if kind.stalls_ledger:
@@ -296,6 +278,8 @@ class ChaosRun:
             self._record(kind, target, step_info, {"seconds": round(seconds, 3)})
         elif kind == FaultKind.SLOW_START:
             self._slow_start(handle, target, step_info)
+        elif kind.hits_host:
+            self._hit_host(kind, handle, target, step_info, now)
         elif kind == FaultKind.CLOCK_SKEW:
             skew = self.plan.host_skew_ms() if self.hosts else self.plan.skew_ms(self.config.max_skew_ms)
             self.fleet.terminate(handle)
@@ -303,61 +287,7 @@ class ChaosRun:
             self._record(kind, dict(target, replacement=replacement.number, replacement_pid=replacement.pid),
                          step_info, {"skew_ms": skew, "previous_skew_ms": handle.wall_skew_ms or handle.skew_ms,
                                      "wall_clock": bool(self.hosts)})
-        elif kind == FaultKind.PARTITION:
-            handle.host.partition()
-            seconds = self.plan.partition_s()
-            target = dict(target, host=handle.host.index, supervisors=self._on_host(handle.host))
-            self.cut[handle.host.index] = PendingHeal(handle.host, target, step_info, seconds,
-                                                      now - self.started, time.time_ns() // 10**6)
-            self.pending.append((now + seconds, lambda: self._heal(handle.host.index)))
-        elif kind == FaultKind.FROZEN_HOST:
-            on_host = [h for h in self.fleet.members() if h.host is handle.host]
-            stopped = hosts_faults.freeze(handle.host)
-            for h in on_host:
-                h.state = FROZEN
-            seconds = self.plan.freeze_host_s()
-            self.pending.append((now + seconds, lambda: self._thaw_host(stopped, on_host)))
-            self._record(kind, dict(target, host=handle.host.index, supervisors=[h.number for h in on_host]),
-                         step_info, {"seconds": round(seconds, 3), "processes": len(stopped)})
         return True
-
-    def _on_host(self, host) -> list[int]:
-        return [h.number for h in self.fleet.members() if h.host is host]
-
-    def _heal(self, index: int) -> None:
-        pending = self.cut.pop(index)
-        pending.host.heal()
-        healed_ms = time.time_ns() // 10**6
-        self._record(FaultKind.PARTITION, pending.target, pending.step,
-                     {"seconds": round(pending.seconds, 3), "healed_ms": healed_ms},
-                     at_s=pending.at_s, at_ms=pending.at_ms)
-
-    def _thaw_host(self, stopped: list, on_host: list[SupervisorHandle]) -> None:
-        hosts_faults.thaw(stopped)
-        for h in on_host:
-            if h.state == FROZEN:
-                h.state = RUNNING
-
-    def _restart_server(self, desperate: bool) -> bool:
-        """A fast shutdown of the server, then a start (on a thread): one at a time, preferably
-        while a worker is inside a step."""
-        if self.restarts:
-            return False
-        inside = self._in_step_children(self.fleet.running())
-        if not inside and not desperate:
-            return False
-        step = self.plan.choose(inside)[2].as_dict() if inside else None
-        restart = ServerRestart(self.hosts.cluster)
-        restart.start()
-        self.restarts.append(PendingRestart(restart, step, time.monotonic() - self.started))
-        return True
-
-    def _end_restart(self, pending: PendingRestart) -> None:
-        pending.restart.join()
-        if pending.restart.error:
-            self._anomaly("server_restart_failed", pending.restart.error)
-        self._record(FaultKind.SERVER_RESTART, {"server": "the run's own"}, pending.step, pending.restart.as_params(),
-                     at_s=pending.at_s, at_ms=pending.restart.began_ms)
 
     def _stall(self, kind: FaultKind, desperate: bool) -> bool:
         """A held write lock or a full disk: one of each at a time, while a worker is in a step."""
@@ -417,9 +347,7 @@ class ChaosRun:
         """Faults in progress: reap lock holders, journal bursts that ended, kill the workers of
         slow starts while they load the app."""
         self.lock_holders = [p for p in self.lock_holders if p.poll() is None]
-        for pending in [r for r in self.restarts if not r.restart.is_alive()]:
-            self.restarts.remove(pending)
-            self._end_restart(pending)
+        self._tend_restarts()
         for pending in [b for b in self.bursts if not b.burst.is_alive()]:
             self.bursts.remove(pending)
             self._end_burst(pending)
@@ -542,9 +470,7 @@ class ChaosRun:
         self.bursts = []
         for start in list(self.slow_starts):
             self._end_slow_start(start)
-        for pending in self.restarts:
-            self._end_restart(pending)
-        self.restarts = []
+        self._tend_restarts(all_now=True)
         self.run_pending(all_now=True)
         if graceful:
             self.fleet.stop_all()
@@ -593,6 +519,9 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         if db_path is not None:
             raise InvalidArgument("--hosts starts its own PostgreSQL server, listening on the hosts' veths only;"
                                   " leave out --db")
+    if is_app_path(config.app):
+        check_app_name(config.app)
+        config = dataclasses.replace(config, app=os.path.abspath(config.app))  # the supervisors run in the folder
     folder = os.path.abspath(folder or tempfile.mkdtemp(prefix=f"yieldstar-chaos-{config.seed}-"))
     os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
     config, dropped = applicable_kinds(config, folder, db_path)
@@ -637,8 +566,11 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
 
     began = time.time()
     run = ChaosRun(config, folder, db_path, out, tty, disk, hosts)
-    admissions = plan_workload(run.rng, config.executions, config.duration_s * ADMIT_SHARE, folder,
-                               config.lease_ms / 1000)
+    if config.app == CHAOS_APP:
+        admissions = plan_workload(run.rng, config.executions, config.duration_s * ADMIT_SHARE, folder,
+                                   config.lease_ms / 1000)
+    else:
+        admissions = app_workload(config.app, run.rng, config.executions, config.duration_s * ADMIT_SHARE)
     out(f"yieldstar chaos: seed {config.seed}, {config.duration_s:g} s of faults, {config.supervisors} supervisors"
         f" x {config.concurrency} workers, {config.executions} executions on {_backend_name(db_path)} ledger"
         f" {shown(db_path)}; work folder {folder}")

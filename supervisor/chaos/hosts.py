@@ -20,7 +20,9 @@ carrier: TCP segments are dropped, nothing is reset, as when a real network fail
 `frozen_host` SIGSTOPs every process inside one host's namespace, then SIGCONTs the same
 processes (`freeze`, `thaw`); `server_restart` stops the server with a fast shutdown (every
 session is terminated) and starts it again, on a thread (`ServerRestart`), so that the harness
-keeps ticking while the server is down.
+keeps ticking while the server is down. `HostFaults` is the harness's side of them: how it
+injects each, keeps track of it, and journals it once it is over (a partition once healed, a
+restart once the server is up), with its real times.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import psutil
@@ -37,8 +40,10 @@ import psutil
 from ..ledger.postgres import cluster as clusters
 from ..ledger.postgres.hosts import Hosts, available
 from . import faults
+from .faults import FaultKind
+from .fleet import FROZEN, RUNNING
 
-__all__ = ["RunHosts", "ServerRestart", "available", "freeze", "thaw"]
+__all__ = ["HostFaults", "RunHosts", "ServerRestart", "available", "freeze", "thaw"]
 
 DUMP = "ledger.dump"  # in the work folder
 START_ATTEMPTS = 5  # a server that does not start is tried again, this many times in all
@@ -151,3 +156,90 @@ class ServerRestart(threading.Thread):
     def as_params(self) -> dict:
         return {"began_ms": self.began_ms, "stopped_ms": self.stopped_ms, "started_ms": self.started_ms,
                 "down_ms": self.started_ms - self.began_ms if self.started_ms else None}
+
+
+@dataclass
+class PendingHeal:
+    """A `partition` in progress, journalled once the host is joined again (with its real times)."""
+
+    host: object
+    target: dict
+    step: Optional[dict]
+    seconds: float
+    at_s: float
+    at_ms: int
+
+
+@dataclass
+class PendingRestart:
+    """A `server_restart` in progress, journalled once the server is up again."""
+
+    restart: ServerRestart
+    step: Optional[dict]
+    at_s: float
+
+
+class HostFaults:
+    """The harness's side of the host faults (`--hosts`): a mixin of `harness.ChaosRun`, whose
+    fleet, plan, pending actions and journal it uses."""
+
+    hosts: Optional[RunHosts]
+    cut: dict  # host index -> its PendingHeal
+    restarts: list  # PendingRestart
+
+    def _hit_host(self, kind: FaultKind, handle, target: dict, step: Optional[dict], now: float) -> None:
+        """Cut off or freeze the host of `handle` (a supervisor one of whose workers is, preferably,
+        inside a step); heal or thaw it later."""
+        host = handle.host
+        on_host = [h for h in self.fleet.members() if h.host is host]
+        target = dict(target, host=host.index, supervisors=[h.number for h in on_host])
+        if kind == FaultKind.PARTITION:
+            host.partition()
+            seconds = self.plan.partition_s()
+            self.cut[host.index] = PendingHeal(host, target, step, seconds, now - self.started,
+                                               time.time_ns() // 10**6)
+            self.pending.append((now + seconds, lambda: self._heal(host.index)))
+            return
+        stopped = freeze(host)
+        for h in on_host:
+            h.state = FROZEN
+        seconds = self.plan.freeze_host_s()
+        self.pending.append((now + seconds, lambda: self._thaw_host(stopped, on_host)))
+        self._record(kind, target, step, {"seconds": round(seconds, 3), "processes": len(stopped)})
+
+    def _heal(self, index: int) -> None:
+        pending = self.cut.pop(index)
+        pending.host.heal()
+        self._record(FaultKind.PARTITION, pending.target, pending.step,
+                     {"seconds": round(pending.seconds, 3), "healed_ms": time.time_ns() // 10**6},
+                     at_s=pending.at_s, at_ms=pending.at_ms)
+
+    def _thaw_host(self, stopped: list, on_host: list) -> None:
+        thaw(stopped)
+        for h in on_host:
+            if h.state == FROZEN:
+                h.state = RUNNING
+
+    def _restart_server(self, desperate: bool) -> bool:
+        """A fast shutdown of the server, then a start (on a thread): one at a time, preferably
+        while a worker is inside a step."""
+        if self.restarts:
+            return False
+        inside = self._in_step_children(self.fleet.running())
+        if not inside and not desperate:
+            return False
+        step = self.plan.choose(inside)[2].as_dict() if inside else None
+        restart = ServerRestart(self.hosts.cluster)
+        restart.start()
+        self.restarts.append(PendingRestart(restart, step, time.monotonic() - self.started))
+        return True
+
+    def _tend_restarts(self, *, all_now: bool = False) -> None:
+        """Journal the restarts that are over (with `all_now`, wait for every one)."""
+        for pending in [r for r in self.restarts if all_now or not r.restart.is_alive()]:
+            self.restarts.remove(pending)
+            pending.restart.join()
+            if pending.restart.error:
+                self._anomaly("server_restart_failed", pending.restart.error)
+            self._record(FaultKind.SERVER_RESTART, {"server": "the run's own"}, pending.step,
+                         pending.restart.as_params(), at_s=pending.at_s, at_ms=pending.restart.began_ms)

@@ -3,26 +3,37 @@
 Plans are data (see `worker.chaos_app`): a list of operations with their keys and timings, drawn
 from the run's `random.Random(seed)`, so the same seed gives the same executions, admitted at the
 same moments of the fault phase.
+
+A run on the user's own workflows (`--app`) takes its workload from the app instead: a function
+`chaos_workload(rng, count)` in it returns `count` (or so) `(workflow name, input)` pairs, drawn
+from `rng` if they vary; they are admitted evenly over the same window, as `u000000`, `u000001`...
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ledger.errors import StorageError
+from ..ledger.errors import InvalidArgument, StorageError
+
+CHAOS_APP = "worker.chaos_app"  # the built-in workload's app
+WORKLOAD_FUNCTION = "chaos_workload"  # what an app of the user's defines for `--app`
 
 STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
 
 @dataclass(frozen=True)
 class Admission:
     execution_id: str
-    input: dict
+    input: object
     at_s: float  # seconds into the fault phase
+    workflow: str = "chaos.mixed"
 
 
 def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
@@ -95,6 +106,26 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
     return admissions
 
 
+def app_workload(app: str, rng: random.Random, count: int, window_s: float) -> list[Admission]:
+    """The workload an app of the user's defines (`chaos_workload(rng, count)`), admitted evenly
+    over `window_s` seconds. The app is imported as a supervisor imports it (`worker.registry`)."""
+    from worker.registry import is_app_path, load_app
+
+    load_app(app)
+    module = (sys.modules[os.path.splitext(os.path.basename(app))[0]] if is_app_path(app)
+              else importlib.import_module(app))
+    make = getattr(module, WORKLOAD_FUNCTION, None)
+    if not callable(make):
+        raise InvalidArgument(f"--app {app} defines no {WORKLOAD_FUNCTION}(rng, count) returning the (workflow,"
+                              " input) pairs to admit")
+    pairs = list(make(rng, count))
+    if not pairs or not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+        raise InvalidArgument(f"{app}: {WORKLOAD_FUNCTION}(rng, count) must return (workflow name, input) pairs,"
+                              f" got {pairs[:3]!r}")
+    return [Admission(f"u{i:06d}", value, window_s * i / len(pairs), workflow)
+            for i, (workflow, value) in enumerate(pairs)]
+
+
 class Admitter(threading.Thread):
     """Admits the workload on schedule, on a backend of its own (its owner closes it): a held
     write lock or a full disk stalls it, not the fault loop."""
@@ -115,7 +146,7 @@ class Admitter(threading.Thread):
                     return
                 while True:
                     try:
-                        self.backend.executions.admit(a.execution_id, "chaos.mixed", json.dumps(a.input))
+                        self.backend.executions.admit(a.execution_id, a.workflow, json.dumps(a.input))
                         break
                     except StorageError as exc:
                         if not exc.transient:

@@ -181,6 +181,11 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
                    " `ip`; leave out --db. 0: every supervisor on this machine.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Workers per supervisor.")
+@click.option("--app", default="worker.chaos_app", show_default=True,
+              help="The workflows to run (a module name or a .py path): by default the built-in mixed workload,"
+                   " whose evidence the checker reads; an app of your own defines chaos_workload(rng, count),"
+                   " returning the (workflow name, input) pairs to admit, and gets the checks that need no"
+                   " evidence (leases, tokens, stale writes, every execution terminal, no storage error).")
 @click.option("--executions", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Executions the harness admits (workflows start more).")
 @click.option("--lease-ms", type=click.IntRange(min=1), default=1500, show_default=True)
@@ -212,7 +217,7 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--summary", "summary_path", default=None,
               help="Write the one-screen summary to this file too (default: summary.txt in the work folder).")
 @handles_errors
-def chaos(seed, duration_s, supervisors, hosts, concurrency, executions, lease_ms, renew_ms, heartbeat_ms,
+def chaos(seed, duration_s, supervisors, hosts, concurrency, app, executions, lease_ms, renew_ms, heartbeat_ms,
           fault_kinds, fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path,
           summary_path) -> None:
     """Kill, freeze and orphan supervisors and workers mid-step, then prove nothing was lost.
@@ -226,7 +231,7 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, executions, lease_m
     from ..chaos.report import save
 
     config = ChaosConfig(seed=seed, duration_s=duration_s, supervisors=supervisors or hosts or 3, hosts=hosts,
-                         concurrency=concurrency,
+                         concurrency=concurrency, app=app,
                          executions=executions, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
                          faults=parse_kinds(fault_kinds), fault_interval_s=fault_interval_ms / 1000,
                          lenient_supervisors=lenient_supervisors, drain_timeout_s=drain_timeout_s)
