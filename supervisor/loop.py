@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import time
-from multiprocessing.connection import wait
 from typing import Callable, Optional
 
 from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
@@ -106,10 +106,19 @@ class DispatchLoop:
         self.start_deaths = 0  # children that died while loading the app, in a row
         self.ever_ready = False
         self.idle_checked = False  # until_idle: nothing runs anywhere and nothing is due
+        self._selector: Optional[selectors.BaseSelector] = None  # see `selector`
+        self._watched: list[Child] = []  # the children it watches
 
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self._selector is not None:
+                self._selector.close()
+
+    def _run(self) -> int:
         while True:
             now = time.monotonic()
             code = self.check_stop(now)
@@ -308,6 +317,8 @@ class DispatchLoop:
         for child in list(self.pool.children):
             delivery = child.delivery
             if delivery is not None and not delivery.lost and now >= delivery.held_until:
+                if not child.process.is_alive():
+                    continue  # it exited meanwhile (its supervisor unheard?): its sentinel tells why
                 self.stats.unconfirmed += 1
                 self.lose(delivery, f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database"
                                     " out of reach or too slow, or this supervisor paused); another supervisor may hold it")
@@ -594,17 +605,9 @@ class DispatchLoop:
         # What this turn decided goes to the ledger thread together: a finished child's
         # acknowledgement and the claim for the slot it freed can then share one commit.
         self.calls.flush()
-        waitables: list = [self.calls, self.renewals, self.signals]
-        if self.nudges is not None:
-            waitables.append(self.nudges)
-        owners: list[tuple[object, Child]] = []  # who each waitable belonged to when we waited
-        for child in self.pool.children:
-            owners.append((child.conn, child))  # a child's death also shows here, as end of file
-            if child.process.sentinel is not None:
-                owners.append((child.process.sentinel, child))
-        waitables += [waitable for waitable, _ in owners]
-        for ready in wait(waitables, timeout=max(0.0, deadline - time.monotonic())):
+        for key, _ in self.selector().select(max(0.0, deadline - time.monotonic())):
             now = time.monotonic()
+            ready, child = key.fileobj, key.data
             if ready is self.nudges:
                 self.nudges.drain()
                 self.claim_wanted = True
@@ -612,17 +615,39 @@ class DispatchLoop:
             if ready is self.signals:
                 self.signals.drain()
                 continue
-            if ready is self.calls or ready is self.renewals:
-                continue  # replies are taken at the top of the loop
-            # Look the owner up as of the wait: a sentinel is a plain fd number, and the child
-            # that replaced a dead one earlier in this round may have been given the same one.
-            child = next((c for waitable, c in owners if waitable is ready), None)
-            if child is None or not any(c is child for c in self.pool.children):
+            if child is None:
+                continue  # a ledger thread's replies: they are taken at the top of the loop
+            # The owner is the child registered with the descriptor: a sentinel is a plain fd
+            # number, and the child that replaced a dead one earlier in this round may have been
+            # given the same one.
+            if not any(c is child for c in self.pool.children):
                 continue  # replaced earlier in this round
             if ready is child.conn:
                 self.receive(child, now)
             else:
                 self.child_died(child)
+
+    def selector(self) -> selectors.BaseSelector:
+        """The one selector `wait` waits on: the ledger threads' wake-ups, the stop signals, the
+        nudges, and each child's pipe and process sentinel (its death shows on both: end of file
+        on the pipe, the sentinel readable). Made again only when the children have changed
+        (one started, replaced or removed), not on every turn: registering a dozen descriptors
+        cost more than the rest of a turn."""
+        children = list(self.pool.children)
+        if self._selector is not None and len(children) == len(self._watched) and all(
+                a is b for a, b in zip(children, self._watched)):
+            return self._selector
+        if self._selector is not None:
+            self._selector.close()
+        self._selector, self._watched = selectors.DefaultSelector(), children
+        for waitable in (self.calls, self.renewals, self.signals, self.nudges):
+            if waitable is not None:
+                self._selector.register(waitable, selectors.EVENT_READ)
+        for child in children:
+            self._selector.register(child.conn, selectors.EVENT_READ, child)
+            if child.process.sentinel is not None:
+                self._selector.register(child.process.sentinel, selectors.EVENT_READ, child)
+        return self._selector
 
 
 def _backoff(failures: int, first_s: float) -> float:

@@ -21,6 +21,7 @@ which sweeps its folder, so that a folder of dead supervisors' sockets does not 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import itertools
 import os
@@ -47,8 +48,13 @@ def _private_root() -> str:
     return root
 
 
+@functools.lru_cache(maxsize=64)
 def nudge_dir(db_path: str) -> str:
-    """The folder of the sockets of every supervisor of `db_path` (the same for every process)."""
+    """The folder of the sockets of every supervisor of `db_path` (the same for every process).
+
+    Worked out once per path and process: every acknowledgement that ends an execution announces
+    it, and resolving the path, hashing it and checking the private root cost more than the
+    announcement itself."""
     digest = hashlib.sha256(os.path.realpath(db_path).encode()).hexdigest()[:24]
     return os.path.join(_private_root(), digest)
 
