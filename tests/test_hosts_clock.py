@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -30,22 +29,19 @@ from typing import Optional
 
 import pytest
 
-from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_on_hang, query, read_log,
-                    step_tokens, supervisors, wait_gone, wait_until)
+from faults import (SupervisorProcess, admit, dump_on_hang, query, read_log, step_tokens, supervisors, wait_gone,
+                    wait_until)
 from supervisor import open_backend
 from supervisor.chaos import wall_clock
-from supervisor.ledger.postgres import hosts as multihost
-from test_hosts_partition import hosts, outcomes
+from test_hosts_partition import LEASE_MS, REDELIVERY_MS, hosts, outcomes, start_on  # the supervisors' timings too
 from test_supervisor import no_two_live_leases
 from test_wall_clock import needs_the_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dump_on_hang")]
 
-__all__ = ["dump_on_hang", "supervisors", "hosts", "needs_the_shim"]  # fixtures imported (the last one autouse)
+# fixtures imported (the last one autouse)
+__all__ = ["dump_on_hang", "supervisors", "hosts", "start_on", "needs_the_shim"]
 
-LEASE_MS = 3000
-RENEW_MS = 500
-REDELIVERY_MS = 1000  # the ledger's redelivery delay after an unacknowledged delivery
 SKEW_MS = 30_000
 # How late, by the server's clock, a takeover may come after the lease and the redelivery delay
 # ran out (B's poll interval, its server-clock estimate's lag, a loaded 2-core machine): far
@@ -54,26 +50,6 @@ TAKEOVER_SLACK_MS = 4000
 # How far a worker's wall-clock reading before a step may be from the step's record (the
 # server's clock): the time between the two on a loaded machine, far below the skew.
 RECORD_SLACK_MS = 3000
-
-
-@pytest.fixture
-def start_on(hosts, supervisors, tmp_path):
-    """Start `yieldstar supervise` inside a host's namespace (with `env`, if given), on the
-    database as that host reaches it; the `supervisors` fixture kills what is left of it."""
-    def start(host: multihost.Host, uri: str, *, concurrency: int, env=None) -> SupervisorProcess:
-        args = [sys.executable, "-m", "supervisor.cli", "--db", host.uri(uri), "supervise", APP,
-                "--concurrency", str(concurrency), "--lease-ms", str(LEASE_MS), "--renew-ms", str(RENEW_MS),
-                "--heartbeat-ms", str(HEARTBEAT_MS), "--poll-ms", str(POLL_MS)]
-        log_path = tmp_path / f"host-{host.index}-supervisor.log"
-        with open(log_path, "wb") as log:
-            popen = host.popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                               start_new_session=True, env=env)
-        process = SupervisorProcess(popen, log_path, concurrency)
-        supervisors.started.append(process)
-        process.wait_ready()
-        assert set(process.workers()) <= set(host.pids()), "a worker runs outside its host's namespace"
-        return process
-    return start
 
 
 def offsets(process: SupervisorProcess) -> set[Optional[str]]:

@@ -60,16 +60,17 @@ def hosts():
 
 @pytest.fixture
 def start_on(hosts, supervisors, tmp_path):
-    """Start `yieldstar supervise` inside a host's namespace, on the database as that host
-    reaches it; the `supervisors` fixture kills what is left of it (before the hosts go)."""
-    def start(host: multihost.Host, uri: str, *, concurrency: int = 2) -> SupervisorProcess:
+    """Start `yieldstar supervise` inside a host's namespace (with `env`, if given), on the
+    database as that host reaches it; the `supervisors` fixture kills what is left of it (before
+    the hosts go)."""
+    def start(host: multihost.Host, uri: str, *, concurrency: int = 2, env=None) -> SupervisorProcess:
         args = [sys.executable, "-m", "supervisor.cli", "--db", host.uri(uri), "supervise", APP,
                 "--concurrency", str(concurrency), "--lease-ms", str(LEASE_MS), "--renew-ms", str(RENEW_MS),
                 "--heartbeat-ms", str(HEARTBEAT_MS), "--poll-ms", str(POLL_MS)]
         log_path = tmp_path / f"host-{host.index}-supervisor.log"
         with open(log_path, "wb") as log:
             popen = host.popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                               start_new_session=True)
+                               start_new_session=True, env=env)
         process = SupervisorProcess(popen, log_path, concurrency)
         supervisors.started.append(process)
         process.wait_ready()
