@@ -5,7 +5,13 @@
 Prints, in one run on this machine:
 - the raw single-row SQLite commit rate (WAL, synchronous=NORMAL), the yardstick;
 - workflows/s for a 3-step no-op workflow at concurrency 1, 2, 4 and 8 (first acknowledgement
-  to last, so pool start-up is not counted), and each as a fraction of the raw commit rate;
+  to last, so pool start-up is not counted), and each as a fraction of the raw commit rate, with
+  the CPU time one workflow costs the supervisor and its children;
+- 1-step workflows/s at concurrency 2 and 4, beside a peer queue's get+ack of single jobs from 2
+  processes (localqueue, a SQLite queue with a Rust core), when it is installed
+  (`pip install localqueue`);
+- start-up: from `yieldstar supervise` (4 children) being executed to its first claim and first
+  acknowledgement, and 1,500 workflows at concurrency 2 counted from the exec to the exit;
 - admission-to-first-step latency, p50 and p99, against an idle supervisor (woken by a nudge);
 - takeover time after a supervisor is SIGKILLed mid-step (lease expiry + redelivery delay);
 - parent-death-to-child-exit time, for a killed supervisor and for a frozen one (SIGSTOP);
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import os
 import signal
 import statistics
@@ -39,17 +46,111 @@ from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
 APP = "worker.bench_app"
 
 
-def throughput(folder: str, concurrency: int, n: int, repetition: int = 0) -> float:
-    db = os.path.join(folder, f"throughput-{concurrency}-{repetition}.db")
+def admitted(folder: str, name: str, n: int, workflow: str = "noop3") -> str:
+    """A fresh ledger holding `n` admitted executions of `workflow`."""
+    db = os.path.join(folder, f"{name}.db")
     with open_backend(db) as backend:
         for i in range(n):
-            backend.executions.admit(f"e{i}", "noop3", "null")
+            backend.executions.admit(f"e{i}", workflow, "null")
+    return db
+
+
+def cpu_s(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def workers(me: psutil.Process) -> list[psutil.Process]:
+    return [c for c in me.children() if "worker.child" in " ".join(c.cmdline())]
+
+
+def throughput(folder: str, concurrency: int, n: int, repetition: int = 0,
+               workflow: str = "noop3") -> tuple[float, float, float]:
+    """Workflows/s from the first acknowledgement to the last, and the CPU ms per workflow of the
+    supervisor (this process) and of its children over the same span."""
+    db = admitted(folder, f"throughput-{workflow}-{concurrency}-{repetition}", n, workflow)
+    me = psutil.Process()
     acks: list[float] = []
-    supervisor = Supervisor(db, APP, SupervisorConfig(concurrency=concurrency, poll_ms=50),
-                            on_delivery=lambda *_: acks.append(time.perf_counter()))
+    cpu: list[tuple[float, float]] = []  # (supervisor, children) CPU seconds at the first and last ack
+
+    def acknowledged(*_) -> None:
+        acks.append(time.perf_counter())
+        if len(acks) in (1, n):
+            cpu.append((cpu_s([me]), cpu_s(workers(me))))
+
+    supervisor = Supervisor(db, APP, SupervisorConfig(concurrency=concurrency, poll_ms=50), on_delivery=acknowledged)
     supervisor.run(until_idle=True)
-    assert supervisor.stats.completed == n, supervisor.stats
-    return (len(acks) - 1) / (acks[-1] - acks[0])
+    assert supervisor.stats.completed == n and supervisor.stats.child_deaths == 0, supervisor.stats
+    (mine_0, children_0), (mine_1, children_1) = cpu
+    return ((len(acks) - 1) / (acks[-1] - acks[0]), (mine_1 - mine_0) / (n - 1) * 1000,
+            (children_1 - children_0) / (n - 1) * 1000)
+
+
+def _drain_localqueue(path: str, start, counts) -> None:
+    from localqueue import Empty, SimpleQueue
+    queue = SimpleQueue(path)
+    counts.put("ready")
+    start.wait()
+    done = 0
+    while True:
+        try:
+            job = queue.get_nowait()
+        except Empty:
+            break
+        queue.ack(job)
+        done += 1
+    counts.put((done, time.perf_counter()))
+    queue.close()
+
+
+def localqueue_rate(folder: str, n: int, processes: int = 2) -> float | None:
+    """Single jobs/s through localqueue (get + ack) from `processes` processes, or None when it
+    is not installed: a peer figure, printed beside ours."""
+    try:
+        from localqueue import SimpleQueue
+    except ImportError:
+        return None
+    path = os.path.join(folder, "localqueue.db")
+    queue = SimpleQueue(path)
+    queue.put_many([{"i": i} for i in range(n)])
+    queue.close()
+    context = multiprocessing.get_context("spawn")
+    start, counts = context.Event(), context.Queue()
+    workers = [context.Process(target=_drain_localqueue, args=(path, start, counts)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    assert [counts.get(timeout=60) for _ in workers] == ["ready"] * processes  # what follows is get + ack alone
+    began = time.perf_counter()
+    start.set()
+    results = [counts.get(timeout=300) for _ in workers]
+    for worker in workers:
+        worker.join()
+    assert sum(done for done, _ in results) == n, results
+    return n / (max(ended for _, ended in results) - began)
+
+
+def start_up(folder: str, repetition: int, concurrency: int = 4) -> tuple[float, float]:
+    """ms from executing `yieldstar supervise` to its first claim and to its first acknowledgement
+    (ledger times, read from the lease history), one execution waiting."""
+    db = admitted(folder, f"start-up-{repetition}", 1)
+    began_ms = time.time() * 1000
+    sup = start_supervisor(db, "--concurrency", str(concurrency), "--until-idle", log_path=db + ".log")
+    assert sup.wait(60) == 0
+    with open_backend(db) as backend:
+        (lease,) = backend.executions.history("e0")
+    return lease.claimed_at - began_ms, lease.ended_at - began_ms
+
+
+def exec_to_exit(folder: str, n: int, concurrency: int = 2) -> float:
+    """Workflows/s of `n` workflows counted from executing `yieldstar supervise` to its exit."""
+    db = admitted(folder, "exec-to-exit", n)
+    began = time.perf_counter()
+    sup = start_supervisor(db, "--concurrency", str(concurrency), "--until-idle", log_path=db + ".log")
+    assert sup.wait(600) == 0
+    return n / (time.perf_counter() - began)
 
 
 def start_supervisor(db: str, *extra: str, log_path: str) -> subprocess.Popen:
@@ -153,7 +254,7 @@ def memory(folder: str, n: int, concurrency: int = 4) -> list[tuple[int, float, 
         nonlocal count
         count += 1
         if count in checkpoints:
-            children = [c.memory_info().rss / 2**20 for c in me.children()]
+            children = [c.memory_info().rss / 2**20 for c in workers(me)]
             samples.append((count, me.memory_info().rss / 2**20, children))
 
     Supervisor(db, APP, SupervisorConfig(concurrency=concurrency, poll_ms=50), on_delivery=sample).run(until_idle=True)
@@ -169,11 +270,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="yieldstar-bench-") as folder:
         raw = raw_commit_rate(os.path.join(folder, "raw.db"))
         print(f"raw SQLite single-row commits:        {raw:10,.0f} /s  (WAL, synchronous=NORMAL)")
-        print(f"3-step no-op workflows through supervisor and children ({n} each; target >= 1,000/s):")
+        repetitions = 1 if args.quick else 3
+        print(f"3-step no-op workflows through supervisor and children ({n} each, median of {repetitions};"
+              f" target >= 2,000/s at concurrency 4):")
         for concurrency in (1, 2, 4, 8):
-            rate = statistics.median(throughput(folder, concurrency, n, r) for r in range(1 if args.quick else 3))
+            runs = sorted(throughput(folder, concurrency, n, r) for r in range(repetitions))
+            rate, supervisor_ms, children_ms = runs[len(runs) // 2]
             print(f"  concurrency {concurrency}:                     {rate:10,.0f} /s  ="
-                  f" 1/{raw / rate:.0f} of the raw commit rate  {'PASS' if rate >= 1000 else 'below target'}")
+                  f" 1/{raw / rate:.0f} of the raw commit rate;  CPU per workflow: supervisor"
+                  f" {supervisor_ms:.2f} ms, children {children_ms:.2f} ms")
+        peer = localqueue_rate(folder, n)
+        print(f"1-step no-op workflows ({n} each; target: faster than localqueue's get+ack, else >= 2,500/s):")
+        for concurrency in (2, 4):
+            rate = statistics.median(throughput(folder, concurrency, n, r, "echo1")[0] for r in range(repetitions))
+            print(f"  concurrency {concurrency}:                     {rate:10,.0f} /s")
+        print(f"  localqueue get+ack, 2 processes:   {peer:10,.0f} /s" if peer is not None else
+              "  localqueue: not installed (pip install localqueue to print its get+ack rate beside these)")
+        starts = [start_up(folder, r) for r in range(5)]
+        print(f"start-up, exec to first claim / first acknowledgement (4 children, median of 5):"
+              f" {statistics.median(c for c, _ in starts):.0f} / {statistics.median(a for _, a in starts):.0f} ms"
+              f"  (target: first claim within 500 ms)")
+        whole = exec_to_exit(folder, 1500)
+        print(f"1,500 3-step workflows at concurrency 2, exec to exit: {whole:10,.0f} /s  (target >= 1,500/s)")
         latencies = admission_latency(folder, 50 if args.quick else 200)
         print(f"admission to first step (idle supervisor, nudged): p50 {percentile(latencies, 50):.0f} ms,"
               f" p99 {percentile(latencies, 99):.0f} ms  (poll interval 5000 ms)")
