@@ -83,7 +83,7 @@ int clock_gettime(clockid_t id, struct timespec *ts) {
 int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
     init();
     int done = real_gettimeofday ? real_gettimeofday(tv, tz) : (int)syscall(SYS_gettimeofday, tv, tz);
-    if (done == 0) {
+    if (done == 0 && tv) {  /* a caller may ask for the time zone alone */
         struct timespec ts = {tv->tv_sec, tv->tv_usec * 1000L};
         shift(&ts);
         tv->tv_sec = ts.tv_sec;
