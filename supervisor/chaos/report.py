@@ -153,27 +153,34 @@ def summary_lines(report: dict) -> list[str]:
                             if check.get("hosts") else ""))
         lines.extend(_host_lines(check, config))
     fl = check.get("failures")
-    if fl:
-        lines.append(f"failures    {fl['failed']} executions failed, {fl['planned']} as planned; {fl['step_errors']}"
-                     " step errors recorded")
     s = check.get("steps", {})
     r = check.get("stale_refused", {})
+    # The built-in workload leaves evidence (a step log, an external system); an app of the user's
+    # (`--app`) leaves none, and its figures would be zeros.
+    evidence = s.get("begun", 0) or _get(check, "effects", "effect_ids")
+    if fl and evidence:
+        lines.append(f"failures    {fl['failed']} executions failed, {fl['planned']} as planned; {fl['step_errors']}"
+                     " step errors recorded")
+    elif fl:
+        lines.append(f"failures    {fl['failed']} executions failed (the workflows' own outcomes: none may name the"
+                     " storage)")
     lines.append(f"steps       {s.get('records', 0)} records; {s.get('begun', 0)} step runs began,"
                  f" {s.get('returned', 0)} returned, {s.get('retryable_errors', 0)} retryable errors,"
-                 f" {s.get('values_seen', 0)} values checked")
+                 f" {s.get('values_seen', 0)} values checked" if evidence else
+                 f"steps       {s.get('records', 0)} records (no step log: an app of your own)")
     if r:
         w, n, d = r["worker_writes"], r["renewals"], r["deliveries_lost"]
         lines.append(f"stale       refused: {w['total']} worker writes ({w['after_takeover']} after a takeover),"
                      f" {n['total']} renewals ({n['after_takeover']} after a takeover, the rest just after their"
                      f" own delivery ended); {d['total']} deliveries ended lost")
     ef = check.get("effects")
-    if ef:
+    if ef and evidence:
         lines.append(f"effects     {ef['effect_ids']} effect ids, {ef['settled']} settled;"
                      f" {ef['executions_at_external_system']} executions at the external system (at most"
                      f" {ef['max_executions_per_id']} per id); {ef['repeat_requests_absorbed']} repeat requests"
                      f" answered from the idempotency key")
     st = check.get("stores", {})
-    if st.get("counter"):
+    if st.get("counter") and evidence:
         c = st["counter"]
         lines.append(f"stores      counter {c['value']} after {c['increments_receipted']} receipted increments"
                      + (f"; mailbox {st['mailbox']['put']} put, {st['mailbox']['taken']} taken,"
@@ -202,7 +209,8 @@ def _host_lines(check: dict, config: Optional[dict]) -> list[str]:
     hosts = check.get("hosts")
     if not hosts:
         return []
-    lines = [f"host {host:<6} {h['supervisors']} supervisors, {h['leases_held']} leases held; lost"
+    lines = [f"host {host:<6} {h['supervisors']} supervisor{'s' if h['supervisors'] != 1 else ''},"
+             f" {h['leases_held']} leases held; lost"
              f" {h['lost_to_partition']} to a partition, {h['lost_to_freeze']} to a freeze; stale refused after"
              f" healing {h['stale_refused_after_partition']}, after a thaw {h['stale_refused_after_freeze']}"
              for host, h in hosts.items()]
