@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,13 +22,14 @@ import time
 import psutil
 import pytest
 
-from faults import ROOT
+from faults import ROOT, wait_until
 from supervisor.chaos import ChaosConfig, FaultKind, run_chaos, summary_lines
 from supervisor.chaos import hosts as chaos_hosts
 from supervisor.chaos.capabilities import applicable_kinds, kinds_not_offered
 from supervisor.chaos.report import summary_lines as summary_of
 from supervisor.chaos.takeovers import _spread
 from supervisor.chaos.watch import StepWatcher
+from supervisor.cli import EXIT_INTERRUPTED
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.ledger.postgres import hosts as multihost
 from test_chaos import Ledger, fault, sound_history
@@ -276,3 +278,37 @@ def dump_on_hang():
     faulthandler.dump_traceback_later(145, exit=False)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_interrupted_run_on_hosts_tears_everything_down(tmp_path):
+    """SIGINT in the middle of the faults (a partition or a freeze may be in progress): the
+    harness exits 130, and its namespaces, veths, server and processes are gone."""
+    why = multihost.available()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the multi-host chaos test, but {why}")
+        pytest.skip(f"multi-host chaos skipped: {why}")
+    folder = tmp_path / "chaos"
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as sink:
+        harness = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "chaos", "--hosts", "2", "--concurrency",
+                                    "2", "--duration", "60", "--executions", "100", "--fault-interval-ms", "300",
+                                    "--faults", "partition,frozen_host,kill_child", "--workdir", str(folder)],
+                                   stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_until(lambda: (folder / "faults.jsonl").exists() and (folder / "faults.jsonl").read_text().strip(),
+                   timeout=90, message="the first fault")
+        harness.send_signal(signal.SIGINT)
+        assert harness.wait(60) == EXIT_INTERRUPTED, out.read_text()
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    text = out.read_text()
+    assert "stopped by SIGINT during the faults phase" in text and "hosts, server and namespaces removed" in text, text
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"ys-{harness.pid}-" not in listed
+    assert not [link for link in os.listdir("/sys/class/net") if link.startswith(f"ys{harness.pid:x}s")]
+    assert not [run for run in os.listdir(multihost.RUNS) if run.startswith(f"{harness.pid}-")]
+    assert [p.pid for p in psutil.process_iter(["cwd"]) if (p.info["cwd"] or "").startswith(str(folder))] == []
