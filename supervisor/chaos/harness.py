@@ -193,7 +193,8 @@ class ChaosRun(HostFaults):
             f"[{self.phase} {time.monotonic() - self.started:4.0f}s] admitted {admitted}/{self.config.executions}"
             f" +{total - admitted}  completed {s.get('completed', 0)}  failed {s.get('failed', 0)}"
             f" | faults {len(self.faults)}: {kinds} | supervisors {len(self.fleet.members())}"
-            + (f" ({frozen} frozen)" if frozen else ""), force=force)
+            + (f" ({frozen} frozen)" if frozen else "") + (f" ({len(self.cut)} cut off)" if self.cut else ""),
+            force=force)
 
     # -- faults ----------------------------------------------------------------------------------
 

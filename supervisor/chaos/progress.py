@@ -56,4 +56,4 @@ def legend() -> str:
     """The progress line's abbreviations, spelled out (printed once, before the first line)."""
     kinds = ", ".join(f"{short} {kind.value}" for kind, short in SHORT.items())
     return (f"progress: [phase elapsed] admitted by the harness/planned +started by workflows, completed and"
-            f" failed executions | faults injected by kind: {kinds} | supervisors running (frozen)")
+            f" failed executions | faults injected by kind: {kinds} | supervisors running (frozen, cut off)")
