@@ -64,6 +64,9 @@ CASES = {
     "get execution_id empty": ("execution_id", lambda b, l: b.executions.get("")),
     "get execution_id int": ("execution_id", lambda b, l: b.executions.get(42)),
     "get now str": ("now", lambda b, l: b.executions.get("order-42", now="later")),
+    "get_with_steps execution_id empty": ("execution_id", lambda b, l: b.executions.get_with_steps("")),
+    "get_with_steps execution_id int": ("execution_id", lambda b, l: b.executions.get_with_steps(42)),
+    "get_with_steps now str": ("now", lambda b, l: b.executions.get_with_steps("order-42", now="later")),
     # request_wake
     "request_wake execution_id empty": ("execution_id", lambda b, l: b.executions.request_wake("", 5)),
     "request_wake execution_id unknown": ("execution_id", lambda b, l: b.executions.request_wake("nobody", 5)),

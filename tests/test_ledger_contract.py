@@ -454,6 +454,25 @@ def test_get_reads_the_record_as_of_now_and_counts_an_expiry(backend, clock):
     assert backend.executions.get("unknown") is None
 
 
+def test_get_with_steps_reads_the_record_as_of_now_and_the_steps_in_write_order(backend, clock):
+    backend.executions.admit("order-42", "charge", '{"amount": 5}')
+    lease = claim_one(backend, duration=100)
+    backend.executions.admit("order-43", "charge")
+    assert backend.executions.get_with_steps("order-42") == (backend.executions.get("order-42"), [])
+    for key, attempt, done in (("load", 1, True), ("charge", 2, False), ("charge", 1, False)):
+        backend.heap.write_step(lease, step_key=key, step_attempt=attempt, done=done,
+                                step_response_json=f'{{"attempt": {attempt}}}')
+
+    for now in (lease.expires_at - 1, lease.expires_at):  # live, then expired: as `get` reads it
+        record, steps = backend.executions.get_with_steps("order-42", now=now)
+        assert record == backend.executions.get("order-42", now=now)
+        assert steps == backend.heap.steps("order-42")
+    assert [(s.step_key, s.attempt, s.done) for s in steps] == [("load", 1, True), ("charge", 2, False),
+                                                                ("charge", 1, False)]
+    assert backend.executions.get_with_steps("order-43") == (backend.executions.get("order-43"), [])
+    assert backend.executions.get_with_steps("unknown") is None
+
+
 def test_request_wake_during_a_live_lease_is_remembered_and_not_claimable_while_live(backend, clock):
     backend.executions.admit("order-42", "charge")
     lease = claim_one(backend, duration=1_000)

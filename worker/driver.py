@@ -79,15 +79,15 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
     """
     writer = FencedWriter(backend, lease, may_write)
     try:
-        execution = backend.executions.get(lease.execution_id)
-        if execution is None:
+        found = backend.executions.get_with_steps(lease.execution_id)
+        if found is None:
             return failure("UnknownExecution", f"execution {lease.execution_id!r} is not in the ledger")
+        execution, recorded = found
         fn = registry.get(execution.workflow)
         if fn is None:
             known = ", ".join(registry.names()) or "none"
             return failure("UnknownWorkflow",
                            f"no workflow is registered as {execution.workflow!r} (registered: {known})")
-        recorded = backend.heap.steps(lease.execution_id)
         asynchronous = is_async_workflow(fn)
         context = AsyncWorkflowContext if asynchronous else WorkflowContext
         ctx = context(writer, execution, recorded, backend.clock, claimed_at)

@@ -79,6 +79,13 @@ class ExecutionClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    def get_with_steps(self, execution_id: str, *, now: Optional[int] = None
+                       ) -> Optional[tuple[ExecutionRecord, list[HeapRecord]]]:
+        """The record as of `now` (as `get` gives it) and its recorded steps (as
+        `HeapClient.steps` gives them), read together in one snapshot; None when unknown.
+        What a delivery reads before it replays."""
+
+    @abc.abstractmethod
     def request_wake(self, execution_id: str, at: int, *, now: Optional[int] = None) -> None:
         """Ask for a delivery at `at`. Unfenced: a stale wake costs at most one extra delivery.
 

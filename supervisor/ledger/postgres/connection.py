@@ -155,7 +155,9 @@ class Session:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         cursor = self._conn.execute(translate(sql), params)
-        rows = cursor.fetchall() if cursor.description is not None else []
+        # `rownumber` says whether the statement returned rows without building `description`'s
+        # column objects, which cost more than fetching a row.
+        rows = cursor.fetchall() if cursor.rownumber is not None else []
         return Rows(rows, cursor.rowcount)
 
 

@@ -29,6 +29,7 @@ from ..values import (
     ExecutionRecord,
     ExecutionStatus,
     Failed,
+    HeapRecord,
     LeaseLost,
     LeaseRecord,
     LedgerStats,
@@ -70,6 +71,19 @@ SELECT * FROM (
     SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
     WHERE status = 'running' AND ready_at <= ?{{lock}}) AS expired"""
 NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
+# An execution's row, then its recorded steps in write order, in one statement (one round trip,
+# one snapshot): each part's columns are NULL in the other's rows, so the row's input is sent
+# once, not once per step.
+_NO_EXECUTION = ", ".join(["NULL"] * len(COLUMNS.split(",")))
+WITH_STEPS = f"""
+SELECT * FROM (
+    SELECT 0 AS part, 0 AS seq, {COLUMNS}, NULL AS step_key, NULL AS attempt, NULL AS done,
+        NULL AS step_response_json
+    FROM executions WHERE execution_id = ?
+    UNION ALL
+    SELECT 1, rowid, {_NO_EXECUTION}, step_key, attempt, done, step_response_json
+    FROM steps WHERE execution_id = ?) AS delivery
+ORDER BY part, seq"""
 SKIP_LOCKED = " /*FOR UPDATE SKIP LOCKED*/"
 CLAIMABLE = _CLAIMABLE.format(lock="")
 CLAIMABLE_LOCKED = _CLAIMABLE.format(lock=SKIP_LOCKED)
@@ -292,6 +306,16 @@ class ExecutionTable(ExecutionClient):
         now = self._now(now)
         found = self._conn.execute(SELECT_ONE, (execution_id,)).fetchone()
         return None if found is None else self._as_of(_Row(found), now)
+
+    def get_with_steps(self, execution_id, *, now=None) -> Optional[tuple[ExecutionRecord, list[HeapRecord]]]:
+        arguments.identifier("execution_id", execution_id)
+        now = self._now(now)
+        found = self._conn.execute(WITH_STEPS, (execution_id, execution_id)).fetchall()
+        if not found or found[0][0] != 0:
+            return None
+        steps = [HeapRecord(execution_id, key, attempt, bool(done), response)
+                 for key, attempt, done, response in (row[-4:] for row in found[1:])]
+        return self._as_of(_Row(found[0][2:-4]), now), steps
 
     def request_wake(self, execution_id, at, *, now=None) -> None:
         arguments.identifier("execution_id", execution_id)
