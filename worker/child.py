@@ -60,7 +60,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         message = tasks.get()
         if message is None:
             break
-        _, execution_id, token, expires_at, claimed_at, _held_until = message  # the watch keeps held_until
+        _, execution_id, token, expires_at, claimed_at = message
         lease = ExecutionLease(execution_id, token, expires_at)
         started = time.monotonic()
         try:

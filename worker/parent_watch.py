@@ -13,12 +13,6 @@ The child treats its supervisor as gone when any of these happens, and then shut
 
 On Linux the kernel also delivers SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), so an
 orphan cannot even finish the statement it is in.
-
-A live supervisor may still have lost the database (its host cut off, the server not
-answering): each run order and heartbeat says until when the ledger has confirmed the running
-delivery's lease (`held_until`, on the monotonic clock parent and child share). Past it the write
-door shuts too, without exiting: the supervisor, which knows, kills the child (it may be inside a
-step), and the fence refuses whatever was already on its way.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import psutil
 
@@ -69,8 +63,6 @@ class ParentWatch:
         self._send_lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._gone = False
-        self._held_until: Optional[float] = None  # the running delivery's lease, confirmed until then
-        self._unconfirmed_said = False
         self._thread = threading.Thread(target=self._run, name="parent-watch", daemon=True)
 
     def start(self) -> None:
@@ -79,20 +71,11 @@ class ParentWatch:
         self._thread.start()
 
     def may_write(self) -> bool:
-        """False once the supervisor is gone or silent for too long, or the ledger has not
-        confirmed the running delivery's lease in time."""
+        """False once the supervisor is gone or silent for too long."""
         if self._gone:
             return False
-        now = time.monotonic()
-        if now - self._last_beat > self._limit:
+        if time.monotonic() - self._last_beat > self._limit:
             self._leave("no heartbeat")
-            return False
-        held_until = self._held_until
-        if held_until is not None and now >= held_until:
-            if not self._unconfirmed_said:
-                self._unconfirmed_said = True
-                log.warning("the ledger's last confirmation of this delivery's lease ran out %.1f s ago:"
-                            " no more writes", now - held_until)
             return False
         return True
 
@@ -131,10 +114,6 @@ class ParentWatch:
                 continue
             self._last_beat = time.monotonic()
             tag = message[0]
-            if tag in (BEAT, RUN):
-                held_until = message[2] if tag == BEAT else message[5]
-                if held_until != self._held_until:
-                    self._held_until, self._unconfirmed_said = held_until, False
             if tag == BEAT:
                 try:
                     self.send((ALIVE,))

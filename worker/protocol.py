@@ -4,19 +4,12 @@ Plain tuples, tag first: they are pickled on every delivery, so they stay small.
 
 parent -> child                          child -> parent
 ("run", execution_id, token,            ("ready", pid, error or None,   once, after loading the app
-  expires, claimed_at, held_until)         storage kind or None)         and opening the ledger
-("beat", expires or None,                ("alive",)                      answers every beat
-  held_until or None)
+  expires, claimed_at)                     storage kind or None)         and opening the ledger
+("beat", expires or None)                ("alive",)                      answers every beat
 ("exit",)   finish and exit              ("done", execution_id, token, outcome, ms)
 
 A "ready" with an error and a storage kind (`StorageError.kind`) says the ledger could not be
 opened for a lasting reason (a corrupt or unsafe file), not that the app is broken.
-
-A beat says two things: the supervisor is alive, and (`held_until`) until when the ledger has
-confirmed the running delivery's lease, on the host's monotonic clock (`time.monotonic()`, which
-parent and child share). A supervisor that cannot reach the database stops being able to
-renew; once `held_until` has passed, another host may hold the execution, so the child shuts its
-write door, and the supervisor kills it (it may be inside a step calling the outside world).
 
 `claimed_at` is the ledger time (ms) of the claim that made the delivery: the child never reads
 a time earlier than that one when it decides whether a timer is due, so a child whose clock

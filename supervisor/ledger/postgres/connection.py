@@ -148,13 +148,15 @@ def translate(sql: str) -> str:
 
 
 class Session:
-    """What a transaction's block runs its statements on: every statement's rows fetched at once."""
+    """What a connection's statements run on, in a transaction's block or alone: one cursor for
+    every statement of the connection (a new cursor per statement costs more than the statement's
+    own client work), each statement's rows fetched at once."""
 
-    def __init__(self, conn) -> None:
-        self._conn = conn
+    def __init__(self, cursor) -> None:
+        self.cursor = cursor
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        cursor = self._conn.execute(translate(sql), params)
+        cursor = self.cursor.execute(translate(sql), params)
         # `rownumber` says whether the statement returned rows without building `description`'s
         # column objects, which cost more than fetching a row.
         rows = cursor.fetchall() if cursor.rownumber is not None else []
@@ -183,16 +185,17 @@ class Connection:
                           "synchronous_commit": SYNCHRONOUS_COMMIT[durability]}
         self._lock = threading.RLock()
         self._conn = None
+        self._session: Optional[Session] = None  # on `_conn`
         self._closed = False
         with self._lock:
             self._connected()
 
-    def _connected(self):
-        """The open connection, opening one if there is none (the last one broke)."""
+    def _connected(self) -> Session:
+        """The open connection's session, opening one if there is none (the last one broke)."""
         if self._closed:
             raise InvalidArgument("the backend is closed")
         if self._conn is not None and not self._conn.closed:
-            return self._conn
+            return self._session
         import psycopg
 
         options = " ".join(f"-c {name}={value}" for name, value in self._settings.items())
@@ -202,7 +205,8 @@ class Connection:
             self._conn.execute(self._functions)
         except psycopg.Error as exc:
             self._raise_mapped(exc)
-        return self._conn
+        self._session = Session(self._conn.cursor())
+        return self._session
 
     def write(self, *, flush: bool = False) -> ContextManager[Session]:
         """Run the block in one READ COMMITTED transaction: commit on success, else roll back.
@@ -218,22 +222,22 @@ class Connection:
         import psycopg
 
         with self._lock:
-            conn = self._connected()
+            session = self._connected()
             if flush and self.durability != "full":
                 begin += "; SET LOCAL synchronous_commit = on"  # one round trip: a query without parameters
             try:
-                conn.execute(begin)
+                session.cursor.execute(begin)
             except psycopg.Error as exc:
                 self._failed(exc)
             try:
-                yield Session(conn)
+                yield session
             except psycopg.Error as exc:
                 self._failed(exc)
             except BaseException:
                 self._roll_back()
                 raise
             try:
-                conn.execute("COMMIT")
+                session.cursor.execute("COMMIT")
             except psycopg.Error as exc:
                 self._failed(exc)
 
@@ -242,9 +246,9 @@ class Connection:
         import psycopg
 
         with self._lock:
-            conn = self._connected()
+            session = self._connected()
             try:
-                return Session(conn).execute(sql, params)
+                return session.execute(sql, params)
             except psycopg.Error as exc:
                 self._failed(exc)
 
