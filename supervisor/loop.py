@@ -252,8 +252,7 @@ class DispatchLoop:
     def hand_over(self, child: Child, delivery: Delivery, now: float) -> bool:
         lease = delivery.lease
         child.delivery = delivery
-        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at,
-                       delivery.held_until)):
+        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.delivery = None
@@ -310,15 +309,17 @@ class DispatchLoop:
         """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
         length. The ledger may have let it expire (a database that cannot be reached, or answers
         too slowly; this supervisor paused), and another supervisor claim it: this host's child
-        must not go on calling the outside world beside the new holder. Its own write door shut
-        at the same moment (the heartbeat carries `held_until`); the fence refuses anything it
-        sends anyway. Costs time, never correctness: a lease that was in fact still ours expires
-        unused, and the execution is delivered again."""
+        must not go on calling the outside world beside the new holder. Costs time, never
+        correctness: a lease that was in fact still ours expires unused, and the execution is
+        delivered again. (The child itself keeps no such timer: what stops a stale write is the
+        fencing token, checked by the ledger as the write lands, never a clock.)"""
         for child in list(self.pool.children):
             delivery = child.delivery
             if delivery is not None and not delivery.lost and now >= delivery.held_until:
-                if not child.process.is_alive():
-                    continue  # it exited meanwhile (its supervisor unheard?): its sentinel tells why
+                if not child.process.is_alive() or child.conn.poll(0):
+                    # It exited meanwhile (its supervisor unheard?), or it has reported: let its
+                    # sentinel, or its report, be read first, and say what happened.
+                    continue
                 self.stats.unconfirmed += 1
                 self.lose(delivery, f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database"
                                     " out of reach or too slow, or this supervisor paused); another supervisor may hold it")
@@ -387,7 +388,7 @@ class DispatchLoop:
                     self.replace(child)
                 continue
             delivery = child.delivery
-            if not child.send((BEAT, delivery.lease.expires_at, delivery.held_until) if delivery else (BEAT, None, None)):
+            if not child.send((BEAT, delivery.lease.expires_at if delivery else None)):
                 continue  # its death shows on its sentinel
             if now - child.last_answer > limit:
                 # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).

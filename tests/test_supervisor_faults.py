@@ -198,8 +198,8 @@ PAUSE_CASES = {
     # renewal has confirmed its lease for a whole lease length).
     "worker gives up": ("sv.hold", ()),
     # Workers that wait 50 heartbeats survive the pause: the resumed worker's next step write
-    # meets the fence, or its own door, shut since its lease went unconfirmed, stops it; or the
-    # supervisor kills it first (its lease unconfirmed, or its renewal come back lost).
+    # meets the fence, or the supervisor kills it first (no renewal has confirmed its lease, or
+    # its renewal came back lost).
     "step write refused": ("sv.hold", ("--heartbeat-misses", "50")),
     # The resumed worker has nothing left to write: its supervisor's acknowledgement is refused.
     "acknowledgement refused": ("sv.finish_late", ("--heartbeat-misses", "50")),
