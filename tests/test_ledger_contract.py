@@ -726,6 +726,17 @@ def test_claim_due_skips_executions_not_yet_due(backend, clock):
 # -- lease history ---------------------------------------------------------------------------
 
 
+def test_a_claim_of_many_executions_opens_one_delivery_in_the_history_for_each(backend, clock):
+    for i in range(150):  # more than one statement's worth of history rows
+        backend.executions.admit(f"order-{i}", "charge")
+    leases = backend.executions.claim_due(limit=150, duration=LEASE_MS)
+    assert len(leases) == 150
+    for lease in leases:
+        (record,) = backend.executions.history(lease.execution_id)
+        assert (record.token, record.claimed_at, record.expires_at, record.ended_by) == (
+            lease.token, clock.now, lease.expires_at, None)
+
+
 def test_lease_history_records_acknowledged_released_expired_and_superseded_deliveries(backend, clock):
     backend.executions.admit("order-42", "charge")
     t0 = clock.now

@@ -13,6 +13,7 @@ How a row is stored versus how it reads:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -125,9 +126,13 @@ WAKE = """
 UPDATE executions SET due_at = ?, wake_during_lease = ?, ready_at = ?, updated_at = ?
 WHERE execution_id = ?"""
 
+# The deliveries a claim opened, one row each, in one statement (a round trip for all of them):
+# `{rows}` is "(?, ?, ?, ?, ?)" once per lease (`history_open`), at most HISTORY_OPEN_ROWS, well
+# within either database's limit on parameters.
 HISTORY_OPEN = """
 INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
-VALUES (?, ?, ?, ?, ?)"""
+VALUES {rows}"""
+HISTORY_OPEN_ROWS = 64
 
 HISTORY_CLOSE = """
 UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ?, expires_at = ?
@@ -385,7 +390,7 @@ class ExecutionTable(ExecutionClient):
             return self._claim_in(db, self._now_locked(given, now), limit, duration)
 
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[ExecutionLease]:
-        leases = []
+        leases, opened = [], []
         for row in self._claimable(db, now, limit, lock=True):
             at = max(now, row.updated_at) if self._one_clock else now
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
@@ -403,8 +408,11 @@ class ExecutionTable(ExecutionClient):
             # so while the lease lasts its expiry plus the redelivery delay decides.
             ready = max(row.due_at, expires + self._delay(unacked + 1))
             db.execute(CLAIM, (expires, unacked, ended_at, ready, at, row.execution_id))
-            db.execute(HISTORY_OPEN, (row.execution_id, token, self._holder, at, expires))
+            opened.append((row.execution_id, token, self._holder, at, expires))
             leases.append(ExecutionLease(row.execution_id, token, expires))
+        for start in range(0, len(opened), HISTORY_OPEN_ROWS):
+            rows = opened[start:start + HISTORY_OPEN_ROWS]
+            db.execute(history_open(len(rows)), [value for row in rows for value in row])
         return leases
 
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
@@ -739,6 +747,12 @@ class ExecutionTable(ExecutionClient):
         if found is None:
             raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
         return _Row(found)
+
+
+@functools.lru_cache(maxsize=64)
+def history_open(count: int) -> str:
+    """HISTORY_OPEN for `count` leases."""
+    return HISTORY_OPEN.format(rows=", ".join(["(?, ?, ?, ?, ?)"] * count))
 
 
 def _status(status: Optional[str]) -> Optional[str]:
