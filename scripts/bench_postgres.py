@@ -11,7 +11,10 @@ one run:
   one client, each beside the 1-client raw rate;
 - 3-step no-op workflows per second through `yieldstar supervise --concurrency 4`, from the
   first acknowledgement to the last, each run beside a 4-client raw run made just before it
-  (the median ratio of `--repeats` pairs), and from 1, 2 and 3 such supervisors at once;
+  (the median ratio of `--repeats` pairs), and from 1, 2 and 3 such supervisors at once; with
+  the CPU time each costs per workflow, on the server, in the supervisors and in their workers
+  (from 10% to 90% of the workflows done: a figure that the machine's other work moves less
+  than it moves the rates);
 - `claim_due`'s cost against the history: claims with 1k and with 100k completed executions in
   the database (copies of one the ledger produced, with its lease history), alternately, so the
   claim's cost is shown not to grow with the terminal rows.
@@ -27,10 +30,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
 from supervisor import Completed, open_backend  # noqa: E402
@@ -83,25 +89,74 @@ def ledger_rates(uri: str, n: int) -> dict:
     return {"write_step": writes, "claim_due": claims, "acknowledge": acks}
 
 
-def workflow_rate(uri: str, n: int, supervisors: int = 1) -> float:
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User and system CPU time of `processes` and of their children, living and reaped."""
+    total = 0.0
+    for process in processes:
+        for each in [process] + process.children(recursive=True):
+            try:
+                times = each.cpu_times()
+            except psutil.NoSuchProcess:
+                continue  # gone since it was listed: its parent's reaped-children times have it
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+class CpuMeter:
+    """CPU milliseconds per workflow of the server, the supervisors and their workers, between
+    the moments 10% and 90% of the workflows had completed: the steady state, without the
+    processes' start (imports, connections) or their end."""
+
+    def __init__(self, cluster: Cluster, uri: str, n: int):
+        with open(os.path.join(cluster.data, "postmaster.pid")) as pidfile:
+            self.server = psutil.Process(int(pidfile.readline()))
+        self.uri, self.n = uri, n
+        self.marks: list[tuple[int, float, float, float]] = []  # (completed, server, supervisors, workers)
+
+    def watch(self, running: list[subprocess.Popen]) -> None:
+        """Until the supervisors exit: note the CPU times when 10% and when 90% had completed."""
+        supervisors = [psutil.Process(process.pid) for process in running]
+        thresholds = [self.n // 10, self.n * 9 // 10]
+        with psycopg.connect(self.uri, autocommit=True) as conn:
+            while thresholds and any(process.poll() is None for process in running):
+                done = conn.execute("SELECT count(*) FROM executions WHERE status = 'completed'").fetchone()[0]
+                if done >= thresholds[0]:
+                    thresholds.pop(0)
+                    own = sum(p.cpu_times().user + p.cpu_times().system for p in supervisors)
+                    self.marks.append((done, cpu_seconds([self.server]), own, cpu_seconds(supervisors) - own))
+                time.sleep(0.05)
+
+    def per_workflow(self) -> Optional[dict]:
+        if len(self.marks) < 2:
+            return None  # over before both marks: too few workflows to tell
+        (done0, *start), (done1, *end) = self.marks
+        return {side: (b - a) * 1000 / (done1 - done0)
+                for side, a, b in zip(("server", "supervisor", "workers"), start, end)}
+
+
+def workflow_rate(cluster: Cluster, n: int, supervisors: int = 1) -> tuple[float, Optional[dict]]:
     """3-step workflows per second through `supervisors` supervisors of 4 workers each, from the
-    first acknowledgement to the last."""
+    first acknowledgement to the last, and the CPU they cost (`CpuMeter`)."""
+    uri = cluster.new_database()
     with open_backend(uri) as backend:
         for i in range(n):
             backend.executions.admit(f"w{i}", "noop3")
     command = [sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.bench_app", "--concurrency",
                "4", "--until-idle", "--quiet"]
-    running = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL) for _ in range(supervisors)]
-    for process in running:
-        _, err = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise RuntimeError(err)
+    meter = CpuMeter(cluster, uri, n)
+    with tempfile.TemporaryFile("w+") as errors:  # a pipe nobody reads could fill and stop a supervisor
+        running = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, stdin=subprocess.DEVNULL)
+                   for _ in range(supervisors)]
+        meter.watch(running)
+        for process in running:
+            if process.wait(timeout=600) != 0:
+                errors.seek(0)
+                raise RuntimeError(errors.read())
     with psycopg.connect(uri) as conn:
         first, last, count = conn.execute("SELECT min(ended_at), max(ended_at), count(*) FROM lease_history"
                                           " WHERE execution_id LIKE 'w%%' AND outcome = 'completed'").fetchone()
     assert count == n, (count, n)
-    return (count - 1) / ((last - first) / 1000)
+    return (count - 1) / ((last - first) / 1000), meter.per_workflow()
 
 
 def add_completed(uri: str, count: int) -> None:
@@ -141,6 +196,13 @@ def claim_scaling(cluster: Cluster, small: int, large: int, n: int, repeats: int
     return statistics.median(times[small]), statistics.median(times[large])
 
 
+def cpu_line(cpu: Optional[dict]) -> str:
+    if cpu is None:
+        return "CPU per workflow: too few workflows to tell"
+    return ("CPU ms per workflow: server {server:.2f}, supervisors {supervisor:.2f}, workers {workers:.2f}"
+            " (total {total:.2f})".format(total=sum(cpu.values()), **cpu))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workflows", type=int, default=1500)
@@ -163,8 +225,8 @@ def main() -> None:
         raw1 = raw_rate(raw_db, 1, args.ops)
         ops = ledger_rates(cluster.new_database(), args.ops)
         # Each workflow run beside a raw run just before it: the machine's speed drifts.
-        paired = [(raw4(), workflow_rate(cluster.new_database(), args.workflows)) for _ in range(args.repeats)]
-        fleets = [(raw4(), workflow_rate(cluster.new_database(), args.workflows, k)) for k in (1, 2, 3)]
+        paired = [(raw4(), *workflow_rate(cluster, args.workflows)) for _ in range(args.repeats)]
+        fleets = [(raw4(), *workflow_rate(cluster, args.workflows, k)) for k in (1, 2, 3)]
         small, large = claim_scaling(cluster, 1_000, args.terminal, 200)
     finally:
         cluster.stop()
@@ -173,12 +235,13 @@ def main() -> None:
         print(f"{name:<14} {rate:8,.0f}/s   {raw1 / rate:4.2f}x the time of a raw insert transaction")
     print(f"3-step workflows/s, supervise --concurrency 4 ({args.workflows} workflows), each beside the 4-client raw rate"
           " measured just before it:")
-    for raw, flows in paired:
-        print(f"  {flows:8,.0f}/s   raw {raw:8,.0f}/s   {flows / raw:.2f} of it")
-    print(f"  median: {statistics.median(f / r for r, f in paired):.2f} of the 4-client raw rate")
+    for raw, flows, cpu in paired:
+        print(f"  {flows:8,.0f}/s   raw {raw:8,.0f}/s   {flows / raw:.2f} of it   {cpu_line(cpu)}")
+    print(f"  median: {statistics.median(f / r for r, f, _ in paired):.2f} of the 4-client raw rate")
     print("3-step workflows/s from several supervisors of 4 workers each on the one server:")
-    for k, (raw, flows) in enumerate(fleets, start=1):
-        print(f"  {k} supervisor{'s' if k > 1 else ' '}  {flows:8,.0f}/s   raw {raw:8,.0f}/s   {flows / raw:.2f} of it")
+    for k, (raw, flows, cpu) in enumerate(fleets, start=1):
+        print(f"  {k} supervisor{'s' if k > 1 else ' '}  {flows:8,.0f}/s   raw {raw:8,.0f}/s   {flows / raw:.2f} of it"
+              f"   {cpu_line(cpu)}")
     print(f"claim_due with 1,000 completed executions {small * 1e6:7.0f} us, with {args.terminal:,}"
           f" {large * 1e6:7.0f} us: {large / small:.2f}x")
 
