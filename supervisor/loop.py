@@ -307,22 +307,30 @@ class DispatchLoop:
 
     def stop_unconfirmed(self, now: float) -> None:
         """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
-        length. The ledger may have let it expire (a database that cannot be reached, or answers
-        too slowly; this supervisor paused), and another supervisor claim it: this host's child
-        must not go on calling the outside world beside the new holder. Costs time, never
-        correctness: a lease that was in fact still ours expires unused, and the execution is
-        delivered again. (The child itself keeps no such timer: what stops a stale write is the
-        fencing token, checked by the ledger as the write lands, never a clock.)"""
+        length, and give the lease back. The ledger may have let it expire (a database that
+        cannot be reached, or answers too slowly; this supervisor paused), and another supervisor
+        claim it: this host's child must not go on calling the outside world beside the new
+        holder. The release is fenced like any: refused once another holder has the execution,
+        and otherwise it ends the delivery at once instead of leaving it to expire (a renewal
+        still on its way may have extended it meanwhile). Costs time, never correctness: the
+        execution is delivered again. (The child itself keeps no such timer: what stops a stale
+        write is the fencing token, checked by the ledger as the write lands, never a clock.)"""
         for child in list(self.pool.children):
             delivery = child.delivery
-            if delivery is not None and not delivery.lost and now >= delivery.held_until:
-                if not child.process.is_alive() or child.conn.poll(0):
-                    # It exited meanwhile (its supervisor unheard?), or it has reported: let its
-                    # sentinel, or its report, be read first, and say what happened.
-                    continue
-                self.stats.unconfirmed += 1
-                self.lose(delivery, f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database"
-                                    " out of reach or too slow, or this supervisor paused); another supervisor may hold it")
+            if delivery is None or delivery.lost or now < delivery.held_until:
+                continue
+            if not child.process.is_alive() or child.conn.poll(0):
+                # It exited meanwhile (its supervisor unheard?), or it has reported: let its
+                # sentinel, or its report, be read first, and say what happened.
+                continue
+            self.stats.unconfirmed += 1
+            why = f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms"
+            log.warning("execution %s token %d: %s (the database out of reach or too slow, or this supervisor paused);"
+                        " another supervisor may hold it; killing worker pid %d and giving the lease back",
+                        delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+            child.delivery = None
+            self.replace(child)  # killed and joined: it can do nothing more
+            self.end(delivery, Retry(why), now)
 
     def lose(self, delivery: Delivery, why: str) -> None:
         """The delivery ended in the ledger (lost, or cancelled): kill its child, which may be

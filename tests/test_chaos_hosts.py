@@ -163,13 +163,18 @@ def test_a_hosts_skewed_wall_clock_moves_only_the_step_logs_times(ledger):
 
 def test_the_step_watcher_reads_a_skewed_hosts_lines_on_its_clock(tmp_path):
     log = tmp_path / "steps.log"
-    me = psutil.Process()
-    ahead_ns = 25_000 * 1_000_000
-    log.write_text(f"begin e1 1 {me.pid} k1 {time.time_ns() - ahead_ns}\n")  # a clock 25 s behind
-    watcher = StepWatcher(str(log))
-    watcher.poll()
-    assert watcher.inside(me) is None  # older than the process, by the harness's clock: not its line
-    assert watcher.inside(me, skew_ms=-25_000).key == "k1"
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a process started just now
+    try:
+        me = psutil.Process(worker.pid)
+        ahead_ns = 25_000 * 1_000_000
+        log.write_text(f"begin e1 1 {me.pid} k1 {time.time_ns() - ahead_ns}\n")  # a clock 25 s behind
+        watcher = StepWatcher(str(log))
+        watcher.poll()
+        assert watcher.inside(me) is None  # older than the process, by the harness's clock: not its line
+        assert watcher.inside(me, skew_ms=-25_000).key == "k1"
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_takeover_times_are_spread_by_nearest_rank():
