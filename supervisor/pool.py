@@ -116,8 +116,8 @@ class Delivery:
     claimed_at: int  # the ledger time of the claim (ms)
     # Until when (monotonic s) the ledger has confirmed the lease: the claim or the last renewal
     # that succeeded was sent at T, so the lease it set lasts at least until T + the lease length
-    # by the ledger's clock. Past it, another holder may have the execution (see `DispatchLoop.
-    # stop_unconfirmed`).
+    # by the ledger's clock. Past it, another holder may have the execution
+    # (see `DispatchLoop.stop_unconfirmed`).
     held_until: float = 0.0
     renew_sent_at: float = 0.0  # when the renewal in flight was sent
     lost: bool = False  # the ledger said the lease is no longer ours
