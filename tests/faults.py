@@ -49,6 +49,15 @@ POLL_MS = 100
 
 # -- waiting ------------------------------------------------------------------------------------
 
+def needs(why: Optional[str], what: str) -> None:
+    """Skip the calling test, saying `why`, when something it needs is missing (`why` is None when
+    nothing is); under CI=true, where every test must run, fail it instead."""
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the {what}, but {why}")
+        pytest.skip(f"{what} skipped: {why}")
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02,
                message: Optional[str] = None) -> Any:
     """Poll `condition()` until it returns something truthy, and return that; fail the test

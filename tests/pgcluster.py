@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 from supervisor.ledger.postgres.cluster import Cluster, available
 
 
 def cluster_fixture():
     """The body of the session's `pg_cluster` fixture: a started cluster, or a skip saying why
     not (a failure under CI=true, where both backends must run)."""
-    import pytest
+    from faults import needs
 
-    why = available()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the PostgreSQL tests, but {why}")
-        pytest.skip(f"PostgreSQL tests skipped: {why}")
+    needs(available(), "PostgreSQL tests")
     cluster = Cluster().start()
     try:
         yield cluster

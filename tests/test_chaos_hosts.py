@@ -22,8 +22,8 @@ import time
 import psutil
 import pytest
 
-from faults import ROOT, wait_until
-from supervisor.chaos import ChaosConfig, FaultKind, run_chaos, summary_lines
+from faults import ROOT, needs, wait_until
+from supervisor.chaos import ChaosConfig, run_chaos, summary_lines
 from supervisor.chaos import hosts as chaos_hosts
 from supervisor.chaos.capabilities import applicable_kinds, kinds_not_offered
 from supervisor.chaos.report import summary_lines as summary_of
@@ -239,11 +239,7 @@ def test_a_short_chaos_run_on_three_hosts_loses_nothing(tmp_path, dump_on_hang):
     restarts, killed sessions, hosts' skewed wall clocks and the process faults: about 45 s. (With
     two hosts, a fault that takes a supervisor out waits until both are healthy, and a slow start
     keeps one busy for many seconds: too few faults for a short run.)"""
-    why = multihost.available()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the multi-host chaos test, but {why}")
-        pytest.skip(f"multi-host chaos skipped: {why}")
+    needs(multihost.available(), "multi-host chaos test")
     kinds = ("partition", "frozen_host", "server_restart", "connection_kill", "kill_child", "freeze_child",
              "kill_supervisor", "freeze_supervisor", "term_supervisor", "slow_start")
     from supervisor.chaos.wall_clock import available as wall_clock_available
@@ -290,11 +286,7 @@ def dump_on_hang():
 def test_an_interrupted_run_on_hosts_tears_everything_down(tmp_path):
     """SIGINT in the middle of the faults (a partition or a freeze may be in progress): the
     harness exits 130, and its namespaces, veths, server and processes are gone."""
-    why = multihost.available()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the multi-host chaos test, but {why}")
-        pytest.skip(f"multi-host chaos skipped: {why}")
+    needs(multihost.available(), "multi-host chaos test")
     folder = tmp_path / "chaos"
     out = tmp_path / "out.txt"
     with open(out, "wb") as sink:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
 from datetime import datetime
 from typing import Optional

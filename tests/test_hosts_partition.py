@@ -20,7 +20,6 @@ process is started inside a namespace it made; all of it is removed afterwards.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_on_hang, gone, read_log, step_tokens,
-                    supervisors, wait_until)
+from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_on_hang, gone, needs, read_log,
+                    step_tokens, supervisors, wait_until)
 from supervisor import open_backend
 from supervisor.ledger.postgres import hosts as multihost
 from test_supervisor import no_two_live_leases
@@ -49,11 +48,7 @@ TCP_USER_TIMEOUT_S = 10
 
 @pytest.fixture
 def hosts():
-    why = multihost.available()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the multi-host tests, but {why}")
-        pytest.skip(f"multi-host tests skipped: {why}")
+    needs(multihost.available(), "multi-host tests")
     with multihost.Hosts(2) as made:
         yield made
 

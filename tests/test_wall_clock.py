@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from faults import needs
 from supervisor.chaos import wall_clock
 from supervisor.chaos.wall_clock import OFFSET_VARIABLE, WallClockShimError, shifted_env
 
@@ -30,11 +31,7 @@ print(json.dumps({"time": time.time_ns(), "monotonic": time.monotonic_ns(),
 
 @pytest.fixture(autouse=True)
 def needs_the_shim():
-    why = wall_clock.available()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the wall-clock tests, but {why}")
-        pytest.skip(f"wall-clock tests skipped: {why}")
+    needs(wall_clock.available(), "wall-clock tests")
 
 
 def read_clocks(env: dict) -> tuple[dict, dict, dict]:
