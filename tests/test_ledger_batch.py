@@ -74,6 +74,27 @@ def test_the_claim_in_a_batch_takes_the_due_executions_once_the_acknowledgements
     assert backend.executions.claim_due(limit=5, duration=LEASE_MS) == []
 
 
+def test_a_batch_records_each_ending_in_the_history_and_wakes_the_waiters_of_the_executions_it_ends(
+        backend, clock):
+    parents = admitted_and_claimed(backend, clock, "p1", "p2", "p3")
+    children = admitted_and_claimed(backend, clock, "c1", "c2", "c3")
+    for parent, child in zip(parents, children):
+        backend.executions.await_outcome(child.execution_id, parent.execution_id)
+        backend.executions.acknowledge(parent, Suspended())
+
+    replies, leases = backend.executions.acknowledge_and_claim(
+        [(children[0], Completed("1")), (children[1], Failed('{"type": "E"}')), (children[2], Suspended())],
+        limit=5, duration=LEASE_MS)
+
+    assert replies == [Completed("1"), Failed('{"type": "E"}'), Suspended()]
+    assert sorted(lease.execution_id for lease in leases) == ["p1", "p2"]  # c3 only suspended: p3 waits on
+    assert backend.executions.waiting_for("p3")[0].kind == "execution"
+    ended = [backend.executions.history(child.execution_id)[-1] for child in children]
+    assert [(r.token, r.ended_at, r.ended_by, r.outcome) for r in ended] == [
+        (child.token, clock.now, "acknowledged", outcome) for child, outcome in zip(
+            children, ("completed", "failed", "suspended"))]
+
+
 def test_a_claim_limit_in_a_batch_is_honoured_oldest_first(backend, clock):
     for execution_id in ("x1", "x2", "x3"):
         backend.executions.admit(execution_id, "w")

@@ -143,7 +143,11 @@ WHERE execution_id = ? AND token = ?"""
 HISTORY_RENEWED = """
 UPDATE lease_history SET renewals = renewals + 1, expires_at = ? WHERE execution_id = ? AND token = ?"""
 
-HISTORY_END = "UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ? WHERE execution_id = ? AND token = ?"
+# `{deliveries}`: "(execution_id = ? AND token = ?)" once per delivery ended the same way, joined
+# by OR, at most HISTORY_END_ROWS (`history_end`): a batch of acknowledgements ends its
+# deliveries in one statement.
+HISTORY_END = "UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ? WHERE {deliveries}"
+HISTORY_END_ROWS = 64
 
 HISTORY = """
 SELECT h.execution_id, h.token, h.holder, h.claimed_at,
@@ -459,15 +463,20 @@ class ExecutionTable(ExecutionClient):
         """Checked acknowledgements (`_acknowledgement`), then a claim of up to `limit` leases of
         `duration`, in one transaction; the announcements after its commit."""
         given, now = now, self._now(now)
-        replies, woke = [], False
         with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
             now = self._now_locked(given, now)
-            for acknowledgement in checked:
-                reply, woke_one = self._acknowledge_in(db, acknowledgement, now)
-                replies.append(reply)
-                woke = woke or woke_one
+            replies = [self._acknowledge_in(db, acknowledgement, now) for acknowledgement in checked]
+            by_outcome: dict[str, list[ExecutionLease]] = {}  # the deliveries acknowledged, by outcome
+            for (lease, outcome, _, _), reply in zip(checked, replies):
+                if not isinstance(reply, LeaseLost):
+                    by_outcome.setdefault(outcome.status, []).append(lease)
+            for status, acknowledged in by_outcome.items():
+                self._history_end(db, now, DeliveryEnd.ACKNOWLEDGED, status, acknowledged)
+            ended = _ended(checked, replies)
+            # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
+            woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
             leases = self._claim_in(db, now, limit, duration) if limit else []
-        self._announce_acknowledged(list(zip(checked, replies)), woke)
+        self._announce_acknowledged(ended, woke)
         return replies, leases
 
     def _acknowledgement(self, lease, outcome) -> tuple:
@@ -485,22 +494,18 @@ class ExecutionTable(ExecutionClient):
             f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
         )
 
-    def _acknowledge_in(self, db: Transaction, acknowledgement: tuple, now: int) -> tuple[Outcome | LeaseLost, bool]:
-        """Acknowledge in the open transaction: the reply, and whether a waiter was woken."""
+    def _acknowledge_in(self, db: Transaction, acknowledgement: tuple, now: int) -> Outcome | LeaseLost:
+        """Acknowledge in the open transaction, fenced as `_end` is; the lease history and the
+        waiters are the caller's, for the whole batch at once."""
         lease, outcome, sql, params = acknowledgement
-        if not self._end(db, lease, now, DeliveryEnd.ACKNOWLEDGED, outcome.status, sql, params + (now,)):
-            return LeaseLost(), False
-        if isinstance(outcome, Suspended):
-            return outcome, False
-        # Executions waiting for this one to finish (ctx.wait_for) are woken with it.
-        return outcome, waiters.wake(db, waiters.EXECUTION, lease.execution_id, now, self.wake_in)
+        if db.execute(sql, params + (now, lease.execution_id, lease.token)).rowcount != 1:
+            return LeaseLost()
+        return outcome
 
-    def _announce_acknowledged(self, done: list, woke: bool) -> None:
+    def _announce_acknowledged(self, ended: list[str], woke: bool) -> None:
         """After the commit: nudge if waiters became due, and name the executions that ended."""
         if woke:
             self._on_due()
-        ended = [lease.execution_id for (lease, outcome, _, _), reply in done
-                 if not isinstance(outcome, Suspended) and not isinstance(reply, LeaseLost)]
         if ended:
             self._on_ended(ended)
 
@@ -511,8 +516,16 @@ class ExecutionTable(ExecutionClient):
         UPDATE locks the row, waits for a claim that holds it, and then finds the token moved."""
         if db.execute(sql, params + (lease.execution_id, lease.token)).rowcount != 1:
             return False
-        db.execute(HISTORY_END, (now, how.value, outcome, lease.execution_id, lease.token))
+        self._history_end(db, now, how, outcome, [lease])
         return True
+
+    def _history_end(self, db: Transaction, now: int, how: DeliveryEnd, outcome: Optional[str],
+                     leases: list[ExecutionLease]) -> None:
+        """Record in the lease history that the deliveries of `leases` ended `how` at `now`."""
+        for start in range(0, len(leases), HISTORY_END_ROWS):
+            some = leases[start:start + HISTORY_END_ROWS]
+            db.execute(history_end(len(some)),
+                       (now, how.value, outcome, *(value for lease in some for value in (lease.execution_id, lease.token))))
 
     def next_ready_at(self) -> Optional[int]:
         """The earliest time any execution may be claimed (it may be past), or None if none ever
@@ -749,7 +762,19 @@ class ExecutionTable(ExecutionClient):
         return _Row(found)
 
 
-@functools.lru_cache(maxsize=64)
+def _ended(checked: list[tuple], replies: list) -> list[str]:
+    """The executions that the acknowledgements `checked` made terminal (`replies`: theirs)."""
+    return [lease.execution_id for (lease, outcome, _, _), reply in zip(checked, replies)
+            if not isinstance(outcome, Suspended) and not isinstance(reply, LeaseLost)]
+
+
+@functools.lru_cache(maxsize=HISTORY_END_ROWS)
+def history_end(count: int) -> str:
+    """HISTORY_END for `count` deliveries."""
+    return HISTORY_END.format(deliveries=" OR ".join(["(execution_id = ? AND token = ?)"] * count))
+
+
+@functools.lru_cache(maxsize=HISTORY_OPEN_ROWS)
 def history_open(count: int) -> str:
     """HISTORY_OPEN for `count` leases."""
     return HISTORY_OPEN.format(rows=", ".join(["(?, ?, ?, ?, ?)"] * count))

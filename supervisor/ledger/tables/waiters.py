@@ -8,6 +8,7 @@ deletes it; a waiter that still needs to wait registers again. Registrations are
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 from ..connection import Transaction
@@ -21,8 +22,10 @@ STORE = "store"
 REGISTER = """
 INSERT INTO waiters (kind, target, waiter, registered_at, detail) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT DO NOTHING"""
-# The waiters of a target, deleted as they are read: a wake is one statement, found or not.
-TAKE = "DELETE FROM waiters WHERE kind = ? AND target = ? RETURNING waiter"
+# The waiters of some targets, deleted as they are read: a wake is one statement, found or not.
+# `{targets}` is a "?" per target, at most TAKE_TARGETS (`take`).
+TAKE = "DELETE FROM waiters WHERE kind = ? AND target IN ({targets}) RETURNING waiter"
+TAKE_TARGETS = 64
 OF_WAITER = "SELECT kind, target, detail FROM waiters WHERE waiter = ? ORDER BY registered_at, kind, target"
 FORGET_WAITER = "DELETE FROM waiters WHERE waiter = ?"
 
@@ -39,7 +42,22 @@ def register(db: Transaction, kind: str, target: str, waiter: str, now: int, det
 def wake(db: Transaction, kind: str, target: str, now: int,
          wake_in: Callable[[Transaction, str, int, int], bool]) -> bool:
     """Wake every waiter on the target, in the caller's transaction; True if any was woken."""
+    return wake_all(db, kind, [target], now, wake_in)
+
+
+def wake_all(db: Transaction, kind: str, targets: list[str], now: int,
+             wake_in: Callable[[Transaction, str, int, int], bool]) -> bool:
+    """Wake every waiter on any of the targets (a batch of acknowledgements' executions), in the
+    caller's transaction; True if any was woken."""
     woken = False
-    for (waiter,) in db.execute(TAKE, (kind, target)).fetchall():
-        woken = wake_in(db, waiter, now, now) or woken
+    for start in range(0, len(targets), TAKE_TARGETS):
+        some = targets[start:start + TAKE_TARGETS]
+        for (waiter,) in db.execute(take(len(some)), (kind, *some)).fetchall():
+            woken = wake_in(db, waiter, now, now) or woken
     return woken
+
+
+@functools.lru_cache(maxsize=TAKE_TARGETS)
+def take(count: int) -> str:
+    """TAKE for `count` targets."""
+    return TAKE.format(targets=", ".join("?" * count))
