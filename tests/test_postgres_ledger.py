@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from faults import APP, wait_until
-from supervisor import Completed, LeaseLost, open_backend
+from supervisor import Completed, LeaseLost, Renewed, open_backend
+from supervisor.ledger.errors import StorageBusy
 from worker import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,8 +55,32 @@ def test_a_stale_write_racing_a_claim_open_in_another_transaction_waits_for_it_a
         assert backend.heap.steps("e1") == []
 
 
+def test_a_renewal_does_not_wait_long_behind_a_row_a_stuck_transaction_holds_and_the_other_leases_are_renewed(
+        pg_uri):
+    # A transaction that holds an execution's row and goes no further: a host cut off in the
+    # middle of it (a store change that wakes the execution, a step write) keeps its locks until
+    # the link heals. A supervisor renews its leases one after another: one stuck row must not
+    # hold up the others for longer than a fraction of a lease.
+    with open_backend(pg_uri) as backend:
+        for eid in ("stuck", "free"):
+            backend.executions.admit(eid, "w")
+        leases = {lease.execution_id: lease for lease in backend.executions.claim_due(limit=2, duration=3_000)}
+        with psycopg.connect(pg_uri) as stuck:
+            stuck.execute("SELECT 1 FROM executions WHERE execution_id = 'stuck' FOR SHARE")
+            started = time.monotonic()
+            with pytest.raises(StorageBusy):
+                backend.executions.renew(leases["stuck"], duration=3_000)
+            waited = time.monotonic() - started
+            assert waited < 2.0, f"the renewal waited {waited:.1f} s for the stuck row"
+            assert isinstance(backend.executions.renew(leases["free"], duration=3_000), Renewed)
+            stuck.rollback()
+        # The row free again, the lease is renewed at the next round.
+        assert isinstance(backend.executions.renew(leases["stuck"], duration=3_000), Renewed)
+
+
 @pytest.mark.parametrize("call", [
-    lambda b, lease: b.executions.renew(lease, duration=100),
+    # A renewal waits for a row lock at most a tenth of its lease: long enough here.
+    lambda b, lease: b.executions.renew(lease, duration=30_000),
     lambda b, lease: b.executions.release(lease),
     lambda b, lease: b.executions.acknowledge(lease, Completed('"stale"')),
     lambda b, lease: b.executions.acknowledge_and_claim([(lease, Completed('"stale"'))], limit=0, duration=100)[0][0],

@@ -28,8 +28,10 @@ class Connection(Protocol):
     # read-only look before a write saves other writers' time; with row locks it costs a trip.
     whole_database_write_lock: bool
 
-    def write(self, *, flush: bool = False) -> ContextManager[Transaction]:
-        """A write transaction; `flush` makes its commit durable whatever the durability."""
+    def write(self, *, flush: bool = False, lock_wait_ms: Optional[int] = None) -> ContextManager[Transaction]:
+        """A write transaction; `flush` makes its commit durable whatever the durability;
+        `lock_wait_ms` bounds how long its statements wait for a row lock (where the database
+        locks rows) before failing as `StorageBusy`, instead of the session's usual bound."""
 
     def read(self) -> ContextManager[Transaction]:
         """A read-only transaction: one snapshot for every statement in it."""

@@ -208,10 +208,14 @@ class Connection:
         self._session = Session(self._conn.cursor())
         return self._session
 
-    def write(self, *, flush: bool = False) -> ContextManager[Session]:
+    def write(self, *, flush: bool = False, lock_wait_ms: Optional[int] = None) -> ContextManager[Session]:
         """Run the block in one READ COMMITTED transaction: commit on success, else roll back.
-        `flush`: the commit waits for its WAL record to reach the disk, whatever the durability."""
-        return self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED", flush)
+        `flush`: the commit waits for its WAL record to reach the disk, whatever the durability.
+        `lock_wait_ms`: its statements wait at most this long for a row lock (`lock_timeout`)."""
+        begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
+        if lock_wait_ms is not None:
+            begin += f"; SET LOCAL lock_timeout = {int(lock_wait_ms)}"  # ms; sent with the BEGIN
+        return self._transaction(begin, flush)
 
     def read(self) -> ContextManager[Session]:
         """Run the block in one read-only transaction that sees one snapshot."""

@@ -255,10 +255,12 @@ class Connection:
         if mode != "wal":
             raise StorageUnavailable(f"SQLite could not put the ledger {self.path} in WAL mode (it stayed {mode})")
 
-    def write(self, *, flush: bool = False) -> ContextManager[sqlite3.Connection]:
+    def write(self, *, flush: bool = False, lock_wait_ms: Optional[int] = None) -> ContextManager[sqlite3.Connection]:
         """Run the block in one `BEGIN IMMEDIATE` transaction: commit on success, else roll back.
         `flush` (a claim's commit must survive a crash of the database server) changes nothing
-        here: SQLite has no server, and its durability setting holds for every commit."""
+        here: SQLite has no server, and its durability setting holds for every commit. Nor does
+        `lock_wait_ms`: SQLite locks no rows, and its one write lock is waited for as by any
+        writer (the busy timeout)."""
         return self._transaction("BEGIN IMMEDIATE", check_file=True)
 
     def read(self) -> ContextManager[sqlite3.Connection]:

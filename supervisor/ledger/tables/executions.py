@@ -95,8 +95,7 @@ UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = 
     ready_at = ?, updated_at = ?
 WHERE execution_id = ?"""
 
-# A single statement is atomic, so renew needs no explicit transaction. The fence is the
-# WHERE clause: current token, delivery not ended.
+# The fence is the WHERE clause: current token, delivery not ended.
 RENEW = """
 UPDATE executions SET lease_expires_at = ?, ready_at = ? + yieldstar_delay(unacknowledged_deliveries + 1),
     updated_at = ?
@@ -221,6 +220,16 @@ class _Row:
     def __init__(self, row: tuple):
         for name, value in zip(self.__slots__, row):
             setattr(self, name, value)
+
+
+def renewal_lock_wait_ms(duration: int) -> int:
+    """How long a renewal waits for its execution's row lock (on PostgreSQL) before failing as
+    busy: a tenth of the lease, between 50 ms and a second. A row held longer is held by a
+    transaction that is stuck (a host cut off mid-transaction holds its locks until the link
+    heals), and a supervisor renews its leases one after another: every other lease must not
+    wait behind the one stuck row, and lose its lease for it. The stuck one is renewed again at
+    the next round."""
+    return max(50, min(1000, duration // 10))
 
 
 class ExecutionTable(ExecutionClient):
@@ -423,7 +432,7 @@ class ExecutionTable(ExecutionClient):
         lease = self._lease(lease)
         arguments.integer("duration", duration, minimum=1)
         given, now = now, self._now(now)
-        with self._conn.write() as db:
+        with self._conn.write(lock_wait_ms=renewal_lock_wait_ms(duration)) as db:
             now = self._now_locked(given, now)
             expires = now + duration
             cursor = db.execute(RENEW, (expires, expires, now, lease.execution_id, lease.token))
