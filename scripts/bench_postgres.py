@@ -34,10 +34,13 @@ import tempfile
 import time
 from typing import Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
+
+from benchlib import cpu_seconds, own_cpu_seconds  # noqa: E402
 
 from supervisor import Completed, open_backend  # noqa: E402
 from supervisor.ledger.postgres.cluster import Cluster  # noqa: E402
@@ -89,19 +92,6 @@ def ledger_rates(uri: str, n: int) -> dict:
     return {"write_step": writes, "claim_due": claims, "acknowledge": acks}
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    """User and system CPU time of `processes` and of their children, living and reaped."""
-    total = 0.0
-    for process in processes:
-        for each in [process] + process.children(recursive=True):
-            try:
-                times = each.cpu_times()
-            except psutil.NoSuchProcess:
-                continue  # gone since it was listed: its parent's reaped-children times have it
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
-
-
 class CpuMeter:
     """CPU milliseconds per workflow of the server, the supervisors and their workers, between
     the moments 10% and 90% of the workflows had completed: the steady state, without the
@@ -122,7 +112,7 @@ class CpuMeter:
                 done = conn.execute("SELECT count(*) FROM executions WHERE status = 'completed'").fetchone()[0]
                 if done >= thresholds[0]:
                     thresholds.pop(0)
-                    own = sum(p.cpu_times().user + p.cpu_times().system for p in supervisors)
+                    own = sum(own_cpu_seconds(p) for p in supervisors)
                     self.marks.append((done, cpu_seconds([self.server]), own, cpu_seconds(supervisors) - own))
                 time.sleep(0.05)
 

@@ -38,7 +38,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchlib import percentile, raw_commit_rate  # noqa: E402
+from benchlib import cpu_seconds, own_cpu_seconds, percentile, raw_commit_rate  # noqa: E402
 
 from supervisor import open_backend  # noqa: E402
 from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
@@ -53,14 +53,6 @@ def admitted(folder: str, name: str, n: int, workflow: str = "noop3") -> str:
         for i in range(n):
             backend.executions.admit(f"e{i}", workflow, "null")
     return db
-
-
-def cpu_s(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for process in processes:
-        times = process.cpu_times()
-        total += times.user + times.system
-    return total
 
 
 def workers(me: psutil.Process) -> list[psutil.Process]:
@@ -79,7 +71,7 @@ def throughput(folder: str, concurrency: int, n: int, repetition: int = 0,
     def acknowledged(*_) -> None:
         acks.append(time.perf_counter())
         if len(acks) in (1, n):
-            cpu.append((cpu_s([me]), cpu_s(workers(me))))
+            cpu.append((own_cpu_seconds(me), cpu_seconds(workers(me))))
 
     supervisor = Supervisor(db, APP, SupervisorConfig(concurrency=concurrency, poll_ms=50), on_delivery=acknowledged)
     supervisor.run(until_idle=True)

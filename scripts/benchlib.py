@@ -1,4 +1,5 @@
-"""What the benchmarks share: the raw SQLite yardstick, and robust summaries of noisy timings."""
+"""What the benchmarks share: the raw SQLite yardstick, CPU time of processes, and robust summaries of
+noisy timings."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import sqlite3
 import statistics
 import time
+
+import psutil
 
 
 # Shaped like the ledger's `steps` table, so the yardstick writes what a fenced step write does.
@@ -42,6 +45,25 @@ def raw_insert_seconds(path: str, n: int = 2000) -> float:
 def raw_commit_rate(path: str, n: int = 2000) -> float:
     """Single-row commits per second (from the median commit time)."""
     return 1.0 / raw_insert_seconds(path, n)
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User and system CPU time of `processes` and of their children, living and reaped."""
+    total = 0.0
+    for process in processes:
+        for each in [process] + process.children(recursive=True):
+            try:
+                times = each.cpu_times()
+            except psutil.NoSuchProcess:
+                continue  # gone since it was listed: its parent's reaped-children times have it
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def own_cpu_seconds(process: psutil.Process) -> float:
+    """User and system CPU time of `process` alone."""
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def percentile(values, p: float) -> float:
