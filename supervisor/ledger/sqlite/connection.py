@@ -27,6 +27,20 @@ stays usable and the same call may succeed once a transient fault clears. Any ot
 constraint or syntax error — is a mistake in the calling code, not a storage failure: it
 propagates unchanged, and nothing should catch it.
 
+Waiting for the write lock. SQLite's own busy handler, when it finds the write lock taken,
+sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 ms and so on before it looks again, while a
+commit of ours holds the lock for tens of microseconds: under contention, writers slept through
+most of the time the lock was free. So once a connection is open its busy timeout is 0, and the
+two places where it can meet a busy file try again here, from 20 µs apart up to 1 ms apart, until
+`BUSY_TIMEOUT_MS` has passed, then report `StorageBusy`: a transaction's `BEGIN IMMEDIATE`, and a
+single statement (`execute`). A busy statement changed nothing, so trying it again is safe. Nothing
+else can be busy. Inside a write transaction, `BEGIN IMMEDIATE` holds the write lock, and a WAL
+commit needs no other lock. Nor can a read: a WAL reader never waits for a writer, and it meets a
+busy file only while another connection recovers the WAL or holds the file exclusively, both of
+which need no other connection to have the file open, and a connection keeps the file open (with
+a shared lock) from its first read on. That first read is made while it opens, under SQLite's
+own busy handler (`PRAGMA synchronous` reads the schema).
+
 Opening. Switching a file to WAL needs an exclusive lock, and SQLite reports some lock
 conflicts at once instead of calling the busy handler (two connections that each hold a shared
 lock and both want to write: one of them must give way). So the steps that open a ledger run
@@ -70,6 +84,8 @@ T = TypeVar("T")
 
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 BUSY_TIMEOUT_MS = 15_000
+# How long a call that met a busy file waits before it looks again: doubling up to the most.
+FIRST_BUSY_PAUSE_S, LONGEST_BUSY_PAUSE_S = 20e-6, 1e-3
 MEMORY = ":memory:"
 
 # SQLite's primary result codes that are storage failures (https://sqlite.org/rescode.html).
@@ -207,9 +223,9 @@ class Connection:
         try:
             for name, nargs, fn in functions:
                 self._conn.create_function(name, nargs, fn, deterministic=True)
-            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._conn.execute(f"PRAGMA synchronous = {DURABILITY[durability]}")
+            self._conn.execute(f"PRAGMA synchronous = {DURABILITY[durability]}")  # reads the file: see below
             self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.execute("PRAGMA busy_timeout = 0")  # waited out here instead (see the module docstring)
         except sqlite3.Error as exc:
             self._conn.close()
             _raise_mapped(exc, self.path)
@@ -275,7 +291,7 @@ class Connection:
             try:
                 self._conn.execute(begin)
             except sqlite3.Error as exc:
-                _raise_mapped(exc, self.path)
+                self._wait_out(exc, begin)
             try:
                 yield self._conn
             except sqlite3.Error as exc:
@@ -306,13 +322,33 @@ class Connection:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         """One statement, atomic on its own; its rows are fetched at once."""
-        # On every fenced write: a plain try costs less than a context manager.
         with self._lock:
+            return self._execute_waiting(sql, params)
+
+    def _execute_waiting(self, sql: str, params: Sequence[Any] = ()) -> Rows:
+        # On every fenced write: a plain try costs less than a context manager.
+        try:
             try:
                 cursor = self._conn.execute(sql, params)
-                return Rows(cursor.fetchall(), cursor.rowcount)
             except sqlite3.Error as exc:
-                _raise_mapped(exc, self.path)
+                cursor = self._wait_out(exc, sql, params)
+            return Rows(cursor.fetchall(), cursor.rowcount)
+        except sqlite3.Error as exc:
+            _raise_mapped(exc, self.path)
+
+    def _wait_out(self, exc: sqlite3.Error, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        """Run again the statement that raised `exc`, while the file is busy and the busy timeout
+        has not passed (see the module docstring); raise the contract error for `exc` otherwise."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = FIRST_BUSY_PAUSE_S
+        while (result_code(exc) or 0) & 0xFF == SQLITE_BUSY and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, LONGEST_BUSY_PAUSE_S)
+            try:
+                return self._conn.execute(sql, params)
+            except sqlite3.Error as again:
+                exc = again
+        _raise_mapped(exc, self.path)
 
     def close(self) -> None:
         with self._lock:
