@@ -13,7 +13,6 @@ import faulthandler
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import time
@@ -43,8 +42,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     # down, and the grace period it gives running deliveries, is the supervisor's call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    tasks: "queue.Queue" = queue.Queue()
-    watch = ParentWatch(conn, parent_pid, heartbeat_s, misses, tasks)
+    watch = ParentWatch(conn, parent_pid, heartbeat_s, misses)
     try:
         registry = load_app(app)
     except BaseException as exc:
@@ -57,7 +55,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     watch.send((READY, os.getpid(), None, None))
 
     while True:
-        message = tasks.get()
+        message = watch.next_task()
         if message is None:
             break
         _, execution_id, token, expires_at, claimed_at = message

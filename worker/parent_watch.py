@@ -1,6 +1,10 @@
 """The child's watch on its supervisor: heartbeats in, answers out, and a quick exit when orphaned.
 
-A thread reads the pipe, so the watch keeps running while the main thread is busy in a workflow.
+Whichever thread is free reads the pipe. The main thread, while it waits for work
+(`next_task()`), so that a delivery handed over wakes it directly, with nothing passed between
+threads; a watch thread, while a delivery runs, every half heartbeat, so that beats are answered
+while the main thread is busy in a workflow (the supervisor gives up on a child only after
+`misses` heartbeats of silence). The watch thread also makes the checks below, whoever reads.
 The child treats its supervisor as gone when any of these happens, and then shuts its write door
 (`may_write()` turns false) and exits at once:
 
@@ -17,15 +21,15 @@ orphan cannot even finish the statement it is in.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import NoReturn, Optional
 
 import psutil
 
@@ -48,7 +52,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 class ParentWatch:
-    def __init__(self, conn, parent_pid: int, heartbeat_s: float, misses: int, tasks: "queue.Queue[Any]"):
+    def __init__(self, conn, parent_pid: int, heartbeat_s: float, misses: int):
         self._conn = conn
         self._parent_pid = parent_pid
         # Taken while the parent is known to be alive (`die_with_parent` checked): psutil keys a
@@ -59,7 +63,8 @@ class ParentWatch:
             os._exit(EXIT_PARENT_GONE)
         self._limit = heartbeat_s * misses
         self._check_every = heartbeat_s / 2
-        self._tasks = tasks
+        self._reading = threading.Lock()  # held by the thread reading the pipe
+        self._tasks: collections.deque = collections.deque()  # RUN and EXIT messages not yet taken
         self._send_lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._gone = False
@@ -83,6 +88,31 @@ class ParentWatch:
         with self._send_lock:
             self._conn.send(message)
 
+    def next_task(self) -> Optional[tuple]:
+        """The next RUN message from the supervisor, or None when it says EXIT; waits for it,
+        answering heartbeats meanwhile."""
+        with self._reading:
+            while not self._tasks:
+                self._take(self._receive())
+            message = self._tasks.popleft()
+        return None if message[0] == EXIT else message
+
+    def _receive(self) -> tuple:
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            self._leave("pipe closed")
+
+    def _take(self, message: tuple) -> None:
+        self._last_beat = time.monotonic()
+        if message[0] == BEAT:
+            try:
+                self.send((ALIVE,))
+            except OSError:
+                self._leave("pipe closed")
+        elif message[0] in (RUN, EXIT):
+            self._tasks.append(message)
+
     def _parent_alive(self) -> bool:
         if os.getppid() != self._parent_pid:
             return False
@@ -91,7 +121,7 @@ class ParentWatch:
         except psutil.Error:
             return False
 
-    def _leave(self, why: str) -> None:
+    def _leave(self, why: str) -> NoReturn:
         self._gone = True
         log.warning("supervisor pid %d is gone (%s): no more writes, exiting", self._parent_pid, why)
         # Exit from here, whatever the main thread is doing: it may be blocked in a step that
@@ -100,26 +130,16 @@ class ParentWatch:
 
     def _run(self) -> None:
         while True:
-            try:
-                ready = self._conn.poll(self._check_every)
-                message = self._conn.recv() if ready else None
-            except (EOFError, OSError):
-                self._leave("pipe closed")
-                return
-            if message is None:
-                if time.monotonic() - self._last_beat > self._limit:
-                    self._leave("no heartbeat")
-                elif not self._parent_alive():
-                    self._leave("parent gone")
-                continue
-            self._last_beat = time.monotonic()
-            tag = message[0]
-            if tag == BEAT:
+            time.sleep(self._check_every)
+            if self._reading.acquire(blocking=False):  # else the main thread is reading
                 try:
-                    self.send((ALIVE,))
-                except OSError:
+                    while self._conn.poll(0):
+                        self._take(self._receive())
+                except (EOFError, OSError):
                     self._leave("pipe closed")
-            elif tag == RUN:
-                self._tasks.put(message)
-            elif tag == EXIT:
-                self._tasks.put(None)
+                finally:
+                    self._reading.release()
+            if time.monotonic() - self._last_beat > self._limit:
+                self._leave("no heartbeat")
+            elif not self._parent_alive():
+                self._leave("parent gone")
