@@ -89,8 +89,8 @@ class DispatchLoop:
         self.failing: dict[str, int] = {}  # storage errors in a row, by ledger method
         now = time.monotonic()
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
-        self.claiming = False  # a claim is in flight
-        self.claim_sent_at = now  # when the claim in flight was sent
+        self.claiming = 0  # claims in flight
+        self.promised = 0  # idle workers the claims in flight are for
         self.checking_ended = False  # an `ended` call is in flight
         self.next_ended_check = now
         self.next_poll = now
@@ -160,7 +160,7 @@ class DispatchLoop:
             return None
         if now >= self.grace_deadline and self.pool.busy():
             self.release_unfinished(now)
-        if not self.pool.busy() and not self.ending and not self.claiming:
+        if not self.pool.busy() and not self.ending and self.claiming == 0:
             return EXIT_STOPPED
         if self.settle_deadline is not None and now >= self.settle_deadline:
             log.warning("stopping with %d deliveries not yet settled: the database is not answering;"
@@ -205,21 +205,27 @@ class DispatchLoop:
     # -- claims ------------------------------------------------------------------------------
 
     def claim(self, now: float) -> None:
-        if self.claiming or self.grace_deadline is not None:
+        """Claim for the idle workers that no claim in flight is for. A claim may be sent while
+        another is in flight: a worker freed meanwhile need not wait for it, and its claim goes
+        out with the acknowledgement that freed it, in one transaction (see `wait`)."""
+        if self.grace_deadline is not None:
             return
         if not (self.claim_wanted or now >= self.next_poll):
             return
-        idle = self.idle(now)
-        if not idle:
+        wanted = len(self.idle(now)) - self.promised
+        if wanted <= 0:
             return
-        self.claiming, self.claim_wanted = True, False
-        self.claim_sent_at = now
+        self.claim_wanted = False
+        self.claiming += 1
+        self.promised += wanted
         self.next_poll = now + self.cfg.poll_ms / 1000
-        self.calls.submit(Call("claim_due", kwargs={"limit": len(idle), "duration": self.cfg.lease_ms},
-                               about=len(idle)))
+        self.calls.submit(Call("claim_due", kwargs={"limit": wanted, "duration": self.cfg.lease_ms},
+                               about=now))
 
     def on_claim_due(self, reply: Reply, now: float) -> None:
-        self.claiming = False
+        limit, sent_at = reply.call.kwargs["limit"], reply.call.about
+        self.claiming -= 1
+        self.promised -= limit
         if reply.error is not None:
             self.claim_failures += 1
             self.next_poll = now + _backoff(self.claim_failures, self.cfg.poll_ms / 1000)
@@ -230,7 +236,7 @@ class DispatchLoop:
         idle = self.idle(now) if self.grace_deadline is None else []
         for lease in leases:
             delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms,
-                                held_until=self.claim_sent_at + self.cfg.lease_ms / 1000)
+                                held_until=sent_at + self.cfg.lease_ms / 1000)
             child = idle.pop(0) if idle else None
             if child is not None and self.hand_over(child, delivery, now):
                 continue
@@ -239,8 +245,8 @@ class DispatchLoop:
             self.end(delivery, Retry("no worker could take it"), now)
         # A full batch means more may be waiting: claim again as soon as a child is free (as
         # after a nudge or a finished delivery that came while this claim was in flight).
-        self.claim_wanted = self.claim_wanted or len(leases) == reply.call.about
-        if not leases and (self.pool.idle() or self.until_idle):
+        self.claim_wanted = self.claim_wanted or len(leases) == limit
+        if not leases and self.claiming == 0 and (self.pool.idle() or self.until_idle):
             self.calls.submit(Call("next_ready_at", timed=True))
 
     def idle(self, now: float) -> list[Child]:
@@ -271,7 +277,7 @@ class DispatchLoop:
             # that is a round trip, which could block every heartbeat behind a lost server).
             wait_s = max(0.005, (ready - reply.clock_ms) / 1000)
             self.next_poll = min(self.next_poll, now + wait_s)
-        elif self.until_idle and not self.pool.busy() and not self.ending and not self.claiming:
+        elif self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0:
             self.idle_checked = True
 
     # -- renewals ------------------------------------------------------------------------------
@@ -597,7 +603,7 @@ class DispatchLoop:
 
     def deadline(self, now: float) -> float:
         deadlines = [self.next_beat, self.next_file_check]
-        if self.grace_deadline is None and self.idle(now) and not self.claiming:
+        if self.grace_deadline is None and len(self.idle(now)) > self.promised:
             deadlines.append(self.next_poll)
         elif self.grace_deadline is not None:
             # Once the grace period is over, only the settlements' replies (or their deadline)

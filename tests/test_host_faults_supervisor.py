@@ -192,7 +192,10 @@ def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(db, ledge
                         stop_requests=lambda: 0)
     try:
         (lease,) = ledger.executions.claim_due(limit=1, duration=config.lease_ms)
-        loop.on_claim_due(Reply(Call("claim_due", about=1), [lease]), time.monotonic())
+        loop.claiming, loop.promised = 1, 1  # as `claim` leaves them: one claim in flight, for one worker
+        claim = Call("claim_due", kwargs={"limit": 1, "duration": config.lease_ms}, about=time.monotonic())
+        loop.on_claim_due(Reply(claim, [lease]), time.monotonic())
+        assert (loop.claiming, loop.promised) == (0, 0)
         assert dead.pid not in [c.pid for c in pool.children]  # replaced by a fresh worker
 
         def released():
