@@ -122,3 +122,18 @@ def test_every_writer_of_a_contended_file_gets_through(tmp_path):
     assert [p.wait(timeout=50) for p in processes] == [0, 0, 0, 0]
     with open_backend(path) as backend:
         assert len(backend.executions.list()) == 1200
+
+
+def test_a_claim_with_nothing_due_looks_without_waiting_for_the_write_lock(ledger):
+    """An idle supervisor's poll reads first and takes the write lock only for work it saw; right
+    after a claim that found work it goes straight for the lock (more is likely), and once a
+    claim comes back empty it looks first again."""
+    claimed(ledger, "e1")
+    assert ledger.executions.claim_due(limit=1, duration=60_000) == []  # straight for the lock: found none
+    holder = Holder(ledger.path, WRITE_LOCK)
+    try:
+        assert ledger.executions.claim_due(limit=1, duration=60_000) == []  # a look, no wait
+        assert holder.process.poll() is None and not holder.process.stdin.closed, "the lock was held throughout"
+    finally:
+        holder.release()
+        holder.released_at()

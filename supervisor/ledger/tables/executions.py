@@ -248,6 +248,7 @@ class ExecutionTable(ExecutionClient):
         self._clock = clock
         self._delay = delay
         self._holder = _holder()
+        self._last_claim_found = False  # whether the last claim made here claimed anything
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -395,12 +396,15 @@ class ExecutionTable(ExecutionClient):
         # Look before taking the write lock: an idle supervisor's empty poll then costs a read,
         # and does not queue behind (or hold up) other processes' writes. A backend with row
         # locks (PostgreSQL) has no such lock to spare: its claim skips the rows others hold.
-        if self._conn.whole_database_write_lock:
+        # Right after a claim that found work, more is likely: the look would only cost a read.
+        if self._conn.whole_database_write_lock and not self._last_claim_found:
             with self._conn.read() as db:
                 if not self._claimable(db, now, limit):
                     return []
         with self._conn.write(flush=True) as db:  # a claim lost in a crash could hand a token out twice
-            return self._claim_in(db, self._now_locked(given, now), limit, duration)
+            leases = self._claim_in(db, self._now_locked(given, now), limit, duration)
+        self._last_claim_found = bool(leases)
+        return leases
 
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[ExecutionLease]:
         leases, opened = [], []
@@ -485,6 +489,8 @@ class ExecutionTable(ExecutionClient):
             # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
             woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
             leases = self._claim_in(db, now, limit, duration) if limit else []
+        if limit:
+            self._last_claim_found = bool(leases)
         self._announce_acknowledged(ended, woke)
         return replies, leases
 
