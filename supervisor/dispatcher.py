@@ -2,12 +2,12 @@
 
     supervisor process                                          child processes (pool)
     +-----------------------------------------------+          +-------------------------+
-    | dispatcher loop (main thread): owns all state |  ("run", id, token, expires, claimed_at)
+    | dispatcher loop (main thread): owns all state |  ("run", id, token, expires, claimed_at, start)
     |   wait() on pipes, child sentinels, nudges,   |--------> | run_delivery            |
     |   signals and the two ledger wake-ups         |  ("beat", expires)  /  ("alive",)      |
     |   claim / beat / renew / settle as steps      |<-------- |   write_step(token) --+  |
     |        | submit             ^ replies         |  ("done", id, token, outcome)     |  |
-    | ledger thread: claim_due, acknowledge,        |          | parent watch thread   |  |
+    | ledger thread: claim_deliveries, acknowledge, |          | parent watch thread   |  |
     |   release, next_ready_at (own connection)     |          +-----------------------|--+
     | renewal thread: renew (own connection)        |                                  |
     +--------|--------------------------------------+                                  v

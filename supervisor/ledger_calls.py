@@ -33,7 +33,7 @@ log = logging.getLogger("yieldstar.supervisor")
 # transaction in (group commit): what is queued when the thread comes back from the database
 # (or was flushed together) goes in one transaction, so a busy supervisor commits once for
 # many, and an idle one never waits to fill a batch.
-BATCHED = ("acknowledge", "claim_due")
+BATCHED = ("acknowledge", "claim_deliveries")
 
 
 class Wakeup:
@@ -96,9 +96,9 @@ def _joins(call: Call, batch: Optional[list[Call]] = None) -> bool:
     acknowledgements, and claims of one lease duration, made as of the backend's clock."""
     if call.method not in BATCHED or "now" in call.kwargs:
         return False
-    if call.method == "claim_due" and batch:
+    if call.method == "claim_deliveries" and batch:
         return all(other.kwargs["duration"] == call.kwargs["duration"] for other in batch
-                   if other.method == "claim_due")
+                   if other.method == "claim_deliveries")
     return True
 
 
@@ -183,21 +183,22 @@ class LedgerCalls:
             self._wakeup.wake()
 
     def _make(self, batch: list[Call]) -> list[Reply]:
-        """The replies to a batch: one call as itself, several in one `acknowledge_and_claim`."""
+        """The replies to a batch: one call as itself, several in one
+        `acknowledge_and_claim_deliveries`."""
         executions = self.backend.executions
         if len(batch) == 1:
             call = batch[0]
             clock_ms = self.backend.clock() if call.timed else None
             return [Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs), clock_ms=clock_ms)]
         acks = [call for call in batch if call.method == "acknowledge"]
-        claims = [call for call in batch if call.method == "claim_due"]
-        replies, leases = executions.acknowledge_and_claim(
+        claims = [call for call in batch if call.method == "claim_deliveries"]
+        replies, claimed = executions.acknowledge_and_claim_deliveries(
             [call.args for call in acks], limit=sum(call.kwargs["limit"] for call in claims),
             duration=claims[0].kwargs["duration"] if claims else 1)
         out = [Reply(call, reply) for call, reply in zip(acks, replies)]
-        for call in claims:  # each claim gets leases up to its own limit, in the order claimed
-            out.append(Reply(call, leases[:call.kwargs["limit"]]))
-            leases = leases[call.kwargs["limit"]:]
+        for call in claims:  # each claim gets deliveries up to its own limit, in the order claimed
+            out.append(Reply(call, claimed[:call.kwargs["limit"]]))
+            claimed = claimed[call.kwargs["limit"]:]
         return out
 
     def close(self, timeout: float = 5.0) -> bool:

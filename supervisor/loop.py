@@ -7,7 +7,7 @@ ledger threads (`ledger_calls`). No step waits for the database: a call is submi
 reply is handled on a later turn, so a held write lock or a full disk delays claims and
 acknowledgements and never a heartbeat. Every step takes the time as an argument.
 
-A delivery's life: claimed (a `claim_due` reply) -> handed to an idle ready child (RUN; a child
+A delivery's life: claimed (a `claim_deliveries` reply) -> handed to an idle ready child (RUN; a child
 found dead gets nothing, and the lease is released at once) -> renewed while its child answers
 -> the child's DONE -> acknowledged or released (retried after a backoff while the database
 fails, renewed meanwhile) -> settled. A renewal that finds the lease lost kills the child: it
@@ -219,10 +219,10 @@ class DispatchLoop:
         self.claiming += 1
         self.promised += wanted
         self.next_poll = now + self.cfg.poll_ms / 1000
-        self.calls.submit(Call("claim_due", kwargs={"limit": wanted, "duration": self.cfg.lease_ms},
+        self.calls.submit(Call("claim_deliveries", kwargs={"limit": wanted, "duration": self.cfg.lease_ms},
                                about=now))
 
-    def on_claim_due(self, reply: Reply, now: float) -> None:
+    def on_claim_deliveries(self, reply: Reply, now: float) -> None:
         limit, sent_at = reply.call.kwargs["limit"], reply.call.about
         self.claiming -= 1
         self.promised -= limit
@@ -231,22 +231,24 @@ class DispatchLoop:
             self.next_poll = now + _backoff(self.claim_failures, self.cfg.poll_ms / 1000)
             return
         self.claim_failures = 0
-        leases = reply.value
-        self.stats.claimed += len(leases)
+        claimed = reply.value
+        self.stats.claimed += len(claimed)
         idle = self.idle(now) if self.grace_deadline is None else []
-        for lease in leases:
+        for each in claimed:
+            lease = each.lease
             delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms,
                                 held_until=sent_at + self.cfg.lease_ms / 1000)
             child = idle.pop(0) if idle else None
-            if child is not None and self.hand_over(child, delivery, now):
+            start = None if each.input_json is None else (each.workflow, each.input_json)
+            if child is not None and self.hand_over(child, delivery, now, start):
                 continue
             # No child for it (one died, or the supervisor is stopping): give it back at once
             # instead of letting the execution wait out a whole lease.
             self.end(delivery, Retry("no worker could take it"), now)
         # A full batch means more may be waiting: claim again as soon as a child is free (as
         # after a nudge or a finished delivery that came while this claim was in flight).
-        self.claim_wanted = self.claim_wanted or len(leases) == limit
-        if not leases and self.claiming == 0 and (self.pool.idle() or self.until_idle):
+        self.claim_wanted = self.claim_wanted or len(claimed) == limit
+        if not claimed and self.claiming == 0 and (self.pool.idle() or self.until_idle):
             self.calls.submit(Call("next_ready_at", timed=True))
 
     def idle(self, now: float) -> list[Child]:
@@ -255,10 +257,13 @@ class DispatchLoop:
         recent = 2 * self.cfg.heartbeat_ms / 1000
         return [c for c in self.pool.idle() if now - c.last_answer <= recent]
 
-    def hand_over(self, child: Child, delivery: Delivery, now: float) -> bool:
+    def hand_over(self, child: Child, delivery: Delivery, now: float,
+                  start: Optional[tuple[str, str]] = None) -> bool:
+        """Send the delivery to `child`; `start`: (workflow, input) of a first delivery, which the
+        child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
         child.delivery = delivery
-        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at)):
+        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at, start)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.delivery = None

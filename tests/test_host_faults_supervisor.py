@@ -191,10 +191,10 @@ def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(db, ledge
     loop = DispatchLoop(config, Stats(), pool, calls, renewals, db_path=str(db), signals=Wakeup(),
                         stop_requests=lambda: 0)
     try:
-        (lease,) = ledger.executions.claim_due(limit=1, duration=config.lease_ms)
+        (claimed,) = ledger.executions.claim_deliveries(limit=1, duration=config.lease_ms)
         loop.claiming, loop.promised = 1, 1  # as `claim` leaves them: one claim in flight, for one worker
-        claim = Call("claim_due", kwargs={"limit": 1, "duration": config.lease_ms}, about=time.monotonic())
-        loop.on_claim_due(Reply(claim, [lease]), time.monotonic())
+        claim = Call("claim_deliveries", kwargs={"limit": 1, "duration": config.lease_ms}, about=time.monotonic())
+        loop.on_claim_deliveries(Reply(claim, [claimed]), time.monotonic())
         assert (loop.claiming, loop.promised) == (0, 0)
         assert dead.pid not in [c.pid for c in pool.children]  # replaced by a fresh worker
 

@@ -160,7 +160,7 @@ def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transa
     executions = calls.backend.executions
     batches, release = [], threading.Event()
     first_call_started = threading.Event()
-    real_acknowledge, real_batch = executions.acknowledge, executions.acknowledge_and_claim
+    real_acknowledge, real_batch = executions.acknowledge, executions.acknowledge_and_claim_deliveries
 
     def slow_acknowledge(*args, **kwargs):  # the first call stands for a slow round trip
         first_call_started.set()
@@ -171,14 +171,14 @@ def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transa
         batches.append((len(acknowledgements), kwargs["limit"]))
         return real_batch(acknowledgements, **kwargs)
 
-    executions.acknowledge, executions.acknowledge_and_claim = slow_acknowledge, counted_batch
+    executions.acknowledge, executions.acknowledge_and_claim_deliveries = slow_acknowledge, counted_batch
     try:
         calls.submit(Call("acknowledge", (leases[0], Completed("0"))))
         assert first_call_started.wait(10)
         for lease in leases[1:]:
             calls.submit(Call("acknowledge", (lease, Completed("1"))))
-        calls.submit(Call("claim_due", kwargs={"limit": 1, "duration": LEASE_MS}))
-        calls.submit(Call("claim_due", kwargs={"limit": 3, "duration": LEASE_MS}))
+        calls.submit(Call("claim_deliveries", kwargs={"limit": 1, "duration": LEASE_MS}))
+        calls.submit(Call("claim_deliveries", kwargs={"limit": 3, "duration": LEASE_MS}))
         release.set()
         replies = replies_of(calls, 6)
     finally:
@@ -190,7 +190,7 @@ def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transa
     assert [reply.value for reply in replies[:4]] == [Completed("0")] + [Completed("1")] * 3
     first_claim, second_claim = replies[4].value, replies[5].value
     assert len(first_claim) == 1 and second_claim == []  # each claim gets leases up to its own limit
-    assert first_claim[0].execution_id == "e4"
+    assert first_claim[0].lease.execution_id == "e4"
     with open_backend(db_path) as check:
         assert [check.executions.get(f"e{n}").status for n in range(5)] == ["completed"] * 4 + ["running"]
 
@@ -200,11 +200,11 @@ def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(db_path,
         setup.executions.admit("e", "w")
     calls = LedgerCalls(open_backend(db_path, clock=clock), "test-batches")
     batches = []
-    real_batch = calls.backend.executions.acknowledge_and_claim
-    calls.backend.executions.acknowledge_and_claim = lambda *a, **k: batches.append(a) or real_batch(*a, **k)
+    real_batch = calls.backend.executions.acknowledge_and_claim_deliveries
+    calls.backend.executions.acknowledge_and_claim_deliveries = lambda *a, **k: batches.append(a) or real_batch(*a, **k)
     try:
-        calls.submit(Call("claim_due", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
-        calls.submit(Call("claim_due", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
+        calls.submit(Call("claim_deliveries", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
+        calls.submit(Call("claim_deliveries", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
         replies = replies_of(calls, 2)
     finally:
         assert calls.close()
@@ -219,13 +219,13 @@ def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_pat
         leases = setup.executions.claim_due(limit=3, duration=LEASE_MS)
     calls = LedgerCalls(open_backend(db_path), "test-batches", gathering=True)
     batches = []
-    real_batch = calls.backend.executions.acknowledge_and_claim
-    calls.backend.executions.acknowledge_and_claim = lambda a, **k: batches.append((len(a), k["limit"])) or \
+    real_batch = calls.backend.executions.acknowledge_and_claim_deliveries
+    calls.backend.executions.acknowledge_and_claim_deliveries = lambda a, **k: batches.append((len(a), k["limit"])) or \
         real_batch(a, **k)
     try:
         for lease in leases:
             calls.submit(Call("acknowledge", (lease, Suspended())))
-        calls.submit(Call("claim_due", kwargs={"limit": 3, "duration": LEASE_MS}))
+        calls.submit(Call("claim_deliveries", kwargs={"limit": 3, "duration": LEASE_MS}))
         assert calls.pending == 4
         calls.flush()
         replies = replies_of(calls, 4)
@@ -233,7 +233,7 @@ def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_pat
         assert calls.close()
     assert batches == [(3, 3)]
     assert [reply.value for reply in replies[:3]] == [Suspended()] * 3
-    assert [lease.execution_id for lease in replies[3].value] == ["e3"]
+    assert [claimed.lease.execution_id for claimed in replies[3].value] == ["e3"]
 
 
 def test_a_timed_call_brings_the_ledgers_time_read_on_the_ledger_thread(db_path, clock):
@@ -250,3 +250,25 @@ def test_a_timed_call_brings_the_ledgers_time_read_on_the_ledger_thread(db_path,
         assert calls.close()
     assert (timed.value, timed.clock_ms) == (clock.now + 5_000, clock.now)
     assert (untimed.value, untimed.clock_ms) == (clock.now + 5_000, None)
+
+
+def test_a_first_delivery_is_claimed_with_its_workflow_and_input_and_a_later_one_without_its_input(backend, clock):
+    """`claim_deliveries` and the batch give a worker what it needs to start a first delivery
+    without reading the ledger; a later delivery (steps may be recorded) gets no input, and its
+    worker reads the execution and its steps."""
+    backend.executions.admit("a", "wf-a", '{"n": 1}')
+    backend.executions.admit("b", "wf-b", '[2]')
+    clock.advance(1)
+    (a,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    assert (a.lease.execution_id, a.lease.token, a.workflow, a.input_json) == ("a", 1, "wf-a", '{"n": 1}')
+    assert a.lease.expires_at == clock.now + LEASE_MS
+    backend.heap.write_step(a.lease, step_key="s", step_attempt=1, done=True, step_response_json="1")
+    backend.executions.release(a.lease)
+    clock.advance(60_000)  # past the redelivery delay
+
+    replies, claimed = backend.executions.acknowledge_and_claim_deliveries([], limit=2, duration=LEASE_MS)
+    assert replies == []
+    by_id = {each.lease.execution_id: each for each in claimed}
+    assert (by_id["a"].lease.token, by_id["a"].workflow, by_id["a"].input_json) == (2, "wf-a", None)
+    assert (by_id["b"].lease.token, by_id["b"].workflow, by_id["b"].input_json) == (1, "wf-b", "[2]")
+    assert [step.step_key for step in backend.heap.steps("a")] == ["s"]  # what the second delivery reads

@@ -109,6 +109,33 @@ def test_replay_skips_recorded_steps_and_runs_the_rest(backend, clock):
     assert json.loads(record.result_json) == {"first": 41, "second": 42}
 
 
+def test_a_first_delivery_started_from_its_claim_reads_nothing_and_a_later_one_replays(backend, clock, monkeypatch):
+    """The supervisor hands a first delivery over with the workflow and input its claim read
+    (`Claimed`): the worker starts it without reading the ledger. The next delivery gets no input,
+    reads the steps the first recorded, and replays them."""
+    admit(backend, "timer_between_steps", {"x": 41})
+    (claimed,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    assert claimed.input_json is not None
+
+    def no_read(execution_id):
+        raise AssertionError(f"a first delivery read execution {execution_id} from the ledger")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backend.executions, "get_with_steps", no_read)
+        outcome = run_delivery(backend, claimed.lease, sample.registry,
+                               start=(claimed.workflow, claimed.input_json))
+    assert outcome == Suspended()
+    assert backend.executions.acknowledge(claimed.lease, outcome) == outcome
+    assert sample.calls == {"workflow:timer_between_steps": 1, "first": 1}
+
+    clock.advance(60_000)  # past the timer
+    (again,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    assert (again.lease.token, again.input_json) == (2, None)
+    outcome = run_delivery(backend, again.lease, sample.registry)
+    assert outcome == Completed(json.dumps({"first": 41, "second": 42}))
+    assert sample.calls["first"] == 1  # replayed from the record, not run again
+
+
 def test_a_step_whose_delivery_crashed_before_recording_runs_again(backend, clock):
     class Crash(BaseException):
         """Stands in for the child process dying inside a step."""

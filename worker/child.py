@@ -58,11 +58,12 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         message = watch.next_task()
         if message is None:
             break
-        _, execution_id, token, expires_at, claimed_at = message
+        _, execution_id, token, expires_at, claimed_at, start = message
         lease = ExecutionLease(execution_id, token, expires_at)
         started = time.monotonic()
         try:
-            outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=claimed_at)
+            outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=claimed_at,
+                                   start=start)
         except StorageError as exc:
             outcome = storage_retry(exc)
         except Exception:

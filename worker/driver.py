@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
@@ -67,8 +67,18 @@ def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | Non
     return None
 
 
+class Start(NamedTuple):
+    """What a workflow's context needs of a first delivery's execution (an `ExecutionRecord`
+    serves as well)."""
+
+    execution_id: str
+    workflow: str
+    input_json: str
+
+
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
-                 may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None) -> DeliveryOutcome:
+                 may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
+                 start: Optional[tuple[str, str]] = None) -> DeliveryOutcome:
     """Run one delivery of `lease.execution_id` with its fencing token and return its outcome.
 
     Args:
@@ -76,13 +86,19 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
         claimed_at: the ledger time (ms) at which the lease was claimed. Timers and retry
             backoffs are judged due against the backend's clock, but never against a time
             earlier than this (see the module doc). None: the backend's clock alone.
+        start: (workflow, input JSON) of the execution when this is its first delivery, as the
+            claim found them (`Claimed`): nothing is recorded under an earlier token, so there
+            is nothing to read. None: read the execution and its recorded steps.
     """
     writer = FencedWriter(backend, lease, may_write)
     try:
-        found = backend.executions.get_with_steps(lease.execution_id)
-        if found is None:
-            return failure("UnknownExecution", f"execution {lease.execution_id!r} is not in the ledger")
-        execution, recorded = found
+        if start is not None:
+            execution, recorded = Start(lease.execution_id, *start), []
+        else:
+            found = backend.executions.get_with_steps(lease.execution_id)
+            if found is None:
+                return failure("UnknownExecution", f"execution {lease.execution_id!r} is not in the ledger")
+            execution, recorded = found
         fn = registry.get(execution.workflow)
         if fn is None:
             known = ", ".join(registry.names()) or "none"

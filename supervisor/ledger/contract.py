@@ -34,6 +34,7 @@ import abc
 from typing import Any, Callable, Optional, Sequence
 
 from .values import (
+    Claimed,
     EffectState,
     ExecutionLease,
     ExecutionRecord,
@@ -106,6 +107,11 @@ class ExecutionClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    def claim_deliveries(self, *, limit: int, duration: int, now: Optional[int] = None) -> list[Claimed]:
+        """`claim_due`, with what a worker needs to start each lease's delivery: the workflow,
+        and for a first delivery (token 1, nothing recorded yet) the input (see `Claimed`)."""
+
+    @abc.abstractmethod
     def renew(self, lease: ExecutionLease, *, duration: int, now: Optional[int] = None) -> Renewed | LeaseLost:
         """Fenced: extend the lease to `now + duration` if its token is current and its delivery
         has not ended by a release, an acknowledgement or a later claim. (An expired lease that
@@ -136,6 +142,12 @@ class ExecutionClient(abc.ABC):
         in the replies and changes nothing, while the others are applied. Returns the replies, in
         the order given, and the new leases. Bad input raises before anything is written.
         """
+
+    @abc.abstractmethod
+    def acknowledge_and_claim_deliveries(self, acknowledgements: Sequence[tuple[ExecutionLease, Outcome]], *,
+                                         limit: int, duration: int, now: Optional[int] = None
+                                         ) -> tuple[list[Outcome | LeaseLost], list[Claimed]]:
+        """`acknowledge_and_claim`, with each new lease as `claim_deliveries` gives it."""
 
     @abc.abstractmethod
     def next_ready_at(self) -> Optional[int]:

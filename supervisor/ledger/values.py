@@ -47,6 +47,20 @@ class ExecutionLease:
 
 
 @dataclass(frozen=True)
+class Claimed:
+    """A lease `claim_deliveries` took, with what a worker needs to start a first delivery.
+
+    `input_json` is the execution's input when this is its first delivery (token 1: nothing was
+    recorded under an earlier one, so the worker need not read its steps from the ledger), and
+    None when the execution was delivered before: its worker reads its record and steps.
+    """
+
+    lease: ExecutionLease
+    workflow: str
+    input_json: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class ExecutionRecord:
     execution_id: str
     workflow: str

@@ -24,6 +24,7 @@ from ..connection import Connection, Transaction
 from ..contract import ExecutionClient
 from ..errors import ExecutionConflict, UnknownExecution
 from ..values import (
+    Claimed,
     Completed,
     DeliveryEnd,
     ExecutionLease,
@@ -388,6 +389,9 @@ class ExecutionTable(ExecutionClient):
         return sorted((_Row(row) for row in found), key=lambda row: row.due_at)[:limit]
 
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
+        return [claimed.lease for claimed in self.claim_deliveries(limit=limit, duration=duration, now=now)]
+
+    def claim_deliveries(self, *, limit, duration, now=None) -> list[Claimed]:
         arguments.integer("limit", limit, minimum=0)
         arguments.integer("duration", duration, minimum=1)
         given, now = now, self._now(now)
@@ -402,12 +406,12 @@ class ExecutionTable(ExecutionClient):
                 if not self._claimable(db, now, limit):
                     return []
         with self._conn.write(flush=True) as db:  # a claim lost in a crash could hand a token out twice
-            leases = self._claim_in(db, self._now_locked(given, now), limit, duration)
-        self._last_claim_found = bool(leases)
-        return leases
+            claimed = self._claim_in(db, self._now_locked(given, now), limit, duration)
+        self._last_claim_found = bool(claimed)
+        return claimed
 
-    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[ExecutionLease]:
-        leases, opened = [], []
+    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[Claimed]:
+        claimed, opened = [], []
         for row in self._claimable(db, now, limit, lock=True):
             at = max(now, row.updated_at) if self._one_clock else now
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
@@ -426,11 +430,12 @@ class ExecutionTable(ExecutionClient):
             ready = max(row.due_at, expires + self._delay(unacked + 1))
             db.execute(CLAIM, (expires, unacked, ended_at, ready, at, row.execution_id))
             opened.append((row.execution_id, token, self._holder, at, expires))
-            leases.append(ExecutionLease(row.execution_id, token, expires))
+            claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
+                                   row.input_json if token == 1 else None))
         for start in range(0, len(opened), HISTORY_OPEN_ROWS):
             rows = opened[start:start + HISTORY_OPEN_ROWS]
             db.execute(history_open(len(rows)), [value for row in rows for value in row])
-        return leases
+        return claimed
 
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
         lease = self._lease(lease)
@@ -459,6 +464,11 @@ class ExecutionTable(ExecutionClient):
         return reply
 
     def acknowledge_and_claim(self, acknowledgements, *, limit, duration, now=None):
+        replies, claimed = self.acknowledge_and_claim_deliveries(acknowledgements, limit=limit, duration=duration,
+                                                                  now=now)
+        return replies, [each.lease for each in claimed]
+
+    def acknowledge_and_claim_deliveries(self, acknowledgements, *, limit, duration, now=None):
         if isinstance(acknowledgements, (str, bytes)) or not hasattr(acknowledgements, "__iter__"):
             raise arguments.InvalidArgument(
                 f"acknowledgements must be a sequence of (lease, outcome) pairs, not {type(acknowledgements).__name__}")
@@ -488,11 +498,11 @@ class ExecutionTable(ExecutionClient):
             ended = _ended(checked, replies)
             # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
             woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
-            leases = self._claim_in(db, now, limit, duration) if limit else []
+            claimed = self._claim_in(db, now, limit, duration) if limit else []
         if limit:
-            self._last_claim_found = bool(leases)
+            self._last_claim_found = bool(claimed)
         self._announce_acknowledged(ended, woke)
-        return replies, leases
+        return replies, claimed
 
     def _acknowledgement(self, lease, outcome) -> tuple:
         """(lease, outcome, statement, its outcome parameters): the checked form of one."""
