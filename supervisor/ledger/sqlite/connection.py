@@ -41,6 +41,14 @@ which need no other connection to have the file open, and a connection keeps the
 a shared lock) from its first read on. That first read is made while it opens, under SQLite's
 own busy handler (`PRAGMA synchronous` reads the schema).
 
+Checkpoints. SQLite copies the WAL back into the database file once a commit leaves it longer
+than the autocheckpoint (1000 pages by default), and the WAL starts again from its beginning only
+when no reader is using it. With several processes writing at once there nearly always is one,
+so past the threshold every commit ran a small checkpoint of its own, with two `fdatasync`s
+(`synchronous=NORMAL` syncs the WAL before and the file after): 0.3 per 3-step workflow at
+concurrency 4. Here the threshold is `WAL_AUTOCHECKPOINT_PAGES` (16 MiB of WAL with 4 KiB pages):
+a third as many syncs, and about a tenth less CPU per workflow.
+
 Opening. Switching a file to WAL needs an exclusive lock, and SQLite reports some lock
 conflicts at once instead of calling the busy handler (two connections that each hold a shared
 lock and both want to write: one of them must give way). So the steps that open a ledger run
@@ -84,6 +92,7 @@ T = TypeVar("T")
 
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 BUSY_TIMEOUT_MS = 15_000
+WAL_AUTOCHECKPOINT_PAGES = 4_000  # see "Checkpoints" in the module docstring
 # How long a call that met a busy file waits before it looks again: doubling up to the most.
 FIRST_BUSY_PAUSE_S, LONGEST_BUSY_PAUSE_S = 20e-6, 1e-3
 MEMORY = ":memory:"
@@ -225,6 +234,7 @@ class Connection:
                 self._conn.create_function(name, nargs, fn, deterministic=True)
             self._conn.execute(f"PRAGMA synchronous = {DURABILITY[durability]}")  # reads the file: see below
             self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
             self._conn.execute("PRAGMA busy_timeout = 0")  # waited out here instead (see the module docstring)
         except sqlite3.Error as exc:
             self._conn.close()
