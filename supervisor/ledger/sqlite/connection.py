@@ -31,7 +31,8 @@ Waiting for the write lock. SQLite's own busy handler, when it finds the write l
 sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 ms and so on before it looks again, while a
 commit of ours holds the lock for tens of microseconds: under contention, writers slept through
 most of the time the lock was free. So once a connection is open its busy timeout is 0, and the
-two places where it can meet a busy file try again here, from 20 µs apart up to 1 ms apart, until
+two places where it can meet a busy file try again here, pausing 20 µs, then twice as long each
+time up to 1 ms (Linux's timer slack lets the shortest pauses run to 60–100 µs), until
 `BUSY_TIMEOUT_MS` has passed, then report `StorageBusy`: a transaction's `BEGIN IMMEDIATE`, and a
 single statement (`execute`). A busy statement changed nothing, so trying it again is safe. Nothing
 else can be busy. Inside a write transaction, `BEGIN IMMEDIATE` holds the write lock, and a WAL
