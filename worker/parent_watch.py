@@ -13,7 +13,8 @@ The child treats its supervisor as gone when any of these happens, and then shut
   with psutil against the supervisor's start time counted from boot (never its wall-clock start
   time: that moves whenever the system clock is stepped, and a child comparing it would take a
   live supervisor for a dead one);
-- no heartbeat for `misses` heartbeat intervals (the supervisor is frozen, e.g. SIGSTOP).
+- no heartbeat for `misses` heartbeat intervals (the supervisor is frozen, e.g. SIGSTOP); while
+  a delivery runs, up to half a heartbeat more, as the watch thread reads every half heartbeat.
 
 On Linux the kernel also delivers SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), so an
 orphan cannot even finish the statement it is in.
