@@ -63,7 +63,7 @@ def handed(end: Connection) -> list[str]:
 def test_a_worker_freed_while_a_claim_is_in_flight_gets_a_claim_of_its_own(loop, db, ledger):
     for name in ("e1", "e2"):
         admit(db, name, "sv.noop3")
-    first, second = loop.pool.children
+    _, second = loop.pool.children
     second.delivery = Delivery(None, claimed_at=0, held_until=float("inf"))  # busy: not to be claimed for
     now = time.monotonic()
     loop.claim(now)

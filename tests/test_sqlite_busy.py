@@ -100,7 +100,7 @@ def test_a_lock_held_past_the_busy_timeout_is_storage_busy_naming_the_file_and_c
             with pytest.raises(StorageBusy, match="locked") as raised:
                 write()
             assert ledger.path in str(raised.value)
-            assert time.monotonic() - started >= 0.3, "gave up before the busy timeout"
+            assert time.monotonic() - started >= 0.29, "gave up before the busy timeout (less its last pause)"
     finally:
         holder.release()
         holder.released_at()

@@ -31,9 +31,10 @@ Waiting for the write lock. SQLite's own busy handler, when it finds the write l
 sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 ms and so on before it looks again, while a
 commit of ours holds the lock for tens of microseconds: under contention, writers slept through
 most of the time the lock was free. So once a connection is open its busy timeout is 0, and the
-two places where it can meet a busy file try again here, pausing 20 µs, then twice as long each
-time up to 1 ms (Linux's timer slack lets the shortest pauses run to 60–100 µs), until
-`BUSY_TIMEOUT_MS` has passed, then report `StorageBusy`: a transaction's `BEGIN IMMEDIATE`, and a
+two places where it can meet a busy file try again here, as the opening steps do (`patiently`)
+but with pauses of up to 20 µs, then up to twice as long each time up to 1 ms (Linux's timer
+slack lets the shortest run to 60–100 µs), until `BUSY_TIMEOUT_MS` has passed, then report
+`StorageBusy`: a transaction's `BEGIN IMMEDIATE`, and a
 single statement (`execute`). A busy statement changed nothing, so trying it again is safe. Nothing
 else can be busy. Inside a write transaction, `BEGIN IMMEDIATE` holds the write lock, and a WAL
 commit needs no other lock. Nor can a read: a WAL reader never waits for a writer, and it meets a
@@ -94,7 +95,7 @@ T = TypeVar("T")
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 BUSY_TIMEOUT_MS = 15_000
 WAL_AUTOCHECKPOINT_PAGES = 4_000  # see "Checkpoints" in the module docstring
-# How long a call that met a busy file waits before it looks again: doubling up to the most.
+# How long a write that met a busy file waits before it looks again (`patiently`): doubling up to the most.
 FIRST_BUSY_PAUSE_S, LONGEST_BUSY_PAUSE_S = 20e-6, 1e-3
 MEMORY = ":memory:"
 
@@ -158,17 +159,21 @@ def storage_error(exc: sqlite3.Error, path: str) -> Optional[StorageError]:
     return None
 
 
-def patiently(step: Callable[[], T], *, deadline: float) -> T:
-    """Run an opening step, again while it meets a busy file, until `deadline` (monotonic s)."""
-    pause = 0.001
+def patiently(step: Callable[[], T], *, deadline: float, first_pause_s: float = 0.001,
+              longest_pause_s: float = 0.05) -> T:
+    """Run `step`, again while it meets a busy file, until `deadline` (monotonic s): after a
+    random pause of up to `first_pause_s`, then up to twice as long each time, up to
+    `longest_pause_s`. The defaults suit the steps that open a ledger; a write waiting for the
+    write lock pauses far less (see the module docstring)."""
+    pause = first_pause_s
     while True:
         try:
             return step()
         except StorageBusy:
             if time.monotonic() + pause >= deadline:
                 raise
-        time.sleep(random.uniform(0, pause))  # apart, so that the openers do not collide again
-        pause = min(pause * 2, 0.05)
+        time.sleep(random.uniform(0, pause))  # apart, so that the waiters do not collide again
+        pause = min(pause * 2, longest_pause_s)
 
 
 def probe(path: str, look: Callable[[sqlite3.Connection], T]) -> Optional[T]:
@@ -302,7 +307,7 @@ class Connection:
             try:
                 self._conn.execute(begin)
             except sqlite3.Error as exc:
-                self._wait_out(exc, begin)
+                self._again_while_busy(exc, begin)
             try:
                 yield self._conn
             except sqlite3.Error as exc:
@@ -333,33 +338,28 @@ class Connection:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         """One statement, atomic on its own; its rows are fetched at once."""
-        with self._lock:
-            return self._execute_waiting(sql, params)
-
-    def _execute_waiting(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         # On every fenced write: a plain try costs less than a context manager.
-        try:
+        with self._lock:
             try:
                 cursor = self._conn.execute(sql, params)
+                return Rows(cursor.fetchall(), cursor.rowcount)
             except sqlite3.Error as exc:
-                cursor = self._wait_out(exc, sql, params)
+                return self._again_while_busy(exc, sql, params)
+
+    def _again_while_busy(self, exc: sqlite3.Error, sql: str, params: Sequence[Any] = ()) -> Rows:
+        """After `sql` raised `exc`: run it again while the file is busy, until the busy timeout
+        (see the module docstring); raise the contract error for `exc` if it was not busy."""
+        if not isinstance(storage_error(exc, self.path), StorageBusy):
+            _raise_mapped(exc, self.path)
+        return patiently(lambda: self._rows(sql, params), deadline=time.monotonic() + BUSY_TIMEOUT_MS / 1000,
+                         first_pause_s=FIRST_BUSY_PAUSE_S, longest_pause_s=LONGEST_BUSY_PAUSE_S)
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> Rows:
+        try:
+            cursor = self._conn.execute(sql, params)
             return Rows(cursor.fetchall(), cursor.rowcount)
         except sqlite3.Error as exc:
             _raise_mapped(exc, self.path)
-
-    def _wait_out(self, exc: sqlite3.Error, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
-        """Run again the statement that raised `exc`, while the file is busy and the busy timeout
-        has not passed (see the module docstring); raise the contract error for `exc` otherwise."""
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        pause = FIRST_BUSY_PAUSE_S
-        while (result_code(exc) or 0) & 0xFF == SQLITE_BUSY and time.monotonic() < deadline:
-            time.sleep(pause)
-            pause = min(pause * 2, LONGEST_BUSY_PAUSE_S)
-            try:
-                return self._conn.execute(sql, params)
-            except sqlite3.Error as again:
-                exc = again
-        _raise_mapped(exc, self.path)
 
     def close(self) -> None:
         with self._lock:
