@@ -314,7 +314,7 @@ class DispatchLoop:
             # The ledger set the new expiry after the call was sent: it lasts at least this long.
             delivery.held_until = max(delivery.held_until, delivery.renew_sent_at + self.cfg.lease_ms / 1000)
             return
-        self.lose(delivery, "the lease is lost")
+        self.lose(delivery, "the lease is lost", now)
 
     def stop_unconfirmed(self, now: float) -> None:
         """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
@@ -343,12 +343,18 @@ class DispatchLoop:
             self.replace(child)  # killed and joined: it can do nothing more
             self.end(delivery, Retry(why), now)
 
-    def lose(self, delivery: Delivery, why: str) -> None:
+    def lose(self, delivery: Delivery, why: str, now: float) -> None:
         """The delivery ended in the ledger (lost, or cancelled): kill its child, which may be
         inside a step calling the outside world, so that it stops at once."""
         child = self.child_of(delivery)
         if child is None or delivery.lost:
             return  # it raced the acknowledgement of this delivery: the acknowledgement decides
+        # What it said already still counts, as when a worker dies (`child_died`): a report of
+        # this delivery waiting in its pipe settles it, and the worker, idle again, is kept.
+        while child.delivery is delivery and child.conn.poll(0):
+            self.receive(child, now)
+        if child.delivery is not delivery:
+            return
         delivery.lost = True
         self.stats.lost += 1
         log.warning("execution %s token %d: %s; killing worker pid %d so that it stops at once",
@@ -376,7 +382,7 @@ class DispatchLoop:
         for delivery in reply.call.about:
             if (delivery.lease.execution_id, delivery.lease.token) in ended:
                 self.lose(delivery,
-                          "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)")
+                          "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)", now)
 
     def child_of(self, delivery: Delivery) -> Optional[Child]:
         return next((c for c in self.pool.children if c.delivery is delivery), None)

@@ -1,5 +1,6 @@
-"""The dispatcher loop's claims, driven by hand: a worker freed while a claim is in flight is
-claimed for at once, by a claim of its own, and no worker is claimed for twice.
+"""The dispatcher loop, driven by hand: a worker freed while a claim is in flight is claimed for
+at once, by a claim of its own, and no worker is claimed for twice; a lease found lost is settled
+from its worker's report when one is already waiting in the pipe, and its worker killed otherwise.
 
 Real ledger threads on a real SQLite file; the workers are the supervisor's ends of socket pairs
 (what the loop sends them is read back from the other ends).
@@ -17,10 +18,11 @@ import pytest
 from faults import APP, admit, db, ledger, wait_until
 from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
-from supervisor.ledger_calls import LedgerCalls, Wakeup
+from supervisor.ledger.values import LeaseLost
+from supervisor.ledger_calls import Call, LedgerCalls, Reply, Wakeup
 from supervisor.loop import DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
-from worker.protocol import RUN
+from worker.protocol import ALIVE, DONE, RUN
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,6 +46,7 @@ def loop(db):
                         db_path=str(db), signals=Wakeup(), stop_requests=lambda: 0)
     loop.workers = ends
     yield loop
+    pool.shutdown(kill=True)  # the replacements a test made the loop start, too
     calls.close()
     renewals.close()
     for end in ends:
@@ -86,3 +89,38 @@ def test_a_worker_freed_while_a_claim_is_in_flight_gets_a_claim_of_its_own(loop,
     got = [handed(end) for end in loop.workers]
     assert sorted(got) == [["e1"], ["e2"]], got  # one execution each
     assert all(child.busy for child in loop.pool.children)
+
+
+def running(loop, ledger, db) -> tuple:
+    """The loop's first worker running a delivery of a fresh execution: (worker, its pipe's other
+    end, the delivery)."""
+    admit(db, "e1", "sv.noop3")
+    (lease,) = ledger.executions.claim_due(limit=1, duration=30_000)
+    worker = loop.pool.children[0]
+    worker.delivery = Delivery(lease, claimed_at=lease.expires_at - 30_000, held_until=float("inf"))
+    return worker, loop.workers[0], worker.delivery
+
+
+def renewal_found_lost(loop, delivery) -> None:
+    loop.on_renew(Reply(Call("renew", (delivery.lease,), about=delivery), LeaseLost()), time.monotonic())
+
+
+def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, db, ledger):
+    """The worker's report (its write was refused: lost) came before the renewal that found the
+    lease lost was read: the report settles the delivery, and the worker, idle, is kept."""
+    worker, end, delivery = running(loop, ledger, db)
+    end.send((DONE, "e1", delivery.lease.token, LeaseLost(), 5))
+    renewal_found_lost(loop, delivery)
+    assert any(child is worker for child in loop.pool.children), "a worker that had reported was killed"
+    assert worker.delivery is None and not delivery.lost
+    assert loop.stats.lost == 1
+
+
+def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loop, db, ledger):
+    """Only an answer to a heartbeat is waiting: the worker is still inside the delivery, and
+    is killed and replaced so that it stops at once."""
+    worker, end, delivery = running(loop, ledger, db)
+    end.send((ALIVE,))
+    renewal_found_lost(loop, delivery)
+    assert not any(child is worker for child in loop.pool.children)
+    assert delivery.lost and loop.stats.lost == 1
