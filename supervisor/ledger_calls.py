@@ -13,6 +13,19 @@ touches nothing but its own queue and connection.
     dispatcher loop --submit(Call)--> queue --> ledger thread --> backend.executions.<method>
           ^                                           |
           +--- wait() sees the wake-up fd <-- Reply --+
+
+Made on the spot. The hop to the thread and back costs two wake-ups and a hand-over of the
+interpreter lock per transaction, about a sixth of the supervisor's throughput on short
+workflows. So a `LedgerCalls` may be given a second backend, `inline`, on which `flush()` makes
+the calls itself, in the caller's thread, whenever that cannot keep it waiting: the thread has
+nothing in hand (so the calls stay in order), the connection gives up at once if the write lock
+is taken (its busy timeout is 0: a held lock sends the calls to the thread, which waits it
+out), and no call made so has been slow lately. A commit can still take long where SQLite
+checkpoints (it syncs the disk); a flush that took longer than `INLINE_SLOW_S` sends every call
+to the thread for the next `INLINE_PAUSE_S`, so a disk that has become slow costs the loop
+one wait, not one per call. Only a local backend whose commits do not sync is given one
+(`Dispatcher`): a PostgreSQL call waits for the network, and a commit with `durability="full"`
+for the disk.
 """
 
 from __future__ import annotations
@@ -22,10 +35,11 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .ledger.errors import StorageError
+from .ledger.errors import StorageBusy, StorageError
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -34,6 +48,12 @@ log = logging.getLogger("yieldstar.supervisor")
 # (or was flushed together) goes in one transaction, so a busy supervisor commits once for
 # many, and an idle one never waits to fill a batch.
 BATCHED = ("acknowledge", "claim_deliveries")
+
+# A flush made on the spot that took longer than this (s) makes the next ones go to the thread
+# for a while (see "Made on the spot" above): a healthy commit takes well under a millisecond, a
+# checkpoint a few.
+INLINE_SLOW_S = 0.1
+INLINE_PAUSE_S = 10.0
 
 
 class Wakeup:
@@ -102,27 +122,42 @@ def _joins(call: Call, batch: Optional[list[Call]] = None) -> bool:
     return True
 
 
+def _next_batch(queued: collections.deque) -> list[Call]:
+    """Take from `queued` its first call and those after it that may share its transaction."""
+    call = queued.popleft()
+    batch = [call]
+    while _joins(call) and queued and queued[0] is not None and _joins(queued[0], batch):
+        batch.append(queued.popleft())
+    return batch
+
+
 class LedgerCalls:
     """Makes ledger calls in submission order on a thread of its own; replies come back through
     `replies()` once `fileno()` is readable.
 
     With `gathering` set, submitted calls wait in an outbox until `flush()` (the loop flushes
     before it blocks), so that what one turn of the loop decides (a child's acknowledgement, the
-    claim for its freed slot) reaches the thread at once and can share a transaction.
+    claim for its freed slot) reaches the thread at once and can share a transaction. With
+    `inline` too, `flush()` may make them itself (see the module docstring); their replies are
+    then ready at once (`has_replies()`), with no wake-up.
 
     Only storage errors become replies: any other exception is a bug in the caller (a bad
     argument), and is raised again by `replies()` in the loop, where it ends the supervisor with
     its traceback instead of being retried forever.
     """
 
-    def __init__(self, backend, name: str, *, gathering: bool = False):
+    def __init__(self, backend, name: str, *, gathering: bool = False, inline=None):
         """
         Args:
             backend: a backend of its own, used only by this thread from now on.
             name: the thread's name, for stack dumps.
             gathering: hold submitted calls until `flush()`.
+            inline: a backend of its own for the calls `flush()` makes itself, used only by
+                the thread that flushes; its connection must give up at once on a busy file.
         """
         self.backend = backend
+        self.inline = inline
+        self.inline_paused_until = 0.0  # monotonic s: till then every call goes to the thread
         self.gathering = gathering
         self._outbox: list[Optional[Call]] = []
         self._requests: "queue.SimpleQueue[list[Optional[Call]]]" = queue.SimpleQueue()
@@ -142,10 +177,41 @@ class LedgerCalls:
             self.flush()
 
     def flush(self) -> None:
-        """Hand the calls in the outbox to the thread, all at once."""
-        if self._outbox:
-            self._requests.put(self._outbox)
-            self._outbox = []
+        """Make the calls in the outbox on the spot where they cannot wait, and hand the rest
+        to the thread, all at once."""
+        if not self._outbox:
+            return
+        calls, self._outbox = self._outbox, []
+        if self.inline is not None and self.pending == len(calls) and None not in calls:
+            now = time.monotonic()
+            if now >= self.inline_paused_until:
+                calls = self._make_inline(calls)
+                if time.monotonic() - now > INLINE_SLOW_S:
+                    log.warning("a ledger call took %.1f s: the next ones go to the ledger thread for %.0f s",
+                                time.monotonic() - now, INLINE_PAUSE_S)
+                    self.inline_paused_until = time.monotonic() + INLINE_PAUSE_S
+        if calls:
+            self._requests.put(calls)
+
+    def _make_inline(self, calls: list[Call]) -> list[Call]:
+        """Make `calls` on the `inline` backend, batch by batch, until one meets a busy file;
+        returns that one and those after it, for the thread."""
+        queued = collections.deque(calls)
+        while queued:
+            batch = _next_batch(queued)
+            try:
+                self._replies.extend(self._make(batch, self.inline))
+            except StorageBusy:  # it changed nothing: the thread makes it, and waits for the lock
+                queued.extendleft(reversed(batch))
+                break
+            except StorageError as exc:
+                self._replies.extend(Reply(each, error=exc) for each in batch)
+        return list(queued)
+
+    def has_replies(self) -> bool:
+        """Whether replies are waiting to be taken (those of calls made on the spot are not
+        announced by the wake-up)."""
+        return bool(self._replies)
 
     def replies(self) -> list[Reply]:
         self._wakeup.drain()
@@ -168,12 +234,9 @@ class LedgerCalls:
                     queued.extend(self._requests.get_nowait())
                 except queue.Empty:
                     break
-            call = queued.popleft()
-            if call is None:
+            if queued[0] is None:
                 return
-            batch = [call]
-            while _joins(call) and queued and queued[0] is not None and _joins(queued[0], batch):
-                batch.append(queued.popleft())
+            batch = _next_batch(queued)
             try:
                 self._replies.extend(self._make(batch))
             except StorageError as exc:
@@ -182,13 +245,14 @@ class LedgerCalls:
                 self._replies.append(exc)
             self._wakeup.wake()
 
-    def _make(self, batch: list[Call]) -> list[Reply]:
-        """The replies to a batch: one call as itself, several in one
-        `acknowledge_and_claim_deliveries`."""
-        executions = self.backend.executions
+    def _make(self, batch: list[Call], backend=None) -> list[Reply]:
+        """The replies to a batch, made on `backend` (the thread's by default): one call as
+        itself, several in one `acknowledge_and_claim_deliveries`."""
+        backend = backend or self.backend
+        executions = backend.executions
         if len(batch) == 1:
             call = batch[0]
-            clock_ms = self.backend.clock() if call.timed else None
+            clock_ms = backend.clock() if call.timed else None
             return [Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs), clock_ms=clock_ms)]
         acks = [call for call in batch if call.method == "acknowledge"]
         claims = [call for call in batch if call.method == "claim_deliveries"]
@@ -208,6 +272,8 @@ class LedgerCalls:
         connection under a running statement is not safe."""
         self._outbox.append(None)
         self.flush()
+        if self.inline is not None:
+            self.inline.close()  # used by this thread alone: no statement of it is running
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("%s is still waiting for the database; leaving it", self._thread.name)

@@ -631,7 +631,9 @@ class DispatchLoop:
         # What this turn decided goes to the ledger thread together: a finished child's
         # acknowledgement and the claim for the slot it freed can then share one commit.
         self.calls.flush()
-        for key, _ in self.selector().select(max(0.0, deadline - time.monotonic())):
+        # Calls made on the spot have their replies already: take them on the next turn.
+        timeout = 0.0 if self.calls.has_replies() else max(0.0, deadline - time.monotonic())
+        for key, _ in self.selector().select(timeout):
             now = time.monotonic()
             ready, child = key.fileobj, key.data
             if ready is self.nudges:

@@ -4,7 +4,7 @@ Plain tuples, tag first: they are pickled on every delivery, so they stay small.
 
 parent -> child                          child -> parent
 ("run", execution_id, token,            ("ready", pid, error or None,   once, after loading the app
-  expires, claimed_at)                     storage kind or None)         and opening the ledger
+  expires, claimed_at, start)              storage kind or None)         and opening the ledger
 ("beat", expires or None)                ("alive",)                      answers every beat
 ("exit",)   finish and exit              ("done", execution_id, token, outcome, ms)
 
@@ -14,6 +14,8 @@ opened for a lasting reason (a corrupt or unsafe file), not that the app is brok
 `claimed_at` is the ledger time (ms) of the claim that made the delivery: the child never reads
 a time earlier than that one when it decides whether a timer is due, so a child whose clock
 lags the one that decided the execution was claimable does not find the timer early and spin.
+`start` is (workflow, input JSON) on an execution's first delivery, which the child then need not
+read from the ledger, and None on every later one (see `Claimed`).
 A supervisor that finds a lease lost kills the child: it may be inside a step calling the
 outside world, and a message it would read only after that step is no way to stop it.
 """

@@ -33,8 +33,8 @@ commit of ours holds the lock for tens of microseconds: under contention, writer
 most of the time the lock was free. So once a connection is open its busy timeout is 0, and the
 two places where it can meet a busy file try again here, as the opening steps do (`patiently`)
 but with pauses of up to 20 µs, then up to twice as long each time up to 1 ms (Linux's timer
-slack lets the shortest run to 60–100 µs), until `BUSY_TIMEOUT_MS` has passed, then report
-`StorageBusy`: a transaction's `BEGIN IMMEDIATE`, and a
+slack lets the shortest run to 60–100 µs), until `busy_timeout_s` (`BUSY_TIMEOUT_MS` unless
+set otherwise) has passed, then report `StorageBusy`: a transaction's `BEGIN IMMEDIATE`, and a
 single statement (`execute`). A busy statement changed nothing, so trying it again is safe. Nothing
 else can be busy. Inside a write transaction, `BEGIN IMMEDIATE` holds the write lock, and a WAL
 commit needs no other lock. Nor can a read: a WAL reader never waits for a writer, and it meets a
@@ -229,6 +229,9 @@ class Connection:
         check_durability(durability)
         self.path = os.fspath(path)
         self._lock = threading.RLock()
+        # How long a write waits for the write lock before it raises `StorageBusy`; 0 gives up
+        # at once (the supervisor loop's own connection, which must not wait: see `LedgerCalls`).
+        self.busy_timeout_s = BUSY_TIMEOUT_MS / 1000
         try:
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
@@ -351,7 +354,7 @@ class Connection:
         (see the module docstring); raise the contract error for `exc` if it was not busy."""
         if not isinstance(storage_error(exc, self.path), StorageBusy):
             _raise_mapped(exc, self.path)
-        return patiently(lambda: self._rows(sql, params), deadline=time.monotonic() + BUSY_TIMEOUT_MS / 1000,
+        return patiently(lambda: self._rows(sql, params), deadline=time.monotonic() + self.busy_timeout_s,
                          first_pause_s=FIRST_BUSY_PAUSE_S, longest_pause_s=LONGEST_BUSY_PAUSE_S)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> Rows:
