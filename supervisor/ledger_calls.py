@@ -213,8 +213,11 @@ class LedgerCalls:
         announced by the wake-up)."""
         return bool(self._replies)
 
-    def replies(self) -> list[Reply]:
+    def drain(self) -> None:
+        """Empty the wake-up, once `fileno()` was found readable (`replies()` does not look)."""
         self._wakeup.drain()
+
+    def replies(self) -> list[Reply]:
         out = []
         while self._replies:
             reply = self._replies.popleft()

@@ -644,7 +644,8 @@ class DispatchLoop:
                 self.signals.drain()
                 continue
             if child is None:
-                continue  # a ledger thread's replies: they are taken at the top of the loop
+                ready.drain()  # a ledger thread's replies: they are taken at the top of the loop
+                continue
             # The owner is the child registered with the descriptor: a sentinel is a plain fd
             # number, and the child that replaced a dead one earlier in this round may have been
             # given the same one.

@@ -146,7 +146,8 @@ def replies_of(calls: LedgerCalls, count: int, timeout: float = 10.0) -> list:
     replies, deadline = [], time.monotonic() + timeout
     while len(replies) < count:
         assert time.monotonic() < deadline, f"{len(replies)} of {count} replies after {timeout} s"
-        select.select([calls], [], [], 0.1)
+        if select.select([calls], [], [], 0.1)[0]:
+            calls.drain()
         replies.extend(calls.replies())
     return replies
 
