@@ -38,8 +38,6 @@ holds the GIL in C code for longer than the heartbeat tolerance does, as in a sy
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import inspect
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
@@ -59,6 +57,11 @@ def is_async_workflow(fn: Callable) -> bool:
 def run_to_end(awaitable: Awaitable) -> Any:
     """Run `awaitable` on an event loop of its own and return its result (or raise its error,
     `BaseException`s included); the loop is closed, and tasks left running cancelled, at the end."""
+    # asyncio is imported here, by the first async workflow: importing it (and the ssl module it
+    # brings) would add about 40 ms to the start of every worker, for every app.
+    import asyncio
+    import concurrent.futures
+
     main = awaitable if inspect.iscoroutine(awaitable) else _awaited(awaitable)
     try:
         asyncio.get_running_loop()

@@ -22,7 +22,6 @@ seconds while anything waits; with nothing waiting it sleeps until something doe
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import os
@@ -358,6 +357,8 @@ class AsyncHandle:
 
     async def result(self, timeout: Optional[float] = None) -> Any:
         """As `Handle.result`; waiting blocks no thread of the event loop's."""
+        import asyncio  # loaded already: this runs in its event loop (see `AsyncClient._call`)
+
         timeout = _timeout(timeout)
         loop = asyncio.get_running_loop()
         found: asyncio.Future = loop.create_future()
@@ -399,6 +400,10 @@ class AsyncClient(_Base):
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yieldstar-client")
 
     async def _call(self, fn: Callable, *args, **kwargs) -> Any:
+        # Imported here, where it is loaded already (this runs in its event loop): a worker
+        # imports this module too, and asyncio would add about 40 ms to its start.
+        import asyncio
+
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
