@@ -5,7 +5,10 @@ renew, beat, settle — and one `wait()` on everything that can need attention: 
 and process sentinel, the nudge socket, the stop-signal wake-up and the wake-ups of the two
 ledger threads (`ledger_calls`). No step waits for the database: a call is submitted, and its
 reply is handled on a later turn, so a held write lock or a full disk delays claims and
-acknowledgements and never a heartbeat. Every step takes the time as an argument.
+acknowledgements and never a heartbeat. (On SQLite the calls are made on the spot, on a
+connection of the loop's own, when that cannot wait: the write lock is free, and the commit
+syncs nothing; otherwise the thread makes them. See `ledger_calls`.) Every step takes the time
+as an argument.
 
 A delivery's life: claimed (a `claim_deliveries` reply) -> handed to an idle ready child (RUN; a child
 found dead gets nothing, and the lease is released at once) -> renewed while its child answers
