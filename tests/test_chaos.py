@@ -612,6 +612,24 @@ def test_chaos_refuses_a_postgres_database_that_holds_executions(pg_uri, tmp_pat
         assert [r.execution_id for r in backend.executions.list()] == ["someone-elses"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="disk_full needs root (a tmpfs)")
+def test_chaos_with_disk_full_refuses_a_work_folder_that_holds_a_ledger_before_it_starts(tmp_path):
+    # With disk_full the ledger lives on a tmpfs and is copied to <folder>/ledger.db at the end:
+    # a folder of an earlier run must be refused at once, not after the whole run.
+    work = tmp_path / "chaos"
+    work.mkdir()
+    (work / "ledger.db").write_bytes(b"an earlier run's")
+    done = subprocess.run([sys.executable, "-m", "supervisor.cli", "chaos", "--duration", "1",
+                           "--faults", "disk_full", "--workdir", str(work)],
+                          capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [f"yieldstar: {work} already holds a ledger.db (of an earlier run?): with"
+                                        " disk_full the run copies its ledger there at the end; give it a work"
+                                        " folder of its own"], done.stderr
+    assert (work / "ledger.db").read_bytes() == b"an earlier run's"
+    assert sorted(p.name for p in work.iterdir()) == ["ledger.db", "logs"]  # nothing mounted, nothing run
+
+
 # -- a real run ------------------------------------------------------------------------------------
 
 @pytest.mark.slow

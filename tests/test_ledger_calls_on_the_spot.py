@@ -14,6 +14,7 @@ import pytest
 from supervisor import Completed, LeaseLost, open_backend
 from supervisor.ledger.errors import LedgerGone
 from supervisor import ledger_calls
+from supervisor.dispatcher import Supervisor, SupervisorConfig
 from supervisor.ledger_calls import Call, LedgerCalls
 
 from test_ledger_batch import LEASE_MS, replies_of
@@ -154,3 +155,28 @@ def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_threa
     assert calls.on_spot.made == ["acknowledge"] and calls.on_thread.made == ["acknowledge"]
     assert calls.inline_paused_until - time.monotonic() > ledger_calls.INLINE_PAUSE_S - 5
     assert "the next ones go to the ledger thread" in caplog.text
+
+
+@pytest.mark.parametrize("durability, on_the_spot", [("normal", True), ("full", False)])
+def test_a_supervisor_on_sqlite_acknowledges_on_the_spot_unless_its_commits_sync(
+        db_path, monkeypatch, durability, on_the_spot):
+    # A commit with durability "full" waits for the disk: the loop must not make it itself. One
+    # worker, idle while its delivery is acknowledged: nothing else writes to take the lock.
+    made = []
+    real = LedgerCalls._make
+
+    def counted(self, batch, backend=None):
+        made.extend((call.method, backend is not None) for call in batch)
+        return real(self, batch, backend)
+
+    monkeypatch.setattr(LedgerCalls, "_make", counted)
+    with open_backend(db_path) as setup:
+        for n in range(6):
+            setup.executions.admit(f"e{n}", "noop3")
+    supervisor = Supervisor(str(db_path), "worker.bench_app", SupervisorConfig(concurrency=1, durability=durability))
+    assert supervisor.run(until_idle=True) == 0
+
+    assert supervisor.stats.completed == 6
+    acknowledged = [spot for method, spot in made if method == "acknowledge"]
+    assert len(acknowledged) == 6
+    assert all(acknowledged) if on_the_spot else not any(acknowledged)

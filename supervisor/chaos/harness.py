@@ -530,6 +530,9 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
         out(f"yieldstar chaos: leaving out {kind}: {why}")
     disk = None
     if FaultKind.DISK_FULL in config.faults:
+        if os.path.exists(os.path.join(folder, "ledger.db")):  # where the ledger is copied at the end
+            raise InvalidArgument(f"{shown(folder)} already holds a ledger.db (of an earlier run?): with disk_full the"
+                                  " run copies its ledger there at the end; give it a work folder of its own")
         disk = LedgerDisk(folder, size_mb(config.executions))
         disk.mount()
     backend = None
