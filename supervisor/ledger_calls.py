@@ -15,7 +15,7 @@ touches nothing but its own queue and connection.
           +--- wait() sees the wake-up fd <-- Reply --+
 
 Made on the spot. The hop to the thread and back costs two wake-ups and a hand-over of the
-interpreter lock per transaction, about a sixth of the supervisor's throughput on short
+interpreter lock per transaction: a tenth to a fifth of the supervisor's throughput on short
 workflows. So a `LedgerCalls` may be given a second backend, `inline`, on which `flush()` makes
 the calls itself, in the caller's thread, whenever that cannot keep it waiting: the thread has
 nothing in hand (so the calls stay in order), the connection gives up at once if the write lock
@@ -24,7 +24,7 @@ out), and no call made so has been slow lately. A commit can still take long whe
 checkpoints (it syncs the disk); a flush that took longer than `INLINE_SLOW_S` sends every call
 to the thread for the next `INLINE_PAUSE_S`, so a disk that has become slow costs the loop
 one wait, not one per call. Only a local backend whose commits do not sync is given one
-(`Dispatcher`): a PostgreSQL call waits for the network, and a commit with `durability="full"`
+(`dispatcher.Supervisor`): a PostgreSQL call waits for the network, and a commit with `durability="full"`
 for the disk.
 """
 
