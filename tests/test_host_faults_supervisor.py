@@ -90,12 +90,16 @@ def small_disk(tmp_path):
 def test_finding_3_the_supervisor_survives_a_disk_that_keeps_filling_up(small_disk, tmp_path, supervisors):
     db = small_disk / "ledger.db"
     ids = [f"order-{i}" for i in range(60)]
-    work = {"steps": 5, "sleep": 0.02, "log": str(tmp_path / "effects.log")}
+    # A delivery that meets a full disk ends as a retry, and each retry in a row doubles the
+    # execution's redelivery delay (1 s, 2 s, 4 s...): a delivery must be likely to fit between
+    # two bursts, or an unlucky execution waits out the test. Deliveries of about 20 ms, and a
+    # burst of 30 ms every 300 ms, make seven misses in a row (127 s of delays) about one in 300,000.
+    work = {"steps": 3, "sleep": 0.005, "log": str(tmp_path / "effects.log")}
     for execution_id in ids:
         admit(db, execution_id, "sv.steps", work)
     supervisor = supervisors.start(db, concurrency=2, lease_ms=3000, renew_ms=1000)
     with open_backend(db) as ledger:
-        with DiskFullBursts(small_disk) as disk:
+        with DiskFullBursts(small_disk, every_s=0.3) as disk:
             wait_until(lambda: disk.bursts >= 20 and all(status(ledger, e) == "completed" for e in ids),
                        timeout=90, message="every execution to complete between the disk-full bursts")
             assert supervisor.popen.poll() is None, supervisor.log()
