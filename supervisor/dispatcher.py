@@ -54,7 +54,7 @@ from worker.registry import AppNotFound, check_app_name
 from .ledger import arguments
 from .ledger.backends import is_uri, open_backend, shown
 from .ledger.errors import InvalidArgument, LedgerUnusable, StorageError
-from .ledger_calls import LedgerCalls, Wakeup
+from .ledger_calls import INLINE_SLOW_S, LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
 from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
 
@@ -180,7 +180,10 @@ class Supervisor:
                 log.info("stopped while the workers were loading the app")
                 return EXIT_STOPPED
             try:
-                calls = self._ledger_calls("ledger-calls", gathering=True, inline=self._makes_calls_inline())
+                # A call made on the spot holds up the heartbeats: one that takes a tenth of
+                # their tolerance sends the next ones to the thread for a while.
+                calls = self._ledger_calls("ledger-calls", gathering=True, inline=self._makes_calls_inline(),
+                                           inline_slow_s=min(INLINE_SLOW_S, cfg.silent_limit_s / 10))
                 if calls is not None:
                     renewals = self._ledger_calls("lease-renewals")
             except LedgerUnusable as exc:

@@ -21,9 +21,10 @@ the calls itself, in the caller's thread, whenever that cannot keep it waiting: 
 nothing in hand (so the calls stay in order), the connection gives up at once if the write lock
 is taken (its busy timeout is 0: a held lock sends the calls to the thread, which waits it
 out), and no call made so has been slow lately. A commit can still take long where SQLite
-checkpoints (it syncs the disk); a flush that took longer than `INLINE_SLOW_S` sends every call
-to the thread for the next `INLINE_PAUSE_S`, so a disk that has become slow costs the loop
-one wait, not one per call. Only a local backend whose commits do not sync is given one
+checkpoints (it syncs the disk); a flush that took longer than `inline_slow_s` (`INLINE_SLOW_S`,
+or a tenth of the heartbeat tolerance when that is shorter: see `dispatcher.Supervisor`) sends
+every call to the thread for the next `INLINE_PAUSE_S`, so a disk that has become slow costs
+the loop one wait, not one per call. Only a local backend whose commits do not sync is given one
 (`dispatcher.Supervisor`): a PostgreSQL call waits for the network, and a commit with `durability="full"`
 for the disk.
 """
@@ -146,7 +147,8 @@ class LedgerCalls:
     its traceback instead of being retried forever.
     """
 
-    def __init__(self, backend, name: str, *, gathering: bool = False, inline=None):
+    def __init__(self, backend, name: str, *, gathering: bool = False, inline=None,
+                 inline_slow_s: float = INLINE_SLOW_S):
         """
         Args:
             backend: a backend of its own, used only by this thread from now on.
@@ -154,9 +156,12 @@ class LedgerCalls:
             gathering: hold submitted calls until `flush()`.
             inline: a backend of its own for the calls `flush()` makes itself, used only by
                 the thread that flushes; its connection must give up at once on a busy file.
+            inline_slow_s: a flush made on the spot that took longer than this (s) sends the
+                calls to the thread for the next `INLINE_PAUSE_S`.
         """
         self.backend = backend
         self.inline = inline
+        self.inline_slow_s = inline_slow_s
         self.inline_paused_until = 0.0  # monotonic s: till then every call goes to the thread
         self.gathering = gathering
         self._outbox: list[Optional[Call]] = []
@@ -186,7 +191,7 @@ class LedgerCalls:
             now = time.monotonic()
             if now >= self.inline_paused_until:
                 calls = self._make_inline(calls)
-                if time.monotonic() - now > INLINE_SLOW_S:
+                if time.monotonic() - now > self.inline_slow_s:
                     log.warning("a ledger call took %.1f s: the next ones go to the ledger thread for %.0f s",
                                 time.monotonic() - now, INLINE_PAUSE_S)
                     self.inline_paused_until = time.monotonic() + INLINE_PAUSE_S

@@ -51,13 +51,18 @@ def claimed(db_path):
         return setup.executions.claim_due(limit=2, duration=LEASE_MS)
 
 
-@pytest.fixture
-def calls(db_path):
+def calls_on_the_spot(db_path, **options) -> LedgerCalls:
     spot = open_backend(db_path)
     spot.connection.busy_timeout_s = 0
-    made = LedgerCalls(open_backend(db_path), "test-spot", gathering=True, inline=spot)
+    made = LedgerCalls(open_backend(db_path), "test-spot", gathering=True, inline=spot, **options)
     made.on_thread = Counted(made.backend, *METHODS)
     made.on_spot = Counted(spot, *METHODS)
+    return made
+
+
+@pytest.fixture
+def calls(db_path):
+    made = calls_on_the_spot(db_path)
     yield made
     assert made.close()
 
@@ -140,17 +145,19 @@ def test_a_storage_error_on_the_spot_is_a_reply_as_on_the_thread(db_path, claime
     assert calls.on_thread.made == []
 
 
-def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_thread(
-        db_path, claimed, calls, monkeypatch, caplog):
-    monkeypatch.setattr(ledger_calls, "INLINE_SLOW_S", 0.0)  # every call is "slow"
+def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_thread(db_path, claimed, caplog):
+    calls = calls_on_the_spot(db_path, inline_slow_s=0.0)  # every call is "slow"
     first, second = claimed
-    calls.submit(Call("acknowledge", (first, Completed("1"))))
-    calls.flush()
-    assert [reply.value for reply in calls.replies()] == [Completed("1")]
+    try:
+        calls.submit(Call("acknowledge", (first, Completed("1"))))
+        calls.flush()
+        assert [reply.value for reply in calls.replies()] == [Completed("1")]
 
-    calls.submit(Call("acknowledge", (second, Completed("2"))))
-    calls.flush()
-    assert [reply.value for reply in replies_of(calls, 1)] == [Completed("2")]
+        calls.submit(Call("acknowledge", (second, Completed("2"))))
+        calls.flush()
+        assert [reply.value for reply in replies_of(calls, 1)] == [Completed("2")]
+    finally:
+        assert calls.close()
 
     assert calls.on_spot.made == ["acknowledge"] and calls.on_thread.made == ["acknowledge"]
     assert calls.inline_paused_until - time.monotonic() > ledger_calls.INLINE_PAUSE_S - 5
