@@ -23,10 +23,10 @@ The machine is shared and noisy: compare the ratios, not the absolute times.
 from __future__ import annotations
 
 import argparse
+import compileall
 import logging
 import multiprocessing
 import os
-import py_compile
 import signal
 import statistics
 import subprocess
@@ -137,20 +137,14 @@ def start_up(folder: str, repetition: int, concurrency: int = 4) -> tuple[float,
     return lease.claimed_at - began_ms, lease.ended_at - began_ms
 
 
-def compile_bytecode() -> int:
+def compile_bytecode() -> None:
     """Write the bytecode of the project's modules, as `pip install` (or a first import) does,
     so that start-up is measured as installed: with PYTHONDONTWRITEBYTECODE set, as on some
     development machines, every process would otherwise compile each module changed since its
-    bytecode was last written. Returns the number of modules."""
+    bytecode was last written."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    count = 0
     for package in ("supervisor", "worker"):
-        for folder, _, files in os.walk(os.path.join(root, package)):
-            for name in files:
-                if name.endswith(".py"):
-                    py_compile.compile(os.path.join(folder, name), doraise=True)
-                    count += 1
-    return count
+        assert compileall.compile_dir(os.path.join(root, package), quiet=1), f"{package} did not compile"
 
 
 def exec_to_exit(folder: str, n: int, concurrency: int = 2) -> float:
@@ -295,9 +289,9 @@ def main() -> int:
             print(f"  concurrency {concurrency}:                     {rate:10,.0f} /s")
         print(f"  localqueue get+ack, 2 processes:   {peer:10,.0f} /s" if peer is not None else
               "  localqueue: not installed (pip install localqueue to print its get+ack rate beside these)")
-        compiled = compile_bytecode()
-        print(f"(the start-up figures below run with the bytecode of {compiled} modules written first, as an installed"
-              f" package has it)")
+        compile_bytecode()
+        print("(the start-up figures below run with the project's bytecode written first, as an installed package"
+              " has it)")
         starts = [start_up(folder, r) for r in range(5)]
         print(f"start-up, exec to first claim / first acknowledgement (4 children, median of 5):"
               f" {statistics.median(c for c, _ in starts):.0f} / {statistics.median(a for _, a in starts):.0f} ms"

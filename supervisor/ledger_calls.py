@@ -164,7 +164,7 @@ class LedgerCalls:
         self.inline_slow_s = inline_slow_s
         self.inline_paused_until = 0.0  # monotonic s: till then every call goes to the thread
         self.gathering = gathering
-        self._outbox: list[Optional[Call]] = []
+        self._outbox: list[Call] = []
         self._requests: "queue.SimpleQueue[list[Optional[Call]]]" = queue.SimpleQueue()
         self._replies: collections.deque = collections.deque()
         self._wakeup = Wakeup()
@@ -187,7 +187,7 @@ class LedgerCalls:
         if not self._outbox:
             return
         calls, self._outbox = self._outbox, []
-        if self.inline is not None and self.pending == len(calls) and None not in calls:
+        if self.inline is not None and self.pending == len(calls):
             now = time.monotonic()
             if now >= self.inline_paused_until:
                 calls = self._make_inline(calls)
@@ -278,8 +278,8 @@ class LedgerCalls:
         seconds; True if it stopped (and its connection was closed). A thread still blocked in
         the database is left behind (it is a daemon) with its connection open: closing a
         connection under a running statement is not safe."""
-        self._outbox.append(None)
         self.flush()
+        self._requests.put([None])  # after whatever the flush left to the thread
         if self.inline is not None:
             self.inline.close()  # used by this thread alone: no statement of it is running
         self._thread.join(timeout)

@@ -382,16 +382,18 @@ def tmpfs(folder: Path, size: str):
     # A process killed at the end of the test (a worker SIGKILLed with its supervisor's group)
     # closes its files as it exits, which may take a moment after the kill: only a file still
     # open seconds later was left open.
-    deadline = time.monotonic() + 5.0
-    while True:
-        unmounted = subprocess.run(["umount", str(folder)], capture_output=True, text=True)
-        if unmounted.returncode == 0:
-            return
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    subprocess.run(["umount", "-l", str(folder)], check=False)
-    raise AssertionError(f"{folder} was still in use 5 s after the end of the test: {unmounted.stderr.strip()}")
+    last = None
+
+    def unmounted() -> bool:
+        nonlocal last
+        last = subprocess.run(["umount", str(folder)], capture_output=True, text=True)
+        return last.returncode == 0
+
+    try:
+        wait_until(unmounted, timeout=5.0, interval=0.05)
+    except AssertionError:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        raise AssertionError(f"{folder} was still in use 5 s after the end of the test: {last.stderr.strip()}") from None
 
 
 def fill_disk(fd: int) -> None:
