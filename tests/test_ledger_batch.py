@@ -113,6 +113,37 @@ def test_the_same_lease_twice_in_a_batch_is_applied_once(backend, clock):
     assert backend.executions.get("twice").result_json == "1"
 
 
+def test_a_batch_of_more_acknowledgements_than_one_statement_takes_fences_each_by_its_own_token(backend, clock):
+    """70 acknowledgements (more than PostgreSQL's one statement takes, and than one history
+    statement ends): every 10th is stale, one current lease comes twice, and the replies, rows and
+    history are each acknowledgement's own, in the order given."""
+    ids = [f"e{i:02}" for i in range(70)]
+    leases = admitted_and_claimed(backend, clock, *ids)
+    stale = [ExecutionLease(lease.execution_id, lease.token - 1, lease.expires_at) for lease in leases[::10]]
+    outcomes = {lease.execution_id: (Completed(str(i)) if i % 3 else Failed(f'{{"n": {i}}}') if i % 2 else Suspended())
+                for i, lease in enumerate(leases)}
+    batch = [(lease, outcomes[lease.execution_id]) for lease in leases[1:]]
+    batch[40:40] = [(lease, Completed('"stale"')) for lease in stale]  # token 0 of e00, e10, ...
+    batch.append((leases[5], Completed('"again"')))
+    batch.insert(0, (leases[0], outcomes["e00"]))
+    clock.advance(7)
+
+    replies, claimed = backend.executions.acknowledge_and_claim(batch, limit=0, duration=LEASE_MS)
+
+    assert claimed == []
+    expected = [LeaseLost() if lease.token == 0 or (lease == leases[5] and outcome == Completed('"again"'))
+                else outcome for lease, outcome in batch]
+    assert replies == expected
+    for i, lease in enumerate(leases):
+        record = backend.executions.get(lease.execution_id)
+        outcome = outcomes[lease.execution_id]
+        assert (record.status, record.token) == (outcome.status, lease.token)
+        assert record.result_json == getattr(outcome, "result_json", None)
+        assert record.error_json == getattr(outcome, "error_json", None)
+        (history,) = backend.executions.history(lease.execution_id)
+        assert (history.ended_at, history.ended_by, history.outcome) == (clock.now, "acknowledged", outcome.status)
+
+
 @pytest.mark.parametrize("bad, message", [
     ("not pairs", "acknowledgements must be a sequence of (lease, outcome) pairs"),
     ("a lone lease", "acknowledgements[2] must be a (lease, outcome) pair"),

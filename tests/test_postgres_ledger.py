@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from faults import APP, wait_until
-from supervisor import Completed, LeaseLost, Renewed, open_backend
+from supervisor import Completed, ExecutionLease, LeaseLost, Renewed, Suspended, open_backend
 from supervisor.ledger.errors import StorageBusy
 from worker import Client
 
@@ -195,5 +195,52 @@ def test_a_listener_whose_session_was_killed_connects_again(pg_cluster, pg_uri):
                 if select.select([listener], [], [], 0.5)[0]:
                     heard = listener.read()
             assert heard == {f"e{n}"}
+        finally:
+            listener.close()
+
+
+def heard(listener, timeout: float = 10.0):
+    """What the listener reads once it has heard something."""
+    assert select.select([listener], [], [], timeout)[0], "nothing was announced"
+    return listener.read()
+
+
+def test_a_batch_announces_the_executions_it_ended_with_its_commit_and_a_batch_rolled_back_announces_nothing(
+        pg_uri, monkeypatch):
+    """On PostgreSQL the batch's statement sends the announcement, delivered at the commit: the
+    executions it made terminal, not those it suspended or whose lease was stale; nothing from a
+    transaction that rolled back; and, past the payload's limit, "look at everything"."""
+    with open_backend(pg_uri) as backend:
+        listener = backend.listen_for_outcomes()
+        try:
+            for execution_id in ("done", "paused", "taken", "undone"):
+                backend.executions.admit(execution_id, "w")
+            leases = {lease.execution_id: lease for lease in backend.executions.claim_due(limit=4, duration=60_000)}
+            stale = ExecutionLease("taken", leases["taken"].token - 1, leases["taken"].expires_at)
+
+            def failing_claim(*args):
+                raise RuntimeError("the claim failed after the acknowledgements")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(backend.executions, "_claim_in", failing_claim)
+                with pytest.raises(RuntimeError):
+                    backend.executions.acknowledge_and_claim([(leases["undone"], Completed("0"))], limit=1,
+                                                             duration=60_000)
+            assert backend.executions.get("undone").status == "running"
+
+            replies, _ = backend.executions.acknowledge_and_claim(
+                [(leases["done"], Completed("1")), (leases["paused"], Suspended()), (stale, Completed("2"))],
+                limit=0, duration=60_000)
+            assert replies == [Completed("1"), Suspended(), LeaseLost()]
+            assert heard(listener) == {"done"}  # the rolled-back batch's "undone" was never sent
+
+            many = [f"{n:03}-" + "x" * 150 for n in range(60)]  # 9 kB of ids in one statement
+            for execution_id in many:
+                backend.executions.admit(execution_id, "w")
+            claimed = backend.executions.claim_due(limit=60, duration=60_000)
+            backend.executions.acknowledge_and_claim([(lease, Completed("3")) for lease in claimed], limit=0,
+                                                     duration=60_000)
+            assert heard(listener) is None  # too many ids to name: look at everything
+            assert {backend.executions.get(execution_id).status for execution_id in many} == {"completed"}
         finally:
             listener.close()

@@ -27,12 +27,15 @@ from ..tables import (
 from . import notify
 from .clock import ServerClock
 from .connection import Connection, check_uri, redacted
+from .executions import PostgresExecutionTable
 from .schema import SCHEMA_VERSION, migrate, recognise
 
 SERVER_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
 class PostgresBackend(LedgerTables):
+    execution_table = PostgresExecutionTable
+
     def __init__(self, uri, *, clock: Optional[Callable[[], int]] = None,
                  redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal",
                  create: bool = True):

@@ -60,10 +60,12 @@ class LedgerTables:
     #: Every process's clock estimates one shared clock (the server's), a little behind it by an
     #: amount each process has its own of: see `ExecutionTable(one_clock=)`.
     one_clock = False
+    #: The executions table's class: the shared one, or a backend's own form of some of its steps.
+    execution_table = ExecutionTable
 
     def _open_tables(self) -> None:
         announce = self._announce_due
-        self.executions = ExecutionTable(self._conn, self._clock, self.redelivery_delay, on_due=announce,
+        self.executions = self.execution_table(self._conn, self._clock, self.redelivery_delay, on_due=announce,
                                          on_ended=self._announce_ended, one_clock=self.one_clock)
         self.heap = HeapTable(self._conn, self._clock)
         self.starts = StartTable(self._conn, self._clock, on_due=announce)
