@@ -129,8 +129,9 @@ class PostgresExecutionTable(ExecutionTable):
         woken: list[str] = []
         for start in range(0, len(chosen), ACKNOWLEDGE_ROWS):
             some = [checked[i] for i in chosen[start:start + ACKNOWLEDGE_ROWS]]
-            params = [value for lease, outcome, _, terminal in some
-                      for value in (lease.execution_id, lease.token, *(terminal or (outcome.status, None, None)))]
+            # A terminal outcome's fields are (status, result_json, error_json); Suspended() has none.
+            params = [value for lease, outcome, _, fields in some
+                      for value in (lease.execution_id, lease.token, *(fields or (outcome.status, None, None)))]
             params += [now, now, DeliveryEnd.ACKNOWLEDGED.value, waiters.EXECUTION, notify.ENDED]
             for kind, name, token in db.execute(acknowledge(len(some)), params).fetchall():
                 if kind == "acknowledged":
