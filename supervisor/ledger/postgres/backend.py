@@ -3,7 +3,9 @@
 The tables' logic is the modules both backends share (`supervisor.ledger.tables`), run on a
 `supervisor.ledger.postgres.connection.Connection`, which turns each statement into PostgreSQL's
 form and takes the row locks the statements name (see that module): one set of
-rules, so both backends give the same replies and the same errors.
+rules, so both backends give the same replies and the same errors. The executions table's batch
+of acknowledgements and claim is one round trip, a function of PostgreSQL's own
+(`supervisor.ledger.postgres.executions`).
 
 Time. With `clock=None`, every time the ledger decides on (claimability, expiry, timers,
 `created_at`) is the database server's clock (`clock.ServerClock`: read once a second, carried
@@ -27,7 +29,7 @@ from ..tables import (
 from . import notify
 from .clock import ServerClock
 from .connection import Connection, check_uri, redacted
-from .executions import PostgresExecutionTable
+from .executions import BATCH_FUNCTION, PostgresExecutionTable
 from .schema import SCHEMA_VERSION, migrate, recognise
 
 SERVER_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
@@ -47,7 +49,7 @@ class PostgresBackend(LedgerTables):
         self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.durability = durability
         delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
-        self._conn = Connection(uri, durability=durability, delays=delays)
+        self._conn = Connection(uri, durability=durability, delays=delays, functions=BATCH_FUNCTION)
         self.clock = clock or ServerClock(self._read_server_clock)
         self.one_clock = clock is None
         try:

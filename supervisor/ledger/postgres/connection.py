@@ -171,12 +171,14 @@ class Connection:
     whole_database_write_lock = False
 
     def __init__(self, uri: str, *, durability: str = "normal", lock_timeout_ms: int = LOCK_TIMEOUT_MS,
-                 idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS, delays: Sequence[int] = (1000,)):
+                 idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS, delays: Sequence[int] = (1000,),
+                 functions: str = ""):
         """`delays`: the redelivery delay after 1, 2, ... unacknowledged deliveries (the last one
-        stands for every later count), made the session's `pg_temp.yieldstar_delay(n)`."""
+        stands for every later count), made the session's `pg_temp.yieldstar_delay(n)`.
+        `functions`: more of the session's own functions (`CREATE FUNCTION pg_temp....`)."""
         self.target = check_uri(uri)
         self._functions = SESSION_FUNCTIONS.format(delays=", ".join(str(int(d)) for d in delays),
-                                                   count=len(delays))
+                                                   count=len(delays)) + functions
         if durability not in SYNCHRONOUS_COMMIT:
             raise InvalidArgument(f"durability must be one of {sorted(SYNCHRONOUS_COMMIT)}, got {durability!r}")
         self.durability = durability

@@ -1,156 +1,201 @@
 """The executions table on PostgreSQL: the shared table (`supervisor.ledger.tables.executions`)
-with its two hottest steps made one statement each.
+with its hottest call, a batch of acknowledgements and a claim, made one round trip.
 
 The shared statements are written so that SQLite, which has no data-modifying `WITH`, can run
-them; a batch of acknowledgements and claims then costs PostgreSQL one round trip per
-acknowledgement, per claimed row, per kind of lease history change and for the waiters and the
-announcement. Here each half of a batch is one statement, whatever its size:
+them, and a batch runs them in a transaction the client drives: on PostgreSQL that is a round
+trip for `BEGIN`, for each acknowledgement, each claimed row, each kind of lease history change,
+the waiters, the announcement and `COMMIT`. Here the whole batch is one call of a function each
+session makes for itself (`BATCH_FUNCTION`, in `pg_temp` beside the session's other functions),
+in a transaction of its own, with one WAL flush when it claims:
 
-- `ACKNOWLEDGE`: the fenced updates of every acknowledgement (each by its own token; the
-  rows it returns are the ones that were current), the end of their deliveries in the lease
-  history, the waiters of the executions they ended (deleted as they are read: the caller wakes
-  them), and the `yieldstar_ended` announcement, which PostgreSQL delivers at the commit, as the
-  shared table's announcement after the commit would be.
-- `CLAIM`: the claimable rows (locked, skipping rows other claimers hold), their new tokens and
-  leases, the superseded deliveries closed and the new ones opened in the lease history.
+1. the acknowledgements, one statement: the fenced updates (each by its own token; the rows it
+   returns are the deliveries that were current, the others are `LeaseLost`), the end of their
+   deliveries in the lease history, the waiters of the executions they ended (deleted as they
+   are read), and the `yieldstar_ended` announcement, which PostgreSQL sends at the commit and
+   drops with a rollback;
+2. the waiters woken, one statement, by `ExecutionTable.wake_in`'s rules (the claim after it
+   sees them due, as on SQLite);
+3. the claim, one statement: the claimable rows (locked, skipping rows other claimers hold),
+   their new tokens and leases, the superseded deliveries closed and the new ones opened in the
+   lease history.
 
-Both compute what the shared table computes in Python, in SQL, with the same rules; the
-contract tests run against both backends, and the replies, rows and history they check are the
-same. The statements are in the ledger's statement form (`?` parameters), made PostgreSQL's by
-the connection like every other (`connection.translate`).
+Each computes in SQL what the shared table computes in Python, by the same rules; the contract
+and group-commit tests run against both backends and check the same replies, rows and history.
 """
 
 from __future__ import annotations
 
-import functools
+from typing import Optional
 
-from ..connection import Transaction
-from ..tables import waiters
+from .. import arguments
 from ..tables.executions import ExecutionTable
 from ..tables.execution_rows import COLUMNS
 from ..values import Claimed, DeliveryEnd, ExecutionLease, LeaseLost
 from . import notify
 
-# `{rows}`: one "(?, ?, ?, ?, ?)" per acknowledgement, typed by the first (`acknowledge`).
-# Each acknowledgement is (execution_id, token, status, result_json, error_json); a Suspended()
-# one keeps its results and waits for the wake its delivery asked for (`wake_during_lease`).
-ACKNOWLEDGE = """
-WITH acks (execution_id, token, status, result_json, error_json) AS (VALUES {rows}),
-acknowledged AS (
-    UPDATE executions e SET status = a.status,
-        ever_suspended = CASE WHEN a.status = 'suspended' THEN 1 ELSE e.ever_suspended END,
-        result_json = CASE WHEN a.status = 'suspended' THEN e.result_json ELSE a.result_json END,
-        error_json = CASE WHEN a.status = 'suspended' THEN e.error_json ELSE a.error_json END,
-        lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL,
-        due_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
-        ready_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
-        wake_during_lease = NULL, updated_at = ?
-    FROM acks a
-    WHERE e.execution_id = a.execution_id AND e.token = a.token AND e.status = 'running'
-    RETURNING e.execution_id, e.token, a.status),
-history AS (
-    UPDATE lease_history h SET ended_at = ?, ended_by = ?, outcome = d.status
-    FROM acknowledged d WHERE h.execution_id = d.execution_id AND h.token = d.token),
-woken AS (
-    DELETE FROM waiters w USING acknowledged d
-    WHERE w.kind = ? AND w.target = d.execution_id AND d.status <> 'suspended'
-    RETURNING w.waiter),
-announced AS (
-    SELECT pg_notify(?, CASE WHEN octet_length(string_agg(execution_id, E'\\n')) <= {max_payload}
-        THEN string_agg(execution_id, E'\\n') ELSE '' END)
-    FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0)
-SELECT 'acknowledged', execution_id, token FROM acknowledged
-UNION ALL SELECT 'woken', waiter, NULL FROM woken
-UNION ALL SELECT 'announced', NULL, NULL FROM announced"""
-ACKNOWLEDGE_ROWS = 64
+# Its parameters are p_..., its columns o_...: neither may be read as a table's column.
+# `p_at_floor`: each claim takes effect no earlier than the row's last change (`one_clock`).
+# `p_flush`: the commit waits for the WAL flush (a claim is durable before it is handed out).
+BATCH_FUNCTION = f"""
+CREATE FUNCTION pg_temp.yieldstar_batch(
+    p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[],
+    p_now bigint, p_limit integer, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean)
+RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text)
+LANGUAGE plpgsql AS $batch$
+DECLARE
+    found_row record;
+    woken_ids text[] := '{{}}';
+BEGIN
+    IF p_flush THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF cardinality(p_ids) > 0 THEN
+        FOR found_row IN
+            WITH acks AS (
+                SELECT * FROM unnest(p_ids, p_tokens, p_statuses, p_results, p_errors)
+                    AS a(execution_id, token, status, result_json, error_json)),
+            acknowledged AS (
+                UPDATE executions e SET status = a.status,
+                    ever_suspended = CASE WHEN a.status = 'suspended' THEN 1 ELSE e.ever_suspended END,
+                    result_json = CASE WHEN a.status = 'suspended' THEN e.result_json ELSE a.result_json END,
+                    error_json = CASE WHEN a.status = 'suspended' THEN e.error_json ELSE a.error_json END,
+                    lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL,
+                    due_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
+                    ready_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
+                    wake_during_lease = NULL, updated_at = p_now
+                FROM acks a
+                WHERE e.execution_id = a.execution_id AND e.token = a.token AND e.status = 'running'
+                RETURNING e.execution_id, e.token, a.status),
+            history AS (
+                UPDATE lease_history h SET ended_at = p_now, ended_by = '{DeliveryEnd.ACKNOWLEDGED.value}',
+                    outcome = d.status
+                FROM acknowledged d WHERE h.execution_id = d.execution_id AND h.token = d.token),
+            woken AS (
+                DELETE FROM waiters w USING acknowledged d
+                WHERE w.kind = 'execution' AND w.target = d.execution_id AND d.status <> 'suspended'
+                RETURNING w.waiter),
+            announced AS (
+                SELECT pg_notify('{notify.ENDED}',
+                    CASE WHEN octet_length(string_agg(execution_id, E'\\n')) <= {notify.MAX_PAYLOAD}
+                    THEN string_agg(execution_id, E'\\n') ELSE '' END)
+                FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0)
+            SELECT 'acknowledged' AS kind, execution_id AS name, token FROM acknowledged
+            UNION ALL SELECT 'woken', waiter, NULL FROM woken
+            UNION ALL SELECT 'announced', NULL, NULL FROM announced
+        LOOP
+            IF found_row.kind = 'woken' THEN
+                woken_ids := woken_ids || found_row.name;
+            ELSIF found_row.kind = 'acknowledged' THEN
+                RETURN QUERY SELECT 'acknowledged', found_row.name, found_row.token, NULL::bigint, NULL, NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    IF cardinality(woken_ids) > 0 THEN
+        -- `ExecutionTable.wake_in(waiter, at=now)`: an earlier due time; a running one remembers
+        -- it for after its delivery, and its lease (with the redelivery delay) still decides.
+        UPDATE executions e SET due_at = LEAST(e.due_at, p_now),
+            wake_during_lease = CASE WHEN e.status = 'running' THEN LEAST(e.wake_during_lease, p_now) END,
+            ready_at = CASE
+                WHEN e.status = 'running' THEN GREATEST(LEAST(e.due_at, p_now),
+                    e.lease_expires_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries + 1))
+                WHEN e.unacknowledged_deliveries = 0 THEN LEAST(e.due_at, p_now)
+                ELSE GREATEST(LEAST(e.due_at, p_now),
+                    e.delivery_ended_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries)) END,
+            updated_at = p_now
+        WHERE e.execution_id = ANY(woken_ids) AND e.status NOT IN ('completed', 'failed', 'cancelled');
+        IF FOUND THEN
+            RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL;
+        END IF;
+    END IF;
+    IF p_limit > 0 THEN
+        -- The shared `_CLAIMABLE` (due rows earliest first, ties in admission order, then every
+        -- running row whose lease expired and whose redelivery delay passed), the first p_limit
+        -- of them by due time. A superseded delivery counts as unacknowledged and ends when its
+        -- lease expired.
+        RETURN QUERY
+        WITH picked AS MATERIALIZED (
+            SELECT *, CASE WHEN p_at_floor THEN GREATEST(p_now, updated_at) ELSE p_now END AS at,
+                unacknowledged_deliveries + CASE WHEN status = 'running' THEN 1 ELSE 0 END AS unacked,
+                CASE WHEN status = 'running' THEN lease_expires_at ELSE delivery_ended_at END AS ended_at
+            FROM (
+                SELECT * FROM (
+                    SELECT 0 AS part, seq, {COLUMNS} FROM executions
+                    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
+                    ORDER BY due_at, seq LIMIT p_limit FOR UPDATE SKIP LOCKED) AS due
+                UNION ALL
+                SELECT * FROM (
+                    SELECT 1, seq, {COLUMNS} FROM executions
+                    WHERE status = 'running' AND ready_at <= p_now FOR UPDATE SKIP LOCKED) AS expired
+                ORDER BY due_at, part, seq LIMIT p_limit) AS claimable),
+        claimed AS (
+            UPDATE executions e SET token = p.token + 1, status = 'running', lease_expires_at = p.at + p_duration,
+                unacknowledged_deliveries = p.unacked, delivery_ended_at = p.ended_at, wake_during_lease = NULL,
+                ready_at = GREATEST(p.due_at, p.at + p_duration + pg_temp.yieldstar_delay(p.unacked + 1)),
+                updated_at = p.at
+            FROM picked p WHERE e.execution_id = p.execution_id
+            RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json,
+                p.due_at, p.part, p.seq),
+        superseded AS (
+            UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = '{DeliveryEnd.SUPERSEDED.value}',
+                outcome = NULL, expires_at = p.lease_expires_at
+            FROM picked p WHERE p.status = 'running' AND h.execution_id = p.execution_id AND h.token = p.token),
+        opened AS (
+            INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
+            SELECT c.execution_id, c.token, p_holder, c.updated_at, c.lease_expires_at FROM claimed c)
+        SELECT 'claimed', c.execution_id, c.token, c.lease_expires_at, c.workflow,
+            CASE WHEN c.token = 1 THEN c.input_json END
+        FROM claimed c ORDER BY c.due_at, c.part, c.seq;
+    END IF;
+END
+$batch$;
+"""
 
-# The shared `_CLAIMABLE` (due rows earliest first, ties in admission order, then every running
-# row whose lease expired and whose redelivery delay passed), the first `limit` of them by due
-# time claimed. A superseded delivery (`status = 'running'`) counts as unacknowledged and ends
-# when its lease expired. `{at}`: when each claim takes effect (`ExecutionTable(one_clock=)`).
-CLAIM = f"""
-WITH picked AS MATERIALIZED (
-    SELECT *, {{at}} AS at,
-        unacknowledged_deliveries + CASE WHEN status = 'running' THEN 1 ELSE 0 END AS unacked,
-        CASE WHEN status = 'running' THEN lease_expires_at ELSE delivery_ended_at END AS ended_at
-    FROM (
-        SELECT * FROM (
-            SELECT 0 AS part, seq, {COLUMNS} FROM executions
-            WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= ? AND ready_at <= ?
-            ORDER BY due_at, seq LIMIT ? FOR UPDATE SKIP LOCKED) AS due
-        UNION ALL
-        SELECT * FROM (
-            SELECT 1, seq, {COLUMNS} FROM executions
-            WHERE status = 'running' AND ready_at <= ? FOR UPDATE SKIP LOCKED) AS expired
-        ORDER BY due_at, part, seq LIMIT ?) AS claimable),
-claimed AS (
-    UPDATE executions e SET token = p.token + 1, status = 'running', lease_expires_at = p.at + ?,
-        unacknowledged_deliveries = p.unacked, delivery_ended_at = p.ended_at, wake_during_lease = NULL,
-        ready_at = GREATEST(p.due_at, p.at + ? + yieldstar_delay(p.unacked + 1)), updated_at = p.at
-    FROM picked p WHERE e.execution_id = p.execution_id
-    RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json, p.due_at,
-        p.part, p.seq),
-superseded AS (
-    UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = ?, outcome = NULL,
-        expires_at = p.lease_expires_at
-    FROM picked p WHERE p.status = 'running' AND h.execution_id = p.execution_id AND h.token = p.token),
-opened AS (
-    INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
-    SELECT execution_id, token, ?, updated_at, lease_expires_at FROM claimed)
-SELECT execution_id, token, lease_expires_at, workflow, input_json FROM claimed ORDER BY due_at, part, seq"""
-
-
-@functools.lru_cache(maxsize=ACKNOWLEDGE_ROWS)
-def acknowledge(count: int) -> str:
-    """ACKNOWLEDGE for `count` acknowledgements."""
-    rows = ["(?::text, ?::bigint, ?::text, ?::text, ?::text)"] + ["(?, ?, ?, ?, ?)"] * (count - 1)
-    return ACKNOWLEDGE.format(rows=", ".join(rows), max_payload=notify.MAX_PAYLOAD)
-
-
-@functools.lru_cache(maxsize=2)
-def claim(one_clock: bool) -> str:
-    """CLAIM, each claim at the claimer's time, or with `one_clock` no earlier than the row's
-    last change."""
-    return CLAIM.format(at="GREATEST(?::bigint, updated_at)" if one_clock else "?::bigint")
+BATCH = """
+SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yieldstar_batch(
+    ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::bigint, ?::integer, ?::bigint, ?::text,
+    ?::boolean, ?::boolean)"""
 
 
 class PostgresExecutionTable(ExecutionTable):
-    def _acknowledge_all(self, db: Transaction, checked: list[tuple], now: int) -> tuple[list, list[str], bool]:
-        """As the shared table's, in one statement per ACKNOWLEDGE_ROWS acknowledgements. The
-        executions ended are announced in the transaction, so none are left for after it."""
-        # One acknowledgement of a delivery stands for it in the statement: a repeat finds the
-        # delivery ended by the first, as it would one statement later (LeaseLost), whether the
-        # first was current or not.
+    def claim_deliveries(self, *, limit, duration, now=None) -> list[Claimed]:
+        arguments.integer("limit", limit, minimum=0)
+        arguments.integer("duration", duration, minimum=1)
+        return self._acknowledge_and_claim([], now, limit=limit, duration=duration)[1]
+
+    def _acknowledge_and_claim(self, checked: list[tuple], now: Optional[int], *, limit: int = 0,
+                               duration: int = 0):
+        """As the shared table's, in one call of `yieldstar_batch`: one round trip, in a
+        transaction of its own, whose commit waits for the WAL flush when it claims."""
+        now = self._now(now)
+        if not checked and not limit:
+            return [], []
+        # One acknowledgement of a delivery stands for it: a repeat finds the delivery ended by
+        # the first, as it would one statement later (LeaseLost), whether the first was current or not.
         first: dict[tuple[str, int], int] = {}
         for i, (lease, _, _, _) in enumerate(checked):
             first.setdefault((lease.execution_id, lease.token), i)
-        chosen = list(first.values())
-        current: set[tuple[str, int]] = set()
-        woken: list[str] = []
-        for start in range(0, len(chosen), ACKNOWLEDGE_ROWS):
-            some = [checked[i] for i in chosen[start:start + ACKNOWLEDGE_ROWS]]
+        columns: tuple[list, ...] = ([], [], [], [], [])  # ids, tokens, statuses, results, errors
+        for i in first.values():
+            lease, outcome, _, fields = checked[i]
             # A terminal outcome's fields are (status, result_json, error_json); Suspended() has none.
-            params = [value for lease, outcome, _, fields in some
-                      for value in (lease.execution_id, lease.token, *(fields or (outcome.status, None, None)))]
-            params += [now, now, DeliveryEnd.ACKNOWLEDGED.value, waiters.EXECUTION, notify.ENDED]
-            for kind, name, token in db.execute(acknowledge(len(some)), params).fetchall():
-                if kind == "acknowledged":
-                    current.add((name, token))
-                elif kind == "woken":
-                    woken.append(name)
+            for column, value in zip(columns, (lease.execution_id, lease.token,
+                                               *(fields or (outcome.status, None, None)))):
+                column.append(value)
+        rows = self._conn.execute(BATCH, (*columns, now, limit, duration, self._holder, self._one_clock,
+                                          limit > 0)).fetchall()
+        current, woke, claimed = set(), False, []
+        for kind, execution_id, token, expires, workflow, input_json in rows:
+            if kind == "acknowledged":
+                current.add((execution_id, token))
+            elif kind == "woke":
+                woke = True
+            else:
+                claimed.append(Claimed(ExecutionLease(execution_id, token, expires), workflow, input_json))
         replies = []
         for i, (lease, outcome, _, _) in enumerate(checked):
             key = (lease.execution_id, lease.token)
             replies.append(outcome if first[key] == i and key in current else LeaseLost())
-        woke = False
-        for waiter in woken:
-            woke = self.wake_in(db, waiter, now, now) or woke
-        return replies, [], woke
-
-    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[Claimed]:
-        """As the shared table's, in one statement."""
-        rows = db.execute(claim(self._one_clock), (now, now, now, limit, now, limit, duration, duration,
-                                                   DeliveryEnd.SUPERSEDED.value, self._holder)).fetchall()
-        return [Claimed(ExecutionLease(execution_id, token, expires), workflow, input_json if token == 1 else None)
-                for execution_id, token, expires, workflow, input_json in rows]
-
+        if limit:
+            self._last_claim_found = bool(claimed)
+        self._announce_acknowledged([], woke)  # the ended ones were announced with the commit
+        return replies, claimed

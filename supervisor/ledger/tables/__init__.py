@@ -4,7 +4,9 @@ Each module holds the statements of its tables and the logic of its client (`exe
 lease history, `heap`, `starts`, `effects`, `stores`, and the `waiters` they share). The
 statements are SQLite's dialect; a backend's connection runs them as they are (SQLite) or
 turns them into its own form (`supervisor.ledger.postgres.connection.translate`), so both
-backends follow one set of rules and give the same replies and errors. `LedgerTables` is what
+backends follow one set of rules and give the same replies and errors. A backend may make some
+steps of a table its own (`LedgerTables.execution_table`): PostgreSQL makes a batch's
+acknowledgements and a claim one statement each (`supervisor.ledger.postgres.executions`). `LedgerTables` is what
 every backend shares: the table clients on the backend's connection, its checked clock and
 closing.
 """
