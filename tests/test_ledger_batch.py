@@ -151,6 +151,9 @@ def test_a_batch_of_more_acknowledgements_than_one_statement_takes_fences_each_b
     ("bad json", "outcome.result_json"),
     ("negative limit", "limit"),
     ("zero duration", "duration"),
+    ("a fractional token", "lease must hold a str execution_id and a 64-bit int token"),
+    ("a token beyond 64 bits", "lease must hold a str execution_id and a 64-bit int token"),
+    ("an int id", "lease must hold a str execution_id"),
 ])
 def test_bad_input_to_a_batch_is_a_value_error_and_changes_nothing(backend, clock, db_path, db_snapshot, bad, message):
     one, two, three = admitted_and_claimed(backend, clock, "one", "two", "three")
@@ -163,11 +166,26 @@ def test_bad_input_to_a_batch_is_a_value_error_and_changes_nothing(backend, cloc
         "bad json": (good + [(three, Completed("{not json"))], 1, LEASE_MS),
         "negative limit": (good, -1, LEASE_MS),
         "zero duration": (good, 1, 0),
+        "a fractional token": (good + [(ExecutionLease("three", 0.5, three.expires_at), Completed("3"))], 1, LEASE_MS),
+        "a token beyond 64 bits": (good + [(ExecutionLease("three", 2**63, three.expires_at), Completed("3"))], 1,
+                                   LEASE_MS),
+        "an int id": (good + [(ExecutionLease(3, three.token, three.expires_at), Completed("3"))], 1, LEASE_MS),
     }[bad]
     before = db_snapshot(db_path)
     with pytest.raises(ValueError, match=re.escape(message)):
         backend.executions.acknowledge_and_claim(acknowledgements, limit=limit, duration=duration)
     assert db_snapshot(db_path) == before
+
+
+def test_a_claim_limit_beyond_32_bits_claims_every_due_execution(backend, clock):
+    admitted_and_claimed(backend, clock, "held")
+    for execution_id in ("x1", "x2"):
+        backend.executions.admit(execution_id, "w")
+    assert [lease.execution_id for lease in backend.executions.claim_due(limit=2**40, duration=LEASE_MS)] == [
+        "x1", "x2"]
+    backend.executions.admit("x3", "w")
+    _, leases = backend.executions.acknowledge_and_claim([], limit=2**40, duration=LEASE_MS)
+    assert [lease.execution_id for lease in leases] == ["x3"]
 
 
 # -- the supervisor's ledger thread --------------------------------------------------------------

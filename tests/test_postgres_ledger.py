@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from faults import APP, wait_until
-from supervisor import Completed, ExecutionLease, LeaseLost, Renewed, Suspended, open_backend
+from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Renewed, Suspended, open_backend
 from supervisor.ledger.errors import StorageBusy
 from worker import Client
 
@@ -53,6 +53,43 @@ def test_a_stale_write_racing_a_claim_open_in_another_transaction_waits_for_it_a
         claimer.close()
         assert replies == [LeaseLost()]
         assert backend.heap.steps("e1") == []
+
+
+def test_a_waiter_registered_while_an_acknowledgement_waits_for_the_row_is_woken_by_it(pg_uri, clock):
+    """`await_outcome` locks the execution's row and registers the waiter in one transaction; an
+    acknowledgement of that execution waiting for the row meanwhile must, once it gets the row,
+    see the new registration and wake the waiter (a statement that read the waiters before it
+    waited would leave the waiter asleep for good)."""
+    with open_backend(pg_uri, clock=clock) as backend:
+        backend.executions.admit("child", "w")
+        (lease,) = backend.executions.claim_due(limit=1, duration=60_000)
+        backend.executions.admit("parent", "w")
+        (parent,) = backend.executions.claim_due(limit=1, duration=60_000)
+        assert backend.executions.acknowledge(parent, Suspended()) == Suspended()
+        # `await_outcome("child", "parent")`, paused between its registration and its commit.
+        registrar = psycopg.connect(pg_uri)
+        registrar.execute("SELECT 1 FROM executions WHERE execution_id = 'child' FOR UPDATE")
+        registrar.execute("INSERT INTO waiters (kind, target, waiter, registered_at) VALUES"
+                          " ('execution', 'child', 'parent', %s)", (clock.now,))
+        replies: list = []
+        acknowledging = threading.Thread(target=lambda: replies.append(
+            backend.executions.acknowledge(lease, Completed("1"))))
+        acknowledging.start()
+        wait_for_a_lock_wait(pg_uri)  # the acknowledgement's fenced update waits for the row
+        registrar.commit()
+        acknowledging.join(10)
+        registrar.close()
+        assert replies == [Completed("1")]
+        assert query_waiters(pg_uri) == []
+        woken = backend.executions.get("parent")
+        assert (woken.status, woken.due_at) == ("suspended", clock.now)
+        assert [c.lease.execution_id for c in backend.executions.claim_deliveries(limit=5, duration=60_000)] == [
+            "parent"]
+
+
+def query_waiters(uri: str) -> list:
+    with psycopg.connect(uri) as conn:
+        return conn.execute("SELECT kind, target, waiter FROM waiters").fetchall()
 
 
 def test_a_renewal_does_not_wait_long_behind_a_row_a_stuck_transaction_holds_and_the_other_leases_are_renewed(
@@ -206,9 +243,10 @@ def heard(listener, timeout: float = 10.0):
 
 
 def test_a_batch_announces_the_executions_it_ended_but_not_those_it_suspended_or_whose_lease_was_lost(pg_uri):
-    """On PostgreSQL the batch's own statement sends the announcement (delivered at the commit):
-    the executions it made terminal; past the payload's limit, "look at everything". That a
-    batch rolled back announces nothing is in test_postgres_faults.py."""
+    """On PostgreSQL a batch that does not claim sends the announcement in its own statement
+    (delivered at the commit), one that claims sends it after: the executions it made terminal;
+    past the payload's limit, "look at everything". That a batch rolled back announces nothing is
+    in test_postgres_faults.py."""
     with open_backend(pg_uri) as backend:
         listener = backend.listen_for_outcomes()
         try:
@@ -222,6 +260,12 @@ def test_a_batch_announces_the_executions_it_ended_but_not_those_it_suspended_or
                 limit=0, duration=60_000)
             assert replies == [Completed("1"), Suspended(), LeaseLost()]
             assert heard(listener) == {"done"}
+            # A batch that claims announces after its commit, in a statement of its own.
+            backend.executions.admit("next", "w")
+            replies, claimed = backend.executions.acknowledge_and_claim(
+                [(leases["taken"], Failed('"no"'))], limit=1, duration=60_000)
+            assert (replies, [lease.execution_id for lease in claimed]) == ([Failed('"no"')], ["next"])
+            assert heard(listener) == {"taken"}
 
             many = [f"{n:03}-" + "x" * 150 for n in range(60)]  # 9 kB of ids
             for execution_id in many:

@@ -10,11 +10,12 @@ in a transaction of its own, with one WAL flush when it claims:
 
 1. the acknowledgements, one statement: the fenced updates (each by its own token; the rows it
    returns are the deliveries that were current, the others are `LeaseLost`), the end of their
-   deliveries in the lease history, the waiters of the executions they ended (deleted as they
-   are read), and the `yieldstar_ended` announcement, which PostgreSQL sends at the commit and
-   drops with a rollback;
-2. the waiters woken, one statement, by `ExecutionTable.wake_in`'s rules (the claim after it
-   sees them due, as on SQLite);
+   deliveries in the lease history, and, in a batch that does not claim, the `yieldstar_ended`
+   announcement, which PostgreSQL sends at the commit and drops with a rollback (a batch that
+   claims announces after its commit, as the shared table does: see `_acknowledge_and_claim`);
+2. the waiters of the executions they ended, taken and woken by `ExecutionTable.wake_in`'s rules,
+   one statement of its own: it must see a waiter registered while an acknowledgement waited for
+   its row, and the claim after it sees them due, as on SQLite;
 3. the claim, one statement: the claimable rows (locked, skipping rows other claimers hold),
    their new tokens and leases, the superseded deliveries closed and the new ones opened in the
    lease history.
@@ -39,12 +40,12 @@ from . import notify
 BATCH_FUNCTION = f"""
 CREATE FUNCTION pg_temp.yieldstar_batch(
     p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[],
-    p_now bigint, p_limit integer, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean)
+    p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean)
 RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text)
 LANGUAGE plpgsql AS $batch$
 DECLARE
     found_row record;
-    woken_ids text[] := '{{}}';
+    ended_ids text[] := '{{}}';
 BEGIN
     IF p_flush THEN
         PERFORM set_config('synchronous_commit', 'on', true);
@@ -70,29 +71,31 @@ BEGIN
                 UPDATE lease_history h SET ended_at = p_now, ended_by = '{DeliveryEnd.ACKNOWLEDGED.value}',
                     outcome = d.status
                 FROM acknowledged d WHERE h.execution_id = d.execution_id AND h.token = d.token),
-            woken AS (
-                DELETE FROM waiters w USING acknowledged d
-                WHERE w.kind = 'execution' AND w.target = d.execution_id AND d.status <> 'suspended'
-                RETURNING w.waiter),
             announced AS (
                 SELECT pg_notify('{notify.ENDED}',
                     CASE WHEN octet_length(string_agg(execution_id, E'\\n')) <= {notify.MAX_PAYLOAD}
                     THEN string_agg(execution_id, E'\\n') ELSE '' END)
-                FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0)
-            SELECT 'acknowledged' AS kind, execution_id AS name, token FROM acknowledged
-            UNION ALL SELECT 'woken', waiter, NULL FROM woken
-            UNION ALL SELECT 'announced', NULL, NULL FROM announced
+                FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0 AND NOT p_flush)
+            SELECT execution_id, token, status FROM acknowledged
+            UNION ALL SELECT NULL, NULL, NULL FROM announced  -- read, so that it runs
         LOOP
-            IF found_row.kind = 'woken' THEN
-                woken_ids := woken_ids || found_row.name;
-            ELSIF found_row.kind = 'acknowledged' THEN
-                RETURN QUERY SELECT 'acknowledged', found_row.name, found_row.token, NULL::bigint, NULL, NULL;
+            CONTINUE WHEN found_row.execution_id IS NULL;
+            IF found_row.status = 'suspended' THEN
+                RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
+            ELSE
+                RETURN QUERY SELECT 'ended', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
+                ended_ids := ended_ids || found_row.execution_id;
             END IF;
         END LOOP;
     END IF;
-    IF cardinality(woken_ids) > 0 THEN
-        -- `ExecutionTable.wake_in(waiter, at=now)`: an earlier due time; a running one remembers
-        -- it for after its delivery, and its lease (with the redelivery delay) still decides.
+    IF cardinality(ended_ids) > 0 THEN
+        -- The waiters of the executions ended, taken and woken by `ExecutionTable.wake_in`'s rules
+        -- (an earlier due time; a running one remembers it for after its delivery, and its lease,
+        -- with the redelivery delay, still decides). A statement of its own: one that read the
+        -- waiters before an acknowledgement above waited for its row would miss a waiter that
+        -- `await_outcome` registered meanwhile, holding that row.
+        WITH taken AS (
+            DELETE FROM waiters WHERE kind = 'execution' AND target = ANY(ended_ids) RETURNING waiter)
         UPDATE executions e SET due_at = LEAST(e.due_at, p_now),
             wake_during_lease = CASE WHEN e.status = 'running' THEN LEAST(e.wake_during_lease, p_now) END,
             ready_at = CASE
@@ -102,7 +105,8 @@ BEGIN
                 ELSE GREATEST(LEAST(e.due_at, p_now),
                     e.delivery_ended_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries)) END,
             updated_at = p_now
-        WHERE e.execution_id = ANY(woken_ids) AND e.status NOT IN ('completed', 'failed', 'cancelled');
+        FROM (SELECT DISTINCT waiter FROM taken) t
+        WHERE e.execution_id = t.waiter AND e.status NOT IN ('completed', 'failed', 'cancelled');
         IF FOUND THEN
             RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL;
         END IF;
@@ -152,7 +156,7 @@ $batch$;
 
 BATCH = """
 SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yieldstar_batch(
-    ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::bigint, ?::integer, ?::bigint, ?::text,
+    ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::bigint, ?::bigint, ?::bigint, ?::text,
     ?::boolean, ?::boolean)"""
 
 
@@ -181,12 +185,15 @@ class PostgresExecutionTable(ExecutionTable):
             for column, value in zip(columns, (lease.execution_id, lease.token,
                                                *(fields or (outcome.status, None, None)))):
                 column.append(value)
+        flush = limit > 0
         rows = self._conn.execute(BATCH, (*columns, now, limit, duration, self._holder, self._one_clock,
-                                          limit > 0)).fetchall()
-        current, woke, claimed = set(), False, []
+                                          flush)).fetchall()
+        current, ended, woke, claimed = set(), [], False, []
         for kind, execution_id, token, expires, workflow, input_json in rows:
-            if kind == "acknowledged":
+            if kind in ("acknowledged", "ended"):
                 current.add((execution_id, token))
+                if kind == "ended":
+                    ended.append(execution_id)
             elif kind == "woke":
                 woke = True
             else:
@@ -197,5 +204,8 @@ class PostgresExecutionTable(ExecutionTable):
             replies.append(outcome if first[key] == i and key in current else LeaseLost())
         if limit:
             self._last_claim_found = bool(claimed)
-        self._announce_acknowledged([], woke)  # the ended ones were announced with the commit
+        # A batch that flushes announces the executions it ended after its commit, like the
+        # shared table: a NOTIFY in it would hold the server's lock on notifications through
+        # the flush, and every other supervisor's flush that notifies would queue behind it.
+        self._announce_acknowledged(ended if flush else [], woke)
         return replies, claimed
