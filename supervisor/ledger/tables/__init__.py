@@ -5,10 +5,10 @@ lease history, `heap`, `starts`, `effects`, `stores`, and the `waiters` they sha
 statements are SQLite's dialect; a backend's connection runs them as they are (SQLite) or
 turns them into its own form (`supervisor.ledger.postgres.connection.translate`), so both
 backends follow one set of rules and give the same replies and errors. A backend may make some
-steps of a table its own (`LedgerTables.execution_table`): PostgreSQL makes a batch's
-acknowledgements and a claim one statement each (`supervisor.ledger.postgres.executions`). `LedgerTables` is what
-every backend shares: the table clients on the backend's connection, its checked clock and
-closing.
+steps of a table its own (`LedgerTables.execution_table`): PostgreSQL makes a batch of
+acknowledgements and a claim one round trip (`supervisor.ledger.postgres.executions`).
+`LedgerTables` is what every backend shares: the table clients on the backend's connection, its
+checked clock and closing.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class LedgerTables:
     def _open_tables(self) -> None:
         announce = self._announce_due
         self.executions = self.execution_table(self._conn, self._clock, self.redelivery_delay, on_due=announce,
-                                         on_ended=self._announce_ended, one_clock=self.one_clock)
+                                               on_ended=self._announce_ended, one_clock=self.one_clock)
         self.heap = HeapTable(self._conn, self._clock)
         self.starts = StartTable(self._conn, self._clock, on_due=announce)
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)

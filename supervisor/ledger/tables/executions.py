@@ -267,9 +267,9 @@ class ExecutionTable(ExecutionClient):
     def _lease(self, lease: object) -> ExecutionLease:
         if not isinstance(lease, ExecutionLease):
             raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
-        if not isinstance(lease.execution_id, str) or type(lease.token) is not int or not -2**63 <= lease.token < 2**63:
-            raise arguments.InvalidArgument(
-                f"lease must hold a str execution_id and a 64-bit int token, not {lease!r}")
+        token = lease.token
+        if not isinstance(lease.execution_id, str) or type(token) is not int or not -2**63 <= token < 2**63:
+            raise arguments.InvalidArgument(f"lease must hold a str execution_id and a 64-bit int token, not {lease!r}")
         return lease
 
     def _as_of(self, row: _Row, now: int) -> ExecutionRecord:
