@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import arguments
 from ..tables.executions import ExecutionTable
 from ..tables.execution_rows import COLUMNS
 from ..values import Claimed, DeliveryEnd, ExecutionLease, LeaseLost
@@ -161,11 +160,6 @@ SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yields
 
 
 class PostgresExecutionTable(ExecutionTable):
-    def claim_deliveries(self, *, limit, duration, now=None) -> list[Claimed]:
-        arguments.integer("limit", limit, minimum=0)
-        arguments.integer("duration", duration, minimum=1)
-        return self._acknowledge_and_claim([], now, limit=limit, duration=duration)[1]
-
     def _acknowledge_and_claim(self, checked: list[tuple], now: Optional[int], *, limit: int = 0,
                                duration: int = 0):
         """As the shared table's, in one call of `yieldstar_batch`: one round trip, in a

@@ -408,10 +408,7 @@ class ExecutionTable(ExecutionClient):
             with self._conn.read() as db:
                 if not self._claimable(db, now, limit):
                     return []
-        with self._conn.write(flush=True) as db:  # a claim lost in a crash could hand a token out twice
-            claimed = self._claim_in(db, self._now_locked(given, now), limit, duration)
-        self._last_claim_found = bool(claimed)
-        return claimed
+        return self._acknowledge_and_claim([], given, limit=limit, duration=duration)[1]
 
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[Claimed]:
         claimed, opened = [], []
@@ -491,27 +488,21 @@ class ExecutionTable(ExecutionClient):
         given, now = now, self._now(now)
         with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
             now = self._now_locked(given, now)
-            replies, ended, woke = self._acknowledge_all(db, checked, now) if checked else ([], [], False)
+            replies = [self._acknowledge_in(db, acknowledgement, now) for acknowledgement in checked]
+            by_outcome: dict[str, list[ExecutionLease]] = {}  # the deliveries acknowledged, by outcome
+            for (lease, outcome, _, _), reply in zip(checked, replies):
+                if not isinstance(reply, LeaseLost):
+                    by_outcome.setdefault(outcome.status, []).append(lease)
+            for status, acknowledged in by_outcome.items():
+                self._history_end(db, now, DeliveryEnd.ACKNOWLEDGED, status, acknowledged)
+            ended = _ended(checked, replies)
+            # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
+            woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
             claimed = self._claim_in(db, now, limit, duration) if limit else []
         if limit:
             self._last_claim_found = bool(claimed)
         self._announce_acknowledged(ended, woke)
         return replies, claimed
-
-    def _acknowledge_all(self, db: Transaction, checked: list[tuple], now: int) -> tuple[list, list[str], bool]:
-        """The checked acknowledgements, in the open transaction: (their replies, the executions
-        they ended, to be announced after the commit, and whether waiters were woken)."""
-        replies = [self._acknowledge_in(db, acknowledgement, now) for acknowledgement in checked]
-        by_outcome: dict[str, list[ExecutionLease]] = {}  # the deliveries acknowledged, by outcome
-        for (lease, outcome, _, _), reply in zip(checked, replies):
-            if not isinstance(reply, LeaseLost):
-                by_outcome.setdefault(outcome.status, []).append(lease)
-        for status, acknowledged in by_outcome.items():
-            self._history_end(db, now, DeliveryEnd.ACKNOWLEDGED, status, acknowledged)
-        ended = _ended(checked, replies)
-        # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
-        woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
-        return replies, ended, woke
 
     def _acknowledgement(self, lease, outcome) -> tuple:
         """(lease, outcome, statement, its outcome parameters): the checked form of one."""
