@@ -187,6 +187,35 @@ class _Group(click.Group):
             return EXIT_BROKEN_PIPE
 
 
+_closed_down = False  # see `closed_down`
+
+
+def closed_down() -> None:
+    """Called by a command that has closed everything it opened (its children gone, its ledger
+    closed, its output flushed) just before it exits: `entry` then exits at once, without the
+    interpreter's own teardown, which frees nothing that outlives the process and costs a
+    supervisor 20-30 ms at every exit."""
+    global _closed_down
+    _closed_down = True
+
+
+def entry() -> None:
+    """The `yieldstar` command, and `python -m supervisor.cli`: `main`, which always ends in
+    `SystemExit`; after `closed_down`, the exit skips the interpreter's teardown. A caller of
+    `main` in its own process (a test's `CliRunner`) never exits this way."""
+    try:
+        main()
+    except SystemExit as exc:
+        if _closed_down and isinstance(exc.code, int):
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except OSError:
+                    pass  # `main` said how it ended: the exit code stands
+            os._exit(exc.code)
+        raise
+
+
 def _say(message: str) -> None:
     try:
         click.echo(f"yieldstar: {message}", err=True)

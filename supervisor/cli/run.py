@@ -10,6 +10,7 @@ import threading
 import click
 
 from . import (
+    closed_down,
     fail,
     handles_errors,
     main,
@@ -71,6 +72,8 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
         fail(str(exc))
     if status:
         status.stop()
+    logging.shutdown()
+    closed_down()
     sys.exit(code)
 
 
