@@ -39,7 +39,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchlib import cpu_seconds, own_cpu_seconds, percentile, raw_commit_rate  # noqa: E402
+from benchlib import cpu_seconds, own_cpu_seconds, percentile, raw_commit_rate, wait_exit  # noqa: E402
 
 from supervisor import open_backend  # noqa: E402
 from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
@@ -152,7 +152,7 @@ def exec_to_exit(folder: str, n: int, concurrency: int = 2) -> float:
     db = admitted(folder, "exec-to-exit", n)
     began = time.perf_counter()
     sup = start_supervisor(db, "--concurrency", str(concurrency), "--until-idle", log_path=db + ".log")
-    assert sup.wait(600) == 0
+    assert wait_exit(sup, 600) == 0
     return n / (time.perf_counter() - began)
 
 
