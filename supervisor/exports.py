@@ -1,8 +1,8 @@
 """A package's public names, each imported from its module when first used (PEP 562).
 
 `supervisor` and `worker` export this way, so that a process pays at start-up only for the part
-of a package it uses: a worker process does not import the client, nor a CLI command the
-dispatcher, and a supervisor's workers are ready sooner.
+of a package it uses: a worker process does not import the client (and is ready sooner), nor an
+app that only defines workflows a ledger backend.
 """
 
 from __future__ import annotations

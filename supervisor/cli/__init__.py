@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -192,9 +193,9 @@ _closed_down = False  # see `closed_down`
 
 def closed_down() -> None:
     """Called by a command that has closed everything it opened (its children gone, its ledger
-    closed, its output flushed) just before it exits: `entry` then exits at once, without the
-    interpreter's own teardown, which frees nothing that outlives the process and costs a
-    supervisor 20-30 ms at every exit."""
+    closed) just before it exits: `entry` then flushes the output and exits at once, without the
+    interpreter's own teardown, which frees nothing that outlives the process and cost a
+    supervisor 17-36 ms at every exit."""
     global _closed_down
     _closed_down = True
 
@@ -207,6 +208,7 @@ def entry() -> None:
         main()
     except SystemExit as exc:
         if _closed_down and isinstance(exc.code, int):
+            logging.shutdown()  # flushes the log's handlers, as the interpreter's exit would
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()

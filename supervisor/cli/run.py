@@ -72,7 +72,6 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
         fail(str(exc))
     if status:
         status.stop()
-    logging.shutdown()
     closed_down()
     sys.exit(code)
 
