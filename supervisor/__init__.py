@@ -1,19 +1,31 @@
 """Yieldstar's parent side: the ledger, the dispatcher, the child pool and the CLI.
 
-The ledger API (SPEC section 3) is importable from here; each name is imported when first used
-(`supervisor.exports`).
+The ledger API (SPEC section 3) is importable from here.
 """
 
-from .exports import lazy_exports
+from .ledger.errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
+from .ledger.backends import open_backend
+from .ledger.sqlite.backend import SqliteBackend
+from .ledger.values import (
+    Completed,
+    DeliveryEnd,
+    ExecutionLease,
+    ExecutionRecord,
+    ExecutionStatus,
+    Failed,
+    HeapRecord,
+    LeaseLost,
+    LeaseRecord,
+    Released,
+    Renewed,
+    Retry,
+    Suspended,
+)
 
-_WHERE = {
-    "open_backend": ".ledger.backends",
-    "SqliteBackend": ".ledger.sqlite.backend",
-    **dict.fromkeys(["ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord", "Suspended", "Completed",
-                     "Failed", "Renewed", "Released", "LeaseLost", "Retry", "ExecutionStatus", "DeliveryEnd"],
-                    ".ledger.values"),
-    **dict.fromkeys(["YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy"],
-                    ".ledger.errors"),
-}
-__all__ = list(_WHERE)
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__all__ = [
+    "open_backend", "SqliteBackend",
+    "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord",
+    "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost", "Retry",
+    "ExecutionStatus", "DeliveryEnd",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy",
+]

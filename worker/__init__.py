@@ -15,18 +15,16 @@ for their results, and the child processes' replay driver, fenced writes and par
         receipt = client.start(order, {"order_id": 42}, id="order-42").result(timeout=30)
 """
 
-from supervisor.exports import lazy_exports
+from .client import AsyncClient, AsyncHandle, Client, Handle, WorkflowCancelled, WorkflowFailed
+from .context import WorkflowContext
+from .driver import run_delivery
+from .registry import AppNotFound, Registry, default_registry, load_app, workflow
+from .retry import RetryableError, RetryPolicy, StepFailed
+from .unwinding import ReplayDiverged
 
-# Each name is imported when first used (`supervisor.exports`): a worker process, which needs the
-# replay driver, does not import the client.
-_WHERE = {
-    **dict.fromkeys(["Client", "AsyncClient", "Handle", "AsyncHandle", "WorkflowFailed", "WorkflowCancelled"],
-                    ".client"),
-    **dict.fromkeys(["workflow", "Registry", "default_registry", "load_app", "AppNotFound"], ".registry"),
-    "WorkflowContext": ".context",
-    "run_delivery": ".driver",
-    **dict.fromkeys(["RetryableError", "RetryPolicy", "StepFailed"], ".retry"),
-    "ReplayDiverged": ".unwinding",
-}
-__all__ = list(_WHERE)
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__all__ = [
+    "Client", "AsyncClient", "Handle", "AsyncHandle", "WorkflowFailed", "WorkflowCancelled",
+    "workflow", "Registry", "default_registry", "load_app", "AppNotFound",
+    "WorkflowContext", "run_delivery",
+    "RetryableError", "RetryPolicy", "StepFailed", "ReplayDiverged",
+]

@@ -22,7 +22,6 @@ seconds while anything waits; with nothing waiting it sleeps until something doe
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import select
@@ -397,6 +396,9 @@ class AsyncClient(_Base):
 
     def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
         super().__init__(target, registry=registry, poll_s=poll_s, listen=listen)
+        # Imported here, as asyncio is below: a worker imports this module too, and has no use for it.
+        import concurrent.futures
+
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yieldstar-client")
 
     async def _call(self, fn: Callable, *args, **kwargs) -> Any:
