@@ -124,3 +124,33 @@ def test_a_claim_records_no_time_before_the_rows_last_change_made_by_a_process_w
         ended, claimed = behind.executions.history("e")
         assert (ended.ended_by, ended.ended_at) == ("acknowledged", t + 5)
         assert claimed.claimed_at == t + 5 and second.expires_at == t + 5 + 60_000
+
+
+@pytest.mark.parametrize("wake", ["request_wake", "the awaited execution's acknowledgement"])
+def test_a_wake_stamped_by_a_process_whose_estimate_is_behind_moves_no_claim_before_the_last_delivery_ended(
+        pg_uri, wake):
+    # The same two estimates; the wake that follows the acknowledgement comes from the process
+    # behind: `request_wake`, or the batch that acknowledges the execution it waited for, wakes it
+    # and claims it at once. The row's last change must stay the end of the delivery, not move
+    # back to the wake's earlier stamp.
+    t = 5_000_000_000_000
+    with open_backend(pg_uri) as ahead, open_backend(pg_uri) as behind:
+        ahead.clock, behind.clock = (lambda: t + 5), (lambda: t)
+        for execution_id in ("child", "parent"):  # claimed in this order
+            ahead.executions.admit(execution_id, "w", now=t - 100)
+        (child,) = behind.executions.claim_due(limit=1, duration=60_000, now=t - 100)
+        (parent,) = ahead.executions.claim_due(limit=1, duration=60_000, now=t - 100)
+        assert (child.execution_id, parent.execution_id) == ("child", "parent")
+        ahead.executions.await_outcome("child", "parent")
+        assert ahead.executions.acknowledge(parent, Suspended()) == Suspended()  # ended at t + 5
+        if wake == "request_wake":
+            behind.executions.request_wake("parent", t - 10)
+            (second,) = behind.executions.claim_due(limit=1, duration=60_000)
+        else:
+            replies, (second,) = behind.executions.acknowledge_and_claim(
+                [(child, Completed("1"))], limit=1, duration=60_000)
+            assert replies == [Completed("1")]
+        assert second.execution_id == "parent"
+        ended, claimed = behind.executions.history("parent")
+        assert (ended.ended_by, ended.ended_at) == ("acknowledged", t + 5)
+        assert claimed.claimed_at == t + 5 and second.expires_at == t + 5 + 60_000

@@ -34,7 +34,7 @@ from ..values import Claimed, DeliveryEnd, ExecutionLease, LeaseLost
 from . import notify
 
 # Its parameters are p_..., its columns o_...: neither may be read as a table's column.
-# `p_at_floor`: each claim takes effect no earlier than the row's last change (`one_clock`).
+# `p_at_floor`: each claim and wake takes effect no earlier than the row's last change (`one_clock`).
 # `p_flush`: the commit waits for the WAL flush (a claim is durable before it is handed out).
 BATCH_FUNCTION = f"""
 CREATE FUNCTION pg_temp.yieldstar_batch(
@@ -103,7 +103,7 @@ BEGIN
                 WHEN e.unacknowledged_deliveries = 0 THEN LEAST(e.due_at, p_now)
                 ELSE GREATEST(LEAST(e.due_at, p_now),
                     e.delivery_ended_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries)) END,
-            updated_at = p_now
+            updated_at = CASE WHEN p_at_floor THEN GREATEST(e.updated_at, p_now) ELSE p_now END
         FROM (SELECT DISTINCT waiter FROM taken) t
         WHERE e.execution_id = t.waiter AND e.status NOT IN ('completed', 'failed', 'cancelled');
         IF FOUND THEN

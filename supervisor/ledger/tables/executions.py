@@ -238,10 +238,11 @@ class ExecutionTable(ExecutionClient):
                  on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None,
                  one_clock: bool = False):
         """`one_clock`: the processes' clocks are estimates of one clock, each a little behind it
-        (by its own amount). A claim then records no time before the row's last change (which
-        another process may have stamped a millisecond ahead of this one's estimate), so that an
-        execution's lease history reads in the order of its commits: a delivery that ended, then
-        the claim that followed it."""
+        (by its own amount). A claim, a wake and a resume then stamp no time before the row's last
+        change (which another process may have stamped a millisecond ahead of this one's
+        estimate: `_stamp`), so that an execution's lease history reads in the order of its
+        commits: a delivery that ended, then the claim that followed it, even with a wake from a
+        process behind between them."""
         self._conn = conn
         self._one_clock = one_clock
         self._on_due = on_due  # told after a commit that may have made an execution due
@@ -263,6 +264,11 @@ class ExecutionTable(ExecutionClient):
         none: a call that waited for the lock must not record a time from before it got it
         (the lease history's order would then disagree with the commit order)."""
         return checked if now is not None else self._clock()
+
+    def _stamp(self, row: _Row, now: int) -> int:
+        """The time a change of `row` made at `now` records: with `one_clock`, never before the
+        row's last change, so that `updated_at` never moves back."""
+        return max(now, row.updated_at) if self._one_clock else now
 
     def _lease(self, lease: object) -> ExecutionLease:
         if not isinstance(lease, ExecutionLease):
@@ -364,10 +370,10 @@ class ExecutionTable(ExecutionClient):
             # and waiting out its redelivery delay) still decides ready_at.
             wake = at if row.wake_during_lease is None else min(row.wake_during_lease, at)
             ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
-            db.execute(WAKE, (due, wake, max(due, ready), now, execution_id))
+            db.execute(WAKE, (due, wake, max(due, ready), self._stamp(row, now), execution_id))
         else:
             ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
-            db.execute(WAKE, (due, None, ready, now, execution_id))
+            db.execute(WAKE, (due, None, ready, self._stamp(row, now), execution_id))
         return True
 
     def await_outcome(self, execution_id, waiter) -> ExecutionRecord:
@@ -413,7 +419,7 @@ class ExecutionTable(ExecutionClient):
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[Claimed]:
         claimed, opened = [], []
         for row in self._claimable(db, now, limit, lock=True):
-            at = max(now, row.updated_at) if self._one_clock else now
+            at = self._stamp(row, now)
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
             if row.status == RUNNING:
                 # The previous delivery's lease expired; this claim supersedes it.
@@ -676,7 +682,7 @@ class ExecutionTable(ExecutionClient):
                 status = self._as_of(row, now).status
                 raise ExecutionConflict(f"execution {execution_id!r} is {status}: only a failed or cancelled execution"
                                         f" can be resumed")
-            db.execute(RESUME, (now, now, now, execution_id))
+            db.execute(RESUME, (now, now, self._stamp(row, now), execution_id))
             last = db.execute(LAST_STEP, (execution_id,)).fetchone()
             if last is not None and last[1] and '"error"' in last[2]:
                 if json.loads(last[2]).get("error") is not None:
