@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection
 
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
@@ -25,6 +24,7 @@ from supervisor.ledger.values import ExecutionLease, Retry
 
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
+from .pipe import Pipe
 from .protocol import DONE, EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, READY
 from .registry import describe_load_failure, load_app
 
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
     for entry in reversed(settings["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    child_main(Connection(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
+    child_main(Pipe(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
                settings["parent_pid"], settings["heartbeat_s"], settings["misses"])
 
 

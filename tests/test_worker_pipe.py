@@ -1,0 +1,77 @@
+"""The child's end of the supervisor's pipe (`worker.pipe.Pipe`) speaks the framing of the
+multiprocessing `Connection` at the supervisor's end: messages of any size both ways, poll and
+end of pipe as a Connection reports them."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from multiprocessing.connection import Connection
+
+import pytest
+
+from supervisor.ledger.values import Completed, ExecutionLease, Retry
+from worker.pipe import Pipe
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def ends():
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    supervisor, child = Connection(ours.detach()), Pipe(theirs.detach())
+    yield supervisor, child
+    supervisor.close()
+    try:
+        child.close()
+    except OSError:
+        pass  # closed by the test
+
+
+MESSAGES = [
+    ("run", "e1", 3, 1_700_000_000_000, None, ("wf", '{"a": 1}')),
+    ("done", "e1", 3, Completed('{"ok": true}'), 12),
+    ("done", "e2", 1, Retry("x" * 100_000), 0),  # larger than one write
+    (ExecutionLease("e3", 7, 42), "é" * 20_000),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=["run", "done", "large", "unicode"])
+def test_messages_cross_both_ways_unchanged(ends, message):
+    supervisor, child = ends
+    supervisor.send(message)
+    assert child.poll(5) and child.recv() == message
+    child.send(message)
+    assert supervisor.poll(5) and supervisor.recv() == message
+
+
+def test_a_message_larger_than_the_socket_buffer_arrives_whole_while_it_is_read(ends):
+    supervisor, child = ends
+    message = ("done", "big", 1, Completed('"' + "y" * 3_000_000 + '"'), 1)
+    sender = threading.Thread(target=child.send, args=(message,))
+    sender.start()  # blocks until the other end reads: a write of 3 MB does not fit in the buffer
+    assert supervisor.recv() == message
+    sender.join(10)
+    assert not sender.is_alive()
+
+
+def test_poll_says_whether_a_message_or_the_end_of_the_pipe_is_waiting(ends):
+    supervisor, child = ends
+    assert not child.poll(0) and not child.poll(0.01)
+    supervisor.send(("beat", None))
+    supervisor.send(("beat", 5))
+    assert child.poll(0)
+    assert [child.recv(), child.recv()] == [("beat", None), ("beat", 5)]
+    assert not child.poll(0)
+    supervisor.close()
+    assert child.poll(0)  # the end shows as readable, as in a Connection
+    with pytest.raises(EOFError):
+        child.recv()
+
+
+def test_sending_to_a_closed_supervisor_end_raises_oserror(ends):
+    supervisor, child = ends
+    supervisor.close()
+    with pytest.raises(OSError):
+        for _ in range(100):  # the first send may still fit in the buffer
+            child.send(("alive",))
