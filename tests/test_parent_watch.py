@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from faults import wait_until
 from worker.parent_watch import process_start
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,13 +45,17 @@ def test_a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields():
         renamed.wait()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the start is read in ticks of the boot clock")
 def test_a_process_gone_has_no_start_and_a_later_one_has_another():
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     started = process_start(first.pid)
     first.kill()
     first.wait()
     assert started is not None and process_start(first.pid) is None
-    time.sleep(1.1 / os.sysconf("SC_CLK_TCK") if sys.platform.startswith("linux") else 0.02)
+    # A start is counted in clock ticks: the next process must start in a later one.
+    ticks = os.sysconf("SC_CLK_TCK")
+    wait_until(lambda: time.clock_gettime(time.CLOCK_BOOTTIME) * ticks >= started + 1, timeout=5,
+               interval=0.001, message="the boot clock to pass the first process's start")
     later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert process_start(later.pid) > started

@@ -66,12 +66,11 @@ class Pipe:
     def _read(self, size: int) -> bytes:
         data = os.read(self._fd, size)
         if len(data) == size:
-            return data
+            return data  # nearly always: one read
         parts = bytearray(data)
-        while True:
-            if not data:
+        while len(parts) < size:
+            more = os.read(self._fd, size - len(parts))
+            if not more:
                 raise EOFError("the supervisor's end of the pipe is closed")
-            if len(parts) == size:
-                return bytes(parts)
-            data = os.read(self._fd, size - len(parts))
-            parts += data
+            parts += more
+        return bytes(parts)
