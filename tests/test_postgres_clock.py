@@ -154,3 +154,22 @@ def test_a_wake_stamped_by_a_process_whose_estimate_is_behind_moves_no_claim_bef
         ended, claimed = behind.executions.history("parent")
         assert (ended.ended_by, ended.ended_at) == ("acknowledged", t + 5)
         assert claimed.claimed_at == t + 5 and second.expires_at == t + 5 + 60_000
+
+
+def test_a_step_written_by_a_process_whose_estimate_is_behind_records_no_time_before_its_claim(pg_uri):
+    # The claim is stamped by a supervisor's estimate; the worker's estimate lags it (it was frozen
+    # while it read the server's clock, and carries the late reading for up to a second): its step
+    # must not read as written before the delivery it was written under began.
+    t = 5_000_000_000_000
+    with open_backend(pg_uri) as supervisor, open_backend(pg_uri) as worker:
+        supervisor.clock, worker.clock = (lambda: t), (lambda: t - 2_900)
+        supervisor.executions.admit("e", "w", now=t - 100)
+        (lease,) = supervisor.executions.claim_due(limit=1, duration=60_000)
+        worker.heap.write_step(lease, step_key="k1", step_attempt=1, done=True, step_response_json="1")
+        worker.clock = lambda: t + 7  # once it is ahead of the claim, its own time stands
+        worker.heap.write_step(lease, step_key="k2", step_attempt=1, done=True, step_response_json="2")
+        with psycopg.connect(pg_uri) as conn:
+            written = conn.execute("SELECT step_key, written_at FROM steps WHERE execution_id = 'e' ORDER BY step_key")
+            assert written.fetchall() == [("k1", t), ("k2", t + 7)]
+        (claimed,) = supervisor.executions.history("e")
+        assert claimed.claimed_at == t

@@ -69,7 +69,7 @@ class LedgerTables:
         announce = self._announce_due
         self.executions = self.execution_table(self._conn, self._clock, self.redelivery_delay, on_due=announce,
                                                on_ended=self._announce_ended, one_clock=self.one_clock)
-        self.heap = HeapTable(self._conn, self._clock)
+        self.heap = HeapTable(self._conn, self._clock, one_clock=self.one_clock)
         self.starts = StartTable(self._conn, self._clock, on_due=announce)
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)
         self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)

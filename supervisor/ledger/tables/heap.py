@@ -14,11 +14,14 @@ from ..values import ExecutionLease, HeapRecord, LeaseLost
 # PostgreSQL the execution's row is share-locked by the same statement (see
 # `execution_rows.LOCKED`): a claim moving the token either commits first, and the write finds the
 # token gone, or waits until the write has committed; without the lock, a write checked against
-# the token before the claim committed could commit after it.
+# the token before the claim committed could commit after it. With `one_clock`, the time written is
+# never before the row's last change (the claim of this delivery, or a later wake), as
+# `ExecutionTable._stamp`: a process whose estimate lags (frozen while it read the server's clock)
+# would otherwise record a step before the claim it was written under.
 WRITE = """
 INSERT INTO steps (execution_id, step_key, attempt, done, step_response_json, token, written_at)
-SELECT ?, ?, ?, ?, ?, ?, ?
-WHERE EXISTS (SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running' /*FOR SHARE*/)
+SELECT ?, ?, ?, ?, ?, ?, CASE WHEN ? AND updated_at > ? THEN updated_at ELSE ? END
+FROM executions WHERE execution_id = ? AND token = ? AND status = 'running' /*FOR SHARE*/
 ON CONFLICT DO NOTHING"""
 
 CURRENT = "SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"
@@ -33,9 +36,10 @@ ORDER BY rowid"""
 
 
 class HeapTable(HeapClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int]):
+    def __init__(self, conn: Connection, clock: Callable[[], int], *, one_clock: bool = False):
         self._conn = conn
         self._clock = clock
+        self._one_clock = one_clock  # see WRITE
 
     def read_step(self, execution_id, step_key) -> Optional[HeapRecord]:
         arguments.identifier("execution_id", execution_id)
@@ -54,8 +58,10 @@ class HeapTable(HeapClient):
         arguments.boolean("done", done)
         arguments.json_text("step_response_json", step_response_json)
         eid, token = lease.execution_id, lease.token
+        now = self._clock()
         cursor = self._conn.execute(
-            WRITE, (eid, step_key, step_attempt, int(done), step_response_json, token, self._clock(), eid, token)
+            WRITE, (eid, step_key, step_attempt, int(done), step_response_json, token, self._one_clock, now, now, eid,
+                    token)
         )
         if cursor.rowcount == 1:
             return HeapRecord(eid, step_key, step_attempt, done, step_response_json)
