@@ -199,7 +199,7 @@ class Supervisor:
                     nudges = calls.backend.listen_for_due()
                 except (OSError, StorageError) as exc:
                     log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
-            loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, db_path=self.db_path, signals=self._signals,
+            loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, signals=self._signals,
                                 stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
                                 on_delivery=self._on_delivery)
             log.info("supervising %s on %s: concurrency %d, lease %d ms, renew every %d ms (pid %d)",

@@ -23,14 +23,13 @@ on running its steps beside the new holder's.
 from __future__ import annotations
 
 import logging
-import os
 import selectors
 import time
 from typing import Callable, Optional
 
 from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
 
-from .ledger.errors import TRANSIENT_KINDS, LedgerGone, LedgerUnusable, StorageError
+from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.sqlite.nudge import NudgeListener
 from .ledger.values import LeaseLost, Renewed, Retry
 from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
@@ -45,18 +44,10 @@ EXIT_LEDGER_UNUSABLE = 5  # the ledger file is corrupt, gone, foreign or no long
 # After a storage error, a call is made again after this backoff, doubling up to the maximum.
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
-# How often the loop checks that the ledger file is still the one it opened.
+# How often the loop checks that the ledger's files are still the ones it opened.
 FILE_CHECK_S = 1.0
 # After a child could not be started (fork failed): when to try again.
 TOP_UP_RETRY_S = 1.0
-
-
-def file_identity(path: str) -> Optional[tuple[int, int]]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
 
 
 class DispatchLoop:
@@ -64,15 +55,16 @@ class DispatchLoop:
     seconds) as an argument and none blocks: waiting happens in `wait` alone."""
 
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
-                 db_path: str, signals: Wakeup, stop_requests: Callable[[], int],
+                 signals: Wakeup, stop_requests: Callable[[], int],
                  nudges: Optional[NudgeListener] = None, until_idle: bool = False,
                  on_delivery: Optional[Callable[[str, int, str, int], None]] = None):
         """
         Args:
             config: the `SupervisorConfig`.
             stats: the `Stats` the loop counts into.
-            calls, renewals: the ledger threads (claims and settlements; renewals).
-            db_path: the ledger file, checked to still be the one opened.
+            calls, renewals: the ledger threads (claims and settlements; renewals). The loop
+                also asks `calls.backend` once a second whether the ledger's files are still
+                the ones it opened (`check_files`).
             signals: woken by the stop-signal handler; `stop_requests()` says how many came.
             on_delivery: called after each delivery with (execution_id, token, outcome, ms).
         """
@@ -83,8 +75,6 @@ class DispatchLoop:
         self.renewals = renewals
         self.nudges = nudges
         self.until_idle = until_idle
-        self.db_path = db_path
-        self.file_identity = file_identity(db_path)
         self.signals = signals
         self.stop_requests = stop_requests
         self.on_delivery = on_delivery
@@ -128,7 +118,7 @@ class DispatchLoop:
             if code is not None:
                 return code
             self.take_replies(now)
-            self.check_file(now)
+            self.check_files(now)
             if self.fatal is not None:
                 log.error("stopping: %s", self.fatal)
                 return EXIT_LEDGER_UNUSABLE
@@ -601,17 +591,21 @@ class DispatchLoop:
             log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc)
             self.next_top_up = now + TOP_UP_RETRY_S
 
-    # -- the file ------------------------------------------------------------------------------
+    # -- the files -----------------------------------------------------------------------------
 
-    def check_file(self, now: float) -> None:
-        """The ledger must still be the file this supervisor opened: one deleted or replaced
-        under it would take every write of its workers to a file nobody else reads."""
+    def check_files(self, now: float) -> None:
+        """The ledger's files must still be the ones this supervisor opened: a ledger, -wal or -shm
+        deleted or replaced under it would take every write of its workers where no other process
+        reads, and another supervisor would run their executions again. Also while idle (the
+        check's time is among `deadline`'s). The backend only looks at its files here (nothing on
+        a database server): no lock, no database call, so the loop never waits for it."""
         if now < self.next_file_check:
             return
         self.next_file_check = now + FILE_CHECK_S
-        if file_identity(self.db_path) != self.file_identity:
-            self.fatal = self.fatal or LedgerGone(
-                f"the ledger {self.db_path} was deleted or replaced while in use; restore it, then restart")
+        try:
+            self.calls.backend.check_files()
+        except LedgerUnusable as exc:
+            self.fatal = self.fatal or exc
 
     # -- waiting ---------------------------------------------------------------------------------
 

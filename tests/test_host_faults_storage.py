@@ -428,6 +428,103 @@ def test_a_ledger_deleted_or_replaced_while_in_use_is_reported_as_gone(tmp_path,
         assert raised.value.transient is False and raised.value.kind == "gone"
 
 
+def put_another_file_at(path: Path) -> None:
+    """Replace the file at `path` by a copy of it (a new inode), as a restore or a sync tool would."""
+    other = path.with_name(path.name + ".other")
+    fd = os.open(other, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, path.read_bytes())
+    finally:
+        os.close(fd)
+    other.rename(path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_wal_or_shm_deleted_or_replaced_while_in_use_refuses_writes_within_a_second(tmp_path, suffix, how):
+    path = tmp_path / "ledger.db"
+    companion = Path(f"{path}{suffix}")
+    with open_backend(path) as ledger:
+        ledger.executions.admit("order-0", "charge")
+        if how == "deleted":
+            companion.unlink()
+        else:
+            put_another_file_at(companion)
+        changed_at = time.monotonic()
+
+        with pytest.raises(errors.LedgerGone) as looked:
+            ledger.check_files()  # what a supervisor's loop asks once a second: it only looks
+        n = 0
+        with pytest.raises(errors.LedgerGone) as refused:
+            while time.monotonic() < changed_at + 5:
+                n += 1
+                ledger.executions.admit(f"order-{n}", "charge")
+        took = time.monotonic() - changed_at
+        with pytest.raises(errors.LedgerGone):
+            ledger.executions.admit("order-later", "charge")  # and so is every later write
+
+    assert took < connection.FILE_CHECK_S + 0.5, took
+    for error in (looked.value, refused.value):
+        message = str(error)
+        assert f"its {suffix} file {companion} was {how}" in message, message
+        assert "since its last checkpoint is gone" in message and "Stop every process using the ledger" in message
+        assert error.transient is False and error.kind == "gone"
+    with open_backend(path) as reader:
+        written = {r.execution_id for r in reader.executions.list()}
+    assert f"order-{n}" not in written and "order-later" not in written
+
+
+# A worker's view: step writes on a lease of its own until the test deletes the -wal, then on
+# until one is refused; prints which, how long after, and the error.
+STEP_WRITER = """
+import json, sys, time
+from supervisor import open_backend
+from supervisor.ledger.errors import LedgerGone
+with open_backend(sys.argv[1]) as backend:
+    backend.executions.admit("order", "charge")
+    (lease,) = backend.executions.claim_due(limit=1, duration=600_000)
+    def step(key):
+        backend.heap.write_step(lease, step_key=key, step_attempt=1, done=True, step_response_json="1")
+    step("first")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    changed_at, n = time.monotonic(), 0
+    try:
+        while time.monotonic() < changed_at + 5:
+            n += 1
+            step(f"step-{n}")
+    except LedgerGone as exc:
+        print(json.dumps({"refused": f"step-{n}", "took": time.monotonic() - changed_at, "error": str(exc)}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_process_whose_wal_is_deleted_refuses_its_next_step_writes_within_a_second(tmp_path):
+    path = tmp_path / "ledger.db"
+    writer = subprocess.Popen([sys.executable, "-c", STEP_WRITER, str(path)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline() == "ready\n", writer.stderr.read()
+        Path(f"{path}-wal").unlink()
+        writer.stdin.write("deleted\n")
+        writer.stdin.flush()
+        out, err = writer.communicate(timeout=30)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert writer.returncode == 0 and out.strip(), out + err
+    result = json.loads(out)
+
+    assert result["took"] < connection.FILE_CHECK_S + 0.5, result
+    assert f"its -wal file {path}-wal was deleted" in result["error"], result["error"]
+    assert "since its last checkpoint is gone" in result["error"]
+    with open_backend(path) as reader:
+        assert result["refused"] not in {step.step_key for step in reader.heap.steps("order")}
+
+
 # -- a full disk ---------------------------------------------------------------------------------
 
 

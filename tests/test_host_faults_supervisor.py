@@ -193,8 +193,7 @@ def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(db, ledge
     calls = LedgerCalls(open_backend(db), "test-calls")
     renewals = LedgerCalls(open_backend(db), "test-renewals")
     config = SupervisorConfig(concurrency=1, lease_ms=30_000)
-    loop = DispatchLoop(config, Stats(), pool, calls, renewals, db_path=str(db), signals=Wakeup(),
-                        stop_requests=lambda: 0)
+    loop = DispatchLoop(config, Stats(), pool, calls, renewals, signals=Wakeup(), stop_requests=lambda: 0)
     try:
         (claimed,) = ledger.executions.claim_deliveries(limit=1, duration=config.lease_ms)
         loop.claiming, loop.promised = 1, 1  # as `claim` leaves them: one claim in flight, for one worker
@@ -322,6 +321,52 @@ def test_a_ledger_deleted_under_a_running_supervisor_stops_it_with_exit_code_5(d
         Path(f"{db}{suffix}").unlink(missing_ok=True)
     assert supervisor.wait(timeout=10) == 5, supervisor.log()
     assert f"the ledger {db} was deleted or replaced" in supervisor.log()
+
+
+def exit_code_within(supervisor, seconds: float):
+    """The supervisor's exit code once it exits, polled for `seconds`; None if it still runs then."""
+    deadline = time.monotonic() + seconds
+    while (code := supervisor.popen.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return code
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_wal_and_shm_deleted_during_a_delivery_stop_the_supervisor_within_3_s_after_killing_its_workers(
+        db, tmp_path, supervisors):
+    # Without the check, the supervisor and its worker went on committing into the unlinked -wal,
+    # and a second supervisor, which saw none of it, ran the held step again under the same token.
+    held = hold_input(tmp_path, hold_tokens=None)
+    admit(db, "held", "sv.hold", held)
+    supervisor = supervisors.start(db, concurrency=2)
+    wait_until(lambda: waiting(held["log"], 1), message="the held step to start")
+    supervisor.wait_log("is ready", count=2)  # both have the files open (one opened later would make new ones)
+    workers = supervisor.workers()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink()
+
+    assert exit_code_within(supervisor, 3.0) == 5, supervisor.log()
+    assert [pid for pid in workers if not gone(pid)] == [], "its workers outlived it"
+    log = supervisor.log()
+    assert f"its -wal file {db}-wal was deleted" in log, log
+    assert "since its last checkpoint is gone" in log and "Stop every process using the ledger" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_wal_or_shm_deleted_under_an_idle_supervisor_stops_it_within_3_s(db, supervisors, suffix):
+    admit(db, "first", "sv.noop3")
+    supervisor = supervisors.start(db, concurrency=1)
+    supervisor.wait_log("delivery execution=first token=1 outcome=completed")
+    workers = supervisor.workers()
+    Path(f"{db}{suffix}").unlink()
+
+    assert exit_code_within(supervisor, 3.0) == 5, supervisor.log()
+    assert [pid for pid in workers if not gone(pid)] == [], "its workers outlived it"
+    assert f"its {suffix} file {db}{suffix} was deleted" in supervisor.log(), supervisor.log()
 
 
 @pytest.mark.timeout(60)

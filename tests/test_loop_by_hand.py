@@ -43,7 +43,7 @@ def loop(db):
     calls = LedgerCalls(open_backend(str(db)), "test-calls", gathering=True)
     renewals = LedgerCalls(open_backend(str(db)), "test-renewals")
     loop = DispatchLoop(SupervisorConfig(concurrency=2, lease_ms=30_000), Stats(), pool, calls, renewals,
-                        db_path=str(db), signals=Wakeup(), stop_requests=lambda: 0)
+                        signals=Wakeup(), stop_requests=lambda: 0)
     loop.workers = ends
     yield loop
     pool.shutdown(kill=True)  # the replacements a test made the loop start, too

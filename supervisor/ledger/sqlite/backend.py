@@ -148,6 +148,11 @@ class SqliteBackend(LedgerTables):
         with conn.write() as db:
             migrate(db, self.path)
 
+    def check_files(self) -> None:
+        """The ledger file, its -wal and its -shm must be the files this backend opened (see
+        `Connection.check_files`; its writes look at them too, once a second)."""
+        self._conn.check_files()
+
     def _announce_due(self) -> None:
         nudge(self.path)
 

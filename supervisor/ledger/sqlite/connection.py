@@ -19,7 +19,17 @@ file (and, for a lasting error, says what to do):
 
 SQLite does not notice that the file was deleted or replaced while open (in WAL mode it writes on
 into the unlinked file), so each write transaction first checks that the path still names the
-file it opened, and raises `LedgerGone` if not.
+file it opened, and raises `LedgerGone` if not. Nor does it notice a deleted -wal or -shm: it
+goes on committing into the unlinked -wal, which no process that opens the ledger afterwards
+reads (it makes a new one), so every commit since the last checkpoint is lost to the others and
+two processes may claim the same execution with the same token. The -wal and -shm a connection
+uses are created when it first reads a WAL file, and SQLite deletes them only when the last
+connection to the file closes, which cannot happen while this one is open (it keeps a shared
+lock on the file: see `files`). So a connection records them once in WAL mode (`use_wal`), and
+a write looks at them again at most once every `FILE_CHECK_S`: one clock reading per write, and
+a stat of each file once a second. That bounds what a deleted -wal can swallow to about a
+second of this connection's writes; `check_files()` looks at all three files at once, without
+the connection's lock, for a caller that must never wait for it (the supervisor's loop).
 
 A call that fails leaves no transaction open (a failed COMMIT is rolled back), so the connection
 stays usable and the same call may succeed once a transient fault clears. Any other
@@ -105,6 +115,10 @@ SQLITE_IOERR, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_PROTOCOL = 10
 SQLITE_AUTH, SQLITE_NOTADB = 23, 26
 # Extended: the file was unlinked or renamed while open (SQLite checks before each write).
 SQLITE_READONLY_DBMOVED = SQLITE_READONLY | (4 << 8)
+
+# How often (s) a write looks at the ledger's -wal and -shm besides the ledger file itself.
+FILE_CHECK_S = 1.0
+WAL_FILES = ("-wal", "-shm")
 
 # Pythons before 3.11 give no result code: SQLite's own message for each, first match wins.
 _CODE_BY_MESSAGE = (
@@ -209,6 +223,18 @@ def _raise_mapped(exc: sqlite3.Error, path: str) -> NoReturn:
     raise error from exc
 
 
+def identity(path: str, known: Optional[tuple[int, int]] = None) -> Optional[tuple[int, int]]:
+    """(st_dev, st_ino) of the file at `path`, not following a symlink; None when there is none,
+    and `known` when it cannot be told (the folder's permissions: SQLite reports what matters)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return known
+    return st.st_dev, st.st_ino
+
+
 def check_durability(durability: Any) -> str:
     if not isinstance(durability, str) or durability not in DURABILITY:
         raise InvalidArgument(f"durability must be one of {sorted(DURABILITY)}, got {durability!r}")
@@ -254,23 +280,53 @@ class Connection:
         # What each write transaction checks the path against (see the module docstring); an
         # absolute path, so that a chdir changes nothing.
         self._file = None if self.path == MEMORY else os.path.abspath(self.path)
-        self._identity = None if self._file is None else self._file_identity()
+        self._identity = None if self._file is None else identity(self._file)
+        # The -wal and -shm this connection uses, (suffix, absolute path, identity) each: recorded
+        # by `use_wal`. When a write next looks at them (monotonic s); never for a memory database.
+        self._wal_files: tuple[tuple[str, str, tuple[int, int]], ...] = ()
+        self._next_look = 0.0 if self._identity is not None else float("inf")
 
-    def _file_identity(self) -> Optional[tuple[int, int]]:
-        try:
-            st = os.stat(self._file, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return self._identity  # cannot tell (the folder's permissions): SQLite reports what matters
-        return st.st_dev, st.st_ino
+    def check_files(self) -> None:
+        """Raise `LedgerGone` if the ledger file, its -wal or its -shm is no longer the file this
+        connection opened: deleted, or replaced by another. It only looks at the files (a stat of
+        each), takes no lock and waits for nothing, so any thread may call it at any time."""
+        if self._identity is None:
+            return
+        if identity(self._file, self._identity) != self._identity:
+            raise self._ledger_gone()
+        changed = [(suffix, found) for suffix, path, known in self._wal_files
+                   if (found := identity(path, known)) != known]
+        if changed:
+            raise self._wal_gone(changed)
 
     def _check_file(self) -> None:
-        if self._identity is not None and self._file_identity() != self._identity:
-            raise LedgerGone(
-                f"the ledger {self.path} was deleted or replaced while in use: whatever was written since went"
-                f" into a file nobody can open. Stop every process using it; then restore the file, or start"
-                f" them on a new one")
+        """Before each write: the ledger file (one stat), and every `FILE_CHECK_S` its -wal and -shm too."""
+        if time.monotonic() >= self._next_look:
+            self._look_at_files()
+        elif self._identity is not None and identity(self._file, self._identity) != self._identity:
+            raise self._ledger_gone()
+
+    def _look_at_files(self) -> None:
+        self.check_files()  # found gone, the time is not moved on: every later write looks again, and fails
+        self._next_look = time.monotonic() + FILE_CHECK_S
+
+    def _ledger_gone(self) -> LedgerGone:
+        return LedgerGone(
+            f"the ledger {self.path} was deleted or replaced while in use: whatever was written since went"
+            f" into a file nobody can open. Stop every process using it; then restore the file, or start"
+            f" them on a new one")
+
+    def _wal_gone(self, changed: list[tuple[str, Optional[tuple[int, int]]]]) -> LedgerGone:
+        """The error for a -wal or -shm (`changed`: (suffix, what the path names now) each) that is
+        no longer the file this connection uses."""
+        named = [f"its {suffix} file {self.path}{suffix} was {'deleted' if found is None else 'replaced by another'}"
+                 for suffix, found in changed]
+        return LedgerGone(
+            f"while the ledger {self.path} was in use, {' and '.join(named)}: the work committed to the ledger"
+            f" since its last checkpoint is gone, and whatever is written now goes where no process that opens"
+            f" the ledger will see it. Stop every process using the ledger. The ledger file itself holds what was"
+            f" checkpointed: restore it from a backup, or go on from it knowing that the most recent commits"
+            f" were lost")
 
     @property
     def raw(self) -> sqlite3.Connection:
@@ -282,11 +338,16 @@ class Connection:
             return
         with self._lock:
             try:
-                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
-                    return
-                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+                if mode != "wal":
+                    mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                # A read: a file just switched has its -wal and -shm only from its next read on.
+                self._conn.execute("PRAGMA schema_version").fetchone()
             except sqlite3.Error as exc:
                 _raise_mapped(exc, self.path)
+            if mode == "wal":
+                self._wal_files = tuple((suffix, self._file + suffix, found) for suffix in WAL_FILES
+                                        if (found := identity(self._file + suffix)) is not None)
         if mode != "wal":
             raise StorageUnavailable(f"SQLite could not put the ledger {self.path} in WAL mode (it stayed {mode})")
 
@@ -341,8 +402,11 @@ class Connection:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
         """One statement, atomic on its own; its rows are fetched at once."""
-        # On every fenced write: a plain try costs less than a context manager.
+        # On every fenced write: a plain try costs less than a context manager, and the files are
+        # looked at only once a second (see the module docstring).
         with self._lock:
+            if time.monotonic() >= self._next_look:
+                self._look_at_files()
             try:
                 cursor = self._conn.execute(sql, params)
                 return Rows(cursor.fetchall(), cursor.rowcount)

@@ -83,6 +83,13 @@ class LedgerTables:
     def _clock(self) -> int:
         return arguments.integer("clock()", self.clock())
 
+    def check_files(self) -> None:
+        """Raise `LedgerGone` if a file the ledger keeps was deleted or replaced since this backend
+        opened it (SQLite: the ledger, its -wal or its -shm); the message names the file and says
+        what to do. It only looks at files: it takes no lock, never waits for the database, and
+        may be called from any thread (the supervisor's loop calls it once a second). A backend
+        on a database server has no files of its own to look at: there it does nothing."""
+
     @property
     def connection(self):
         return self._conn
