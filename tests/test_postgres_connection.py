@@ -160,3 +160,34 @@ def test_a_session_left_inside_a_transaction_is_ended_by_the_server(pg_uri):
 def test_messages_never_show_the_password():
     assert redacted("postgresql://app:s3cret@db.internal/ledger") == "postgresql://app:***@db.internal/ledger"
     assert redacted("postgresql://app@/ledger?host=/run") == "postgresql://app@/ledger?host=/run"
+
+
+def test_a_version_1_ledger_is_migrated_into_epoch_0_and_records_the_server_it_runs_on(pg_uri):
+    from supervisor.ledger.postgres.schema import MIGRATIONS
+
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        for statement in MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO yieldstar_schema (version) VALUES (1)")
+        conn.execute("INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,"
+                     " unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)"
+                     " VALUES ('old', 'w', 'null', 'admitted', 3, 5, 0, 0, 5, 5, 5)")
+    with open_backend(pg_uri) as backend:
+        (lease,) = backend.executions.claim_due(limit=1, duration=60_000)
+        assert lease.token == 4  # epoch 0: tokens go on as before
+    with psycopg.connect(pg_uri) as conn:
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)]
+        ((epoch, reason, incarnation),) = conn.execute("SELECT epoch, reason, incarnation FROM epochs").fetchall()
+        system = conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0]
+    assert (epoch, reason) == (0, "created") and incarnation.startswith(f"{system}:")
+
+
+def test_the_uris_own_options_reach_the_server_beside_the_ledgers_settings(pg_cluster, pg_uri):
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA ledger")
+    uri = pg_uri + "&options=" + urllib.parse.quote("-csearch_path=ledger")
+    with open_backend(uri) as backend:
+        backend.executions.admit("e1", "w")
+        assert backend.connection.execute("SHOW idle_session_timeout").fetchone() == ("0",)
+    with psycopg.connect(pg_uri) as conn:
+        assert conn.execute("SELECT count(*) FROM ledger.executions").fetchone() == (1,)

@@ -59,3 +59,43 @@ def purge(ctx, older_than: str, statuses: tuple[str, ...], dry_run: bool) -> Non
                                          dry_run=dry_run)
     noun = "execution" if count == 1 else "executions"
     click.echo(f"{count} {noun} {'would be deleted' if dry_run else 'deleted'}")
+
+
+@main.command()
+@click.argument("dest", metavar="DEST", type=click.Path(dir_okay=False))
+@click.pass_context
+@handles_errors
+def backup(ctx, dest: str) -> None:
+    """Copy the ledger into a new file DEST, consistently, while supervisors run (SQLite)."""
+    from ..ledger.sqlite.backup import backup as copy
+
+    path = _sqlite_ledger(ctx, "backup", "pg_basebackup or pg_dump")
+    size = copy(path, dest)
+    click.echo(f"backed up {path} to {dest} ({size:,} bytes)")
+
+
+@main.command()
+@click.argument("src", metavar="SRC", type=click.Path(dir_okay=False))
+@click.pass_context
+@handles_errors
+def restore(ctx, src: str) -> None:
+    """Replace the ledger with the backup SRC; refused while any process uses the ledger (SQLite).
+
+    The ledger's epoch is raised: no fencing token issued before the restore is ever issued
+    again, and the deliveries the backup shows running are delivered again."""
+    from ..ledger.sqlite.backup import restore as put_back
+
+    path = _sqlite_ledger(ctx, "restore", "the server's own tools; its epoch is raised by itself (docs/postgres.md)")
+    epoch = put_back(src, path)
+    click.echo(f"restored {path} from {src}: epoch {epoch}; tokens issued before the restore will not be issued"
+               f" again, and the deliveries open in the backup will be delivered again")
+
+
+def _sqlite_ledger(ctx, command: str, instead: str) -> str:
+    """The --db path, which `command` needs to be a SQLite file."""
+    from ..ledger.backends import is_uri, shown
+
+    path = ctx.obj["db"]
+    if is_uri(path):
+        raise ValueError(f"{command} is for SQLite ledgers; for the PostgreSQL ledger {shown(path)} use {instead}")
+    return path

@@ -17,6 +17,8 @@ never as a database driver's own exception, so callers decide on the kind of fai
         +-- NoLedger         there is no ledger at the path, and the caller asked not to create one
         +-- LedgerGone       the file was deleted, replaced, or can no longer be written
 
+`LedgerInUse` (a restore refused while processes use the ledger) is not a storage failure.
+
 A transient error is worth retrying, and never a workflow's outcome; a lasting one stops a
 supervisor with a message that says what to do.
 """
@@ -36,6 +38,10 @@ class ExecutionConflict(InvalidArgument):
 
 class UnknownExecution(InvalidArgument):
     """Raised when an operation names an execution that was never admitted."""
+
+
+class LedgerInUse(YieldstarError):
+    """Raised when an operation that needs the ledger to itself (a restore) finds processes using it."""
 
 
 class StorageError(YieldstarError):

@@ -34,6 +34,7 @@ class DeliveryEnd(str, enum.Enum):
     EXPIRED = "expired"  # the lease ran out and nobody has claimed the execution since
     SUPERSEDED = "superseded"  # the lease ran out and a later claim took the execution over
     CANCELLED = "cancelled"  # an operator cancelled the execution while the delivery was open
+    FENCED = "fenced"  # the ledger was restored or failed over while it was open (`tables.epochs`)
 
     def __str__(self) -> str:
         return self.value

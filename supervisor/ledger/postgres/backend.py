@@ -26,7 +26,7 @@ from ..tables import (
     checked_delay,
     default_redelivery_delay,
 )
-from . import notify
+from . import incarnation, notify
 from .clock import ServerClock
 from .connection import Connection, check_uri, redacted
 from .executions import BATCH_FUNCTION, PostgresExecutionTable
@@ -49,7 +49,10 @@ class PostgresBackend(LedgerTables):
         self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.durability = durability
         delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
-        self._conn = Connection(uri, durability=durability, delays=delays, functions=BATCH_FUNCTION)
+        self._schema_ready = False  # until then a new session checks only that it may write
+        self._incarnation: Optional[str] = None
+        self._conn = Connection(uri, durability=durability, delays=delays, functions=BATCH_FUNCTION,
+                                on_session=self._on_session)
         self.clock = clock or ServerClock(self._read_server_clock)
         self.one_clock = clock is None
         try:
@@ -59,11 +62,21 @@ class PostgresBackend(LedgerTables):
                     raise NoLedger(f"no ledger in the database {self.path}")
                 if version < SCHEMA_VERSION:
                     migrate(db, self.path)
+            self._schema_ready = True
+            if self._incarnation is not None:
+                incarnation.settle(self._conn, self._incarnation, self._clock, self.path)
         except BaseException:
             self._conn.close()
             raise
         self._uri = uri
         self._open_tables()
+
+    def _on_session(self, conn) -> None:
+        """Each new session, before its first statement: refuse a standby, and raise the epoch if
+        the ledger now runs on another server than before (`incarnation`)."""
+        self._incarnation = incarnation.read(conn, self.path)
+        if self._schema_ready and self._incarnation is not None:
+            incarnation.settle(self._conn, self._incarnation, self._clock, self.path)
 
     def _announce_due(self) -> None:
         try:

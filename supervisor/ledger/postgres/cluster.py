@@ -97,6 +97,22 @@ class Cluster:
         self._run("pg_ctl", "-D", self.data, "-o", options, "-l", os.path.join(self.folder, "server.log"), "-w",
                   "start")
 
+    def replica(self) -> "Cluster":
+        """A streaming replica of this running cluster, not started: a `pg_basebackup` of it
+        into a folder of its own, set to follow it (`-R`: standby.signal and primary_conninfo on
+        this cluster's socket). Asynchronous, as PostgreSQL's replication is by default.
+        `start_server()` starts it as a read-only standby; `promote()` makes it a primary."""
+        if self.listen_addresses:
+            raise ValueError("a replica is made of a cluster that listens on its Unix socket only")
+        replica = Cluster()
+        self._run("pg_basebackup", "-D", replica.data, "-h", self.folder, "-U", "postgres", "-R", "-X", "stream",
+                  "--no-sync", "-c", "fast", timeout=120)
+        return replica
+
+    def promote(self) -> None:
+        """End this standby's recovery and make it a primary (on a new timeline), waiting for it."""
+        self._run("pg_ctl", "-D", self.data, "-w", "promote")
+
     def stop_server(self, mode: str = "fast") -> None:
         """Stop the server, keeping its data: `start_server()` starts it again."""
         self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")

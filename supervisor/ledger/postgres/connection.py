@@ -7,21 +7,32 @@ token and a stale holder's write can never both commit (SPEC section 7). No tran
 retried on a serialization failure: there are none at this level, and a deadlock between two
 writers is reported as `StorageBusy`, which the caller retries like a busy SQLite file.
 
-Settings (`Connection._settings`). `lock_timeout` bounds how long a statement waits for a row lock;
-`idle_in_transaction_session_timeout` makes the server end a session that sits inside a
-transaction (a client frozen or cut off mid-transaction), so that it cannot keep an execution
-row locked for long; TCP keepalives and `tcp_user_timeout` let the client notice a dead link
-(both only mean something on TCP; a Unix socket ignores them). `application_name` names the
-session in `pg_stat_activity`.
+Settings (`Connection._settings`), made per session so that what a database's owner set for the
+database or the role cannot change how the ledger behaves. `lock_timeout` bounds how long a
+statement waits for a row lock; `idle_in_transaction_session_timeout` makes the server end a
+session that sits inside a transaction (a client frozen or cut off mid-transaction), so that it
+cannot keep an execution row locked for long. An idle session is never ended
+(`idle_session_timeout = 0`; a worker's connection idles through every long step), no statement
+is cut short by a `statement_timeout` (and, on servers that have it, `transaction_timeout`), and
+transactions may write (`default_transaction_read_only = off`). TCP keepalives and
+`tcp_user_timeout` let the client notice a dead link (both only mean something on TCP; a Unix
+socket ignores them). `application_name` names the session in `pg_stat_activity`.
+
+A session the server ended while it was idle (an administrator's `pg_terminate_backend`, a
+restart) is found dead before its next statement is sent, and another is opened in its place,
+so the call does not fail for it. After each connection is made, the backend checks which server
+it reached (`Connection.on_session`; see `supervisor.ledger.postgres.incarnation`).
 
 Errors, by SQLSTATE class (https://www.postgresql.org/docs/current/errcodes-appendix.html):
 
-    a broken connection (08xxx, no code), 57P01-3 (shutdown), 53xxx,
-    25P03 (idle in transaction too long)                    StorageUnavailable  transient
-    55P03 (lock timeout), 40001, 40P01 (deadlock), 57014    StorageBusy         transient
-    3D000 (no such database)                                NoLedger            lasting
-    28xxx (authentication), 42501 (no privilege)            LedgerGone          lasting
-    XX001, XX002 (data corrupted)                           StorageCorrupt      lasting
+    a broken connection (08xxx, no code), 53xxx (resources),
+    57P01-3 and 57P05 (shutdown, starting, idle session),
+    58xxx (system I/O), 25P03 (idle in transaction too long)    StorageUnavailable  transient
+    55P03 (lock timeout), 40001, 40P01 (deadlock), 57014         StorageBusy         transient
+    3D000 (no such database)                                     NoLedger            lasting
+    28xxx (authentication), 42501 (no privilege),
+    25006 (a read-only standby), 57P04 (database dropped)        LedgerGone          lasting
+    XX001, XX002 (data corrupted)                                StorageCorrupt      lasting
 
 Any other error (a syntax or constraint error, a call on a closed backend) is a mistake in the
 calling code and propagates unchanged. A connection that broke is closed, and the next call
@@ -32,10 +43,11 @@ from __future__ import annotations
 
 import functools
 import re
+import select
 import threading
 import urllib.parse
 from contextlib import contextmanager
-from typing import Any, ContextManager, Iterator, NoReturn, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterator, NoReturn, Optional, Sequence
 
 from ..connection import Rows
 from ..errors import (
@@ -58,6 +70,36 @@ KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "
 # flush whatever this says (see `Connection.write(flush=True)`): a claim lost in a crash could
 # hand out the same token twice.
 SYNCHRONOUS_COMMIT = {"normal": "off", "full": "on"}
+
+
+# What every session of the ledger runs with, whatever the database's or the role's defaults say
+# (see the module docstring); and those only newer servers know, by the version that brought them.
+SESSION_SETTINGS = {"idle_session_timeout": "0", "statement_timeout": "0", "default_transaction_read_only": "off"}
+NEWER_SETTINGS = ((170000, "transaction_timeout", "0"),)
+
+
+def _uri_options(uri: str) -> str:
+    """The `options` the URI gives the server, if any (`?options=-csearch_path=ledger`)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return str(conninfo_to_dict(uri).get("options") or "")
+    except Exception:  # noqa: BLE001 - a URI libpq cannot parse fails at connect, with libpq's message
+        return ""
+
+
+def _ended_while_idle(conn) -> bool:
+    """Whether the server ended this idle session. It says why, then closes the socket, so the
+    socket reads ready while no statement is out; nothing else comes unasked to a session that
+    listens for nothing. So a ready socket is taken for an ended session: at worst a session that
+    was sent a notice is replaced by a new one."""
+    import psycopg
+
+    try:
+        ready, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (psycopg.Error, OSError, ValueError):
+        return True
+    return bool(ready)
 
 
 # What the shared statements call that SQLite has built in or as a Python function: made for each
@@ -85,12 +127,17 @@ def storage_error(exc: Exception, target: str) -> Optional[StorageError]:
 
     code = getattr(exc, "sqlstate", None) or _refused_connection_code(str(exc))
     where = redacted(target)
-    if isinstance(exc, psycopg.OperationalError) and (not code or code.startswith("08")):
+    if code.startswith("08") or (isinstance(exc, psycopg.OperationalError) and not code):
         return StorageUnavailable(f"the ledger database {where} cannot be reached: {_first_line(exc)}")
     if code in ("55P03", "40001", "40P01", "57014"):
         return StorageBusy(f"the ledger database {where} is busy: {_first_line(exc)} (lock timeout"
                            f" {LOCK_TIMEOUT_MS} ms)")
-    if code.startswith("53") or code in ("57P01", "57P02", "57P03", "25P03"):
+    if code == "25006":
+        return LedgerGone(standby(where))
+    if code == "57P04":
+        return LedgerGone(f"the ledger database {where} was dropped: {_first_line(exc)}; restore it, or start on a"
+                          f" new one")
+    if code.startswith(("53", "57P", "58")) or code == "25P03":
         return StorageUnavailable(f"the ledger database {where} failed the call: {_first_line(exc)}")
     if code == "3D000":
         return NoLedger(f"no ledger database at {where}: {_first_line(exc)}; create it (createdb) or check the URI")
@@ -114,6 +161,12 @@ def _refused_connection_code(message: str) -> str:
     if 'role "' in message and "does not exist" in message:
         return "28000"
     return next((code for text, also, code in _REFUSALS if text in message and also in message), "")
+
+
+def standby(where: str) -> str:
+    """What to say when the ledger's server is a read-only standby."""
+    return (f"the ledger database {where} is a read-only standby (a replica in recovery): point the URI at the"
+            f" primary; with several hosts in one URI, add target_session_attrs=read-write")
 
 
 def _first_line(exc: Exception) -> str:
@@ -172,10 +225,13 @@ class Connection:
 
     def __init__(self, uri: str, *, durability: str = "normal", lock_timeout_ms: int = LOCK_TIMEOUT_MS,
                  idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS, delays: Sequence[int] = (1000,),
-                 functions: str = ""):
+                 functions: str = "", on_session: Optional[Callable[[Any], None]] = None):
         """`delays`: the redelivery delay after 1, 2, ... unacknowledged deliveries (the last one
         stands for every later count), made the session's `pg_temp.yieldstar_delay(n)`.
-        `functions`: more of the session's own functions (`CREATE FUNCTION pg_temp....`)."""
+        `functions`: more of the session's own functions (`CREATE FUNCTION pg_temp....`).
+        `on_session(psycopg_connection)`: run once each new session is open, before its first
+        statement (the backend checks which server it reached); what it raises closes the session,
+        and the next call tries again."""
         self.target = check_uri(uri)
         self._functions = SESSION_FUNCTIONS.format(delays=", ".join(str(int(d)) for d in delays),
                                                    count=len(delays)) + functions
@@ -184,7 +240,10 @@ class Connection:
         self.durability = durability
         self._settings = {"lock_timeout": str(lock_timeout_ms),
                           "idle_in_transaction_session_timeout": str(idle_in_transaction_ms),
-                          "synchronous_commit": SYNCHRONOUS_COMMIT[durability]}
+                          "synchronous_commit": SYNCHRONOUS_COMMIT[durability],
+                          **SESSION_SETTINGS}
+        self.on_session = on_session
+        self._uri_options = _uri_options(self.target)
         self._lock = threading.RLock()
         self._conn = None
         self._session: Optional[Session] = None  # on `_conn`
@@ -193,21 +252,37 @@ class Connection:
             self._connected()
 
     def _connected(self) -> Session:
-        """The open connection's session, opening one if there is none (the last one broke)."""
+        """The open connection's session, opening one if there is none (the last one broke, or
+        the server ended it while it was idle)."""
         if self._closed:
             raise InvalidArgument("the backend is closed")
         if self._conn is not None and not self._conn.closed:
-            return self._session
+            if not _ended_while_idle(self._conn):
+                return self._session
+            self._conn.close()
         import psycopg
 
-        options = " ".join(f"-c {name}={value}" for name, value in self._settings.items())
+        # The URI's own options (a search_path, say) come first; the ledger's settings win.
+        ours = " ".join(f"-c {name}={value}" for name, value in self._settings.items())
+        options = f"{self._uri_options} {ours}".strip()
         try:
             self._conn = psycopg.connect(self.target, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                          options=options, application_name="yieldstar", **KEEPALIVES)
-            self._conn.execute(self._functions)
+            newer = "".join(f";\nSET {name} = {value}" for version, name, value in NEWER_SETTINGS
+                            if self._conn.info.server_version >= version)
+            self._conn.execute(self._functions + newer)
         except psycopg.Error as exc:
             self._raise_mapped(exc)
         self._session = Session(self._conn.cursor())
+        if self.on_session is not None:
+            try:
+                self.on_session(self._conn)
+            except psycopg.Error as exc:
+                self._conn.close()
+                self._raise_mapped(exc)
+            except BaseException:
+                self._conn.close()
+                raise
         return self._session
 
     def write(self, *, flush: bool = False, lock_wait_ms: Optional[int] = None) -> ContextManager[Session]:

@@ -126,15 +126,32 @@ CREATE TABLE store_receipts (
     PRIMARY KEY (store, execution_id, step_key)
 )"""
 
+# Version 2 (the SQLite ledger's version 3): epochs, so that a ledger whose server forgot commits
+# (a promoted replica, a point-in-time recovery) never issues a token twice (`tables.epochs`).
+EPOCHS = """
+CREATE TABLE epochs (
+    epoch       INTEGER PRIMARY KEY,
+    started_at  BIGINT NOT NULL,
+    reason      TEXT NOT NULL,
+    incarnation TEXT
+)"""
+FIRST_EPOCH = """
+INSERT INTO epochs (epoch, started_at, reason) VALUES (0, (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+    'created')"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
     (VERSION_TABLE, EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS,
      EXECUTIONS_BY_AGE, EXECUTIONS_BY_UPDATE, LEASE_HISTORY, STEPS, STEPS_IN_ORDER, WAITERS, WAITERS_BY_WAITER,
      STARTS, STARTS_BY_TARGET, EFFECTS, STORES, STORE_RECEIPTS),
+    (EPOCHS, FIRST_EPOCH),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-TABLES = ("executions", "lease_history", "steps", "waiters", "starts", "effects", "stores", "store_receipts")
+# Each table, by the schema version that brought it.
+TABLES_SINCE = {"executions": 1, "lease_history": 1, "steps": 1, "waiters": 1, "starts": 1, "effects": 1, "stores": 1,
+                "store_receipts": 1, "epochs": 2}
+TABLES = tuple(TABLES_SINCE)
 
 SCHEMA_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
 
@@ -159,7 +176,7 @@ def recognise(db, where: str) -> int:
     if version > SCHEMA_VERSION:
         raise SchemaTooNew(f"{where} has schema version {version}, from a newer Yieldstar; this one understands up to"
                            f" version {SCHEMA_VERSION}: upgrade Yieldstar to use it")
-    missing = set(TABLES) - tables if version else set()
+    missing = {table for table, since in TABLES_SINCE.items() if since <= version} - tables
     if missing:
         raise NotALedger(f"{where} is not a Yieldstar ledger: it has schema version {version} but lacks the tables"
                          f" {', '.join(sorted(missing))}")

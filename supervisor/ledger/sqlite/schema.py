@@ -127,11 +127,24 @@ WAITERS_DETAIL = "ALTER TABLE waiters ADD COLUMN detail TEXT"  # e.g. the match 
 STARTS_PARENT = "ALTER TABLE starts ADD COLUMN parent TEXT"  # the execution that started it; NULL: outside
 STARTS_BY_TARGET = "CREATE INDEX starts_by_target ON starts (execution_id)"
 
+# Version 3: epochs, so that a restored ledger never issues a token twice (`tables.epochs`).
+# Every ledger so far ran in epoch 0, whose tokens are those it always issued.
+EPOCHS = """
+CREATE TABLE epochs (
+    epoch       INTEGER PRIMARY KEY,  -- its tokens are epoch * 2**32 + 1, + 2, ...
+    started_at  INTEGER NOT NULL,
+    reason      TEXT NOT NULL,        -- created | restored | failover
+    incarnation TEXT                  -- PostgreSQL: the server it began on; NULL on SQLite
+)"""
+FIRST_EPOCH = """
+INSERT INTO epochs (epoch, started_at, reason) VALUES (0, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER), 'created')"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
      LEASE_HISTORY, STEPS, WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
     (EXECUTIONS_BY_UPDATE, WAITERS_BY_WAITER, WAITERS_DETAIL, STARTS_PARENT, STARTS_BY_TARGET),
+    (EPOCHS, FIRST_EPOCH),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -4,6 +4,8 @@
 checks that a waiter is admitted, without either importing the executions module.
 """
 
+from .epochs import FLOOR
+
 COLUMNS = (
     "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
     " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
@@ -17,8 +19,10 @@ SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = ?"
 LOCKED = " /*FOR UPDATE*/"
 SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 
-INSERT = """
+# A new execution's token is the current epoch's floor (0 until a restore or a failover raised
+# the epoch: see `epochs`), so that its first claim issues a token no earlier epoch issued.
+INSERT = f"""
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
-VALUES (?, ?, ?, 'admitted', 0, ?, 0, 0, ?, ?, ?)
+VALUES (?, ?, ?, 'admitted', {FLOOR}, ?, 0, 0, ?, ?, ?)
 ON CONFLICT (execution_id) DO NOTHING"""

@@ -43,6 +43,7 @@ from ..values import (
     WaitReason,
 )
 from . import waiters
+from .epochs import FLOOR
 from .execution_rows import COLUMNS, INSERT, SELECT_ONE, SELECT_ONE_LOCKED
 
 RUNNING = ExecutionStatus.RUNNING.value
@@ -162,10 +163,12 @@ UPDATE executions SET status = 'cancelled', result_json = NULL, error_json = ?, 
     due_at = NULL, ready_at = NULL, wake_during_lease = NULL, updated_at = ?
 WHERE execution_id = ?"""
 
-RESUME = """
+# A resumed execution's token moves up to the current epoch's floor, if a restore or a failover
+# raised the epoch while it was terminal (see `epochs`).
+RESUME = f"""
 UPDATE executions SET status = 'admitted', ever_suspended = 0, result_json = NULL, error_json = NULL,
     lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL, wake_during_lease = NULL,
-    due_at = ?, ready_at = ?, updated_at = ?
+    due_at = ?, ready_at = ?, updated_at = ?, token = yieldstar_max(token, {FLOOR})
 WHERE execution_id = ?"""
 # The step a failed run ended on: the last one written. If it recorded a final error, resume
 # opens it again (done = 0, no retry time), so the replay runs that step once more instead of
