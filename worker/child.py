@@ -35,6 +35,10 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     die_with_parent(parent_pid)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s yieldstar-worker[%(process)d] %(message)s")
+    # A worker sends its nudges (ctx.start) from its supervisor's user and environment, so to the
+    # same socket folder: when there is none, the supervisor says so once for all its workers,
+    # which would each repeat it, and again every time one is replaced.
+    logging.getLogger("yieldstar.notifications").setLevel(logging.ERROR)
     # `kill -USR1 <worker pid>` prints every thread's stack to the supervisor's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Ctrl-C in a terminal signals the whole process group, and so do service managers stopping a

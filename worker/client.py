@@ -17,12 +17,15 @@ socket of theirs, see `supervisor.ledger.sqlite.nudge`); one thread per client l
 the announced executions it waits for, and wakes their waiters, however many threads or tasks
 wait on them. An announcement can be lost (a full socket buffer, a commit made by a process of
 an older version): the thread then finds the outcome at its next slow poll, every `poll_s`
-seconds while anything waits; with nothing waiting it sleeps until something does.
+seconds while anything waits; with nothing waiting it sleeps until something does. A client
+that cannot make its socket (this user has no private folder for one: see
+`supervisor.ledger.sqlite.socket_folder`) waits by that poll alone, and the process says so once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import threading
@@ -39,6 +42,9 @@ from .registry import Registry
 
 TERMINAL = frozenset(("completed", "failed", "cancelled"))
 POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement it missed
+
+log = logging.getLogger("yieldstar.client")
+_told_polling = False  # this process has logged that a client of it cannot listen
 
 
 class WorkflowFailed(YieldstarError):
@@ -96,8 +102,8 @@ class OutcomeWatch:
         if listen:
             try:
                 self._listener = backend.listen_for_outcomes()
-            except OSError:
-                pass  # no socket can be made here
+            except OSError as exc:
+                _polling(exc, poll_s)
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._lock = threading.Lock()
@@ -167,6 +173,15 @@ class OutcomeWatch:
                 notify = list(self._waiters.pop(execution_id, {}).values())
             for call in notify:
                 call(record)
+
+
+def _polling(exc: OSError, poll_s: float) -> None:
+    """Say, once per process, that a client waits for outcomes by its slow poll alone: the first
+    cause is the one to fix (a squatted socket folder: see `supervisor.ledger.sqlite.socket_folder`)."""
+    global _told_polling
+    if not _told_polling:
+        _told_polling = True
+        log.warning("no outcome socket (%s): result() finds outcomes by polling every %g s", exc, poll_s)
 
 
 class _Base:

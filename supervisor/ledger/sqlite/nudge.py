@@ -1,11 +1,18 @@
 """Nudges: telling idle supervisors on this host that work just became due.
 
 Each supervisor binds a Unix datagram socket (created owner-only; nothing listens on a network
-port) in a folder that belongs to its database file: `$XDG_RUNTIME_DIR/yieldstar/<hash of the
-database's path>/`, or `/tmp/yieldstar-<uid>/<hash>/`. The folder is not beside the database
-because a socket path may be at most about 100 bytes long. `nudge(db_path)` sends one byte to every socket there; a supervisor
-woken by it claims at once instead of waiting for its next poll. A nudge is only a hint:
-losing one costs at most one poll interval, so every error is ignored.
+port) in a folder that belongs to its database file: `<this user's private folder>/<hash of the
+database's path>/`, the private folder being `$XDG_RUNTIME_DIR/yieldstar`, `/run/user/<uid>/yieldstar`,
+`~/.yieldstar` or `/tmp/yieldstar-<uid>`, whichever comes first that no other user can have made
+(`socket_folder` says which, and why in that order). The folder is not beside the database
+because a socket path may be at most about 100 bytes long. `nudge(db_path)` sends one byte to
+every socket there; a supervisor woken by it claims at once instead of waiting for its next poll.
+
+A nudge is only a hint, and so is an announcement (below): losing one costs at most one poll
+interval. Both are sent after the commit they tell of, so neither ever raises: an operation
+that committed has succeeded, whatever happens to its news. A user with no private folder (a
+squatted `/tmp/yieldstar-<uid>` and nowhere better) sends none; that and any other failure to
+send is logged once per process.
 
 Outcomes travel the same way the other way round: an application waiting for the result of
 an execution (`worker.Client`, `handle.result()`) binds a socket in the subfolder `outcomes/`,
@@ -26,26 +33,13 @@ import hashlib
 import itertools
 import os
 import socket
-import stat
 from typing import Optional
+
+from .socket_folder import NoPrivateFolder, log, socket_root
 
 # An announcement larger than this names no ids (see `announce_ended`): well inside what a Unix
 # datagram socket takes in one message by default.
 MAX_DATAGRAM = 16_384
-
-
-def _private_root() -> str:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime) and len(runtime) < 40:
-        root = os.path.join(runtime, "yieldstar")
-    else:
-        root = f"/tmp/yieldstar-{os.getuid()}"
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    info = os.lstat(root)
-    # A shared /tmp: refuse a folder someone else made (or a link planted) to catch our nudges.
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{root} is not a private folder of this user")
-    return root
 
 
 @functools.lru_cache(maxsize=64)
@@ -54,9 +48,13 @@ def nudge_dir(db_path: str) -> str:
 
     Worked out once per path and process: every acknowledgement that ends an execution announces
     it, and resolving the path, hashing it and checking the private root cost more than the
-    announcement itself."""
-    digest = hashlib.sha256(os.path.realpath(db_path).encode()).hexdigest()[:24]
-    return os.path.join(_private_root(), digest)
+    announcement itself.
+
+    Raises:
+        NoPrivateFolder: this user has no private folder for sockets (see `socket_folder`).
+    """
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(db_path))).hexdigest()[:24]
+    return os.path.join(socket_root(), digest)
 
 
 def outcomes_dir(db_path: str) -> str:
@@ -65,15 +63,37 @@ def outcomes_dir(db_path: str) -> str:
 
 
 def nudge(db_path: str) -> None:
-    _send_to_all(nudge_dir(db_path), b"!")
+    """Wake the idle supervisors of `db_path` on this host. Never raises (see the module)."""
+    try:
+        _send_to_all(nudge_dir(db_path), b"!")
+    except OSError as exc:
+        _not_sent(exc)
 
 
 def announce_ended(db_path: str, execution_ids: list[str]) -> None:
-    """Tell every process waiting for outcomes of `db_path` that these executions are terminal."""
+    """Tell every process waiting for outcomes of `db_path` that these executions are terminal.
+    Never raises (see the module)."""
     message = "\n".join(execution_ids).encode()
     if len(message) > MAX_DATAGRAM:
         message = b""  # too many to name: "look at everything you wait for"
-    _send_to_all(outcomes_dir(db_path), message)
+    try:
+        _send_to_all(outcomes_dir(db_path), message)
+    except OSError as exc:
+        _not_sent(exc)
+
+
+_told_not_sent = False  # this process has logged a failure to send
+
+
+def _not_sent(exc: OSError) -> None:
+    """Log the first failure to send of this process (a missing private folder was logged, with
+    its fix, when it was found missing)."""
+    global _told_not_sent
+    if isinstance(exc, NoPrivateFolder) or _told_not_sent:
+        return
+    _told_not_sent = True
+    log.warning("cannot send a nudge or an outcome announcement (%s): until one is sent, supervisors and waiting"
+                " clients on this host find new work and outcomes at their next poll (logged once)", exc)
 
 
 def _send_to_all(folder: str, message: bytes) -> None:
