@@ -15,7 +15,8 @@ never as a database driver's own exception, so callers decide on the kind of fai
         +-- SchemaTooNew     the file was written by a newer Yieldstar
         +-- UnsafeLedgerFile the file (or its -wal/-shm) is a symlink, another user's, or open to others
         +-- NoLedger         there is no ledger at the path, and the caller asked not to create one
-        +-- LedgerGone       the file was deleted, replaced, or can no longer be written
+        +-- LedgerGone       the file (or its -wal/-shm) was deleted or replaced, a database refuses
+                             writes (a standby), or this user may no longer write
 
 `LedgerInUse` (a restore refused while processes use the ledger) is not a storage failure.
 
@@ -104,7 +105,8 @@ class NoLedger(LedgerUnusable):
 
 
 class LedgerGone(LedgerUnusable):
-    """Raised when the ledger file was deleted or replaced, or this process may no longer write it."""
+    """Raised when the ledger file or its -wal or -shm was deleted or replaced, the ledger's database
+    is a read-only standby or was dropped, or this process may no longer write the ledger."""
 
     kind = "gone"
 

@@ -22,7 +22,9 @@ steps:
 4. The replaced ledger's -wal and -shm go (they belong to the file being replaced; kept, SQLite
    would apply them to the restored one), and the copy is renamed over the ledger in one step.
 
-The folder is trusted, as for every ledger (`files`).
+The folder is trusted, as for every ledger (`files`). Both are made for a process that has no
+backend of the ledger open (the `yieldstar backup` and `restore` commands): closing the copy's
+own descriptors of the ledger would drop such a backend's SQLite locks (see `files`).
 """
 
 from __future__ import annotations
