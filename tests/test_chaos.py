@@ -16,6 +16,8 @@ import random
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 
 import psutil
 import pytest
@@ -24,6 +26,8 @@ from faults import ROOT, wait_until
 from supervisor import Completed, Failed, Suspended, open_backend
 from supervisor.chaos import ALL_KINDS, ChaosConfig, FaultKind, check, parse_kinds, run_chaos, summary_lines
 from supervisor.chaos.checker import main as checker_main
+from supervisor.chaos.cpu_waits import CPU_WAITS_LOG, CpuWaitSampler, read_cpu_waits
+from supervisor.chaos.cpu_waits import available as cpu_waits_available
 from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
@@ -305,9 +309,9 @@ def fleet(ledger: Ledger, *supervisors: tuple) -> None:
         json.dump({"lease_ms": LEASE, "renew_ms": 300}, f)
 
 
-def fault(ledger: Ledger, kind: str, at_ms: int, *, step=None, **params) -> None:
-    target = {"supervisor": 1, "supervisor_pid": os.getpid(), "worker_pid": params.pop("worker_pid", 4242),
-              "pid": params.pop("holder_pid", None)}
+def fault(ledger: Ledger, kind: str, at_ms: int, *, step=None, supervisor: int = 1, **params) -> None:
+    target = {"supervisor": supervisor, "supervisor_pid": os.getpid(), "worker_pid": params.pop("worker_pid", 4242),
+              "pid": params.pop("holder_pid", None), "replacement": params.pop("replacement", None)}
     with open(os.path.join(ledger.folder, "faults.jsonl"), "a") as f:
         f.write(json.dumps({"kind": kind, "at_s": 0, "at_ms": at_ms, "target": target, "step": step,
                             "params": params}) + "\n")
@@ -415,6 +419,84 @@ def test_a_session_killed_as_the_claim_committed_explains_a_lease_never_renewed(
 def test_a_session_killed_later_in_the_delivery_explains_nothing(ledger):
     fault(ledger, "connection_kill", 1_000_000 + 900)  # the call it met was retried on a new connection
     assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
+def test_a_late_kill_of_a_slow_started_worker_that_ran_the_delivery_explains_the_takeover(ledger):
+    # The harness saw worker 4242 still loading the app; by the time its SIGKILL landed, the
+    # worker had loaded it and run step a of the delivery (the step log says so): killed mid-delivery.
+    fault(ledger, "slow_start", 1_000_000 - 3_000, supervisor=7, replacement=1,
+          workers_killed=[{"pid": 4242, "at_ms": 1_000_000 - 100, "importing_for_ms": 3_800}])
+    assert takeover(ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
+
+
+def test_a_slow_started_worker_killed_while_another_ran_the_delivery_explains_nothing(ledger):
+    fault(ledger, "slow_start", 1_000_000 - 3_000, supervisor=7, replacement=1,
+          workers_killed=[{"pid": 5151, "at_ms": 1_000_000 - 100, "importing_for_ms": 3_800}])
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
+def cpu_waits(ledger: Ledger, pid: int, waits: list) -> None:
+    """The harness's samples of `pid` (`cpu_waits`): `(true ms, ms its thread 1 waited for a CPU so far)`."""
+    os.makedirs(os.path.join(ledger.folder, "logs"), exist_ok=True)
+    with open(os.path.join(ledger.folder, CPU_WAITS_LOG), "a") as f:
+        f.writelines(f"{at} {pid} 1:{waited} 2:0\n" for at, waited in waits)
+
+
+def waiting(share: int, start: int = 1_000_000, end: int = 1_001_500) -> list:
+    """Samples every 100 ms from `start` to `end` (by default token 1's lease), its thread kept
+    off the CPU for `share` ms of each 100."""
+    return [(start + 100 * k, 5 + share * k) for k in range((end - start) // 100 + 1)]
+
+
+def test_a_lease_lost_by_a_holder_kept_off_the_cpu_is_explained_by_starvation(ledger):
+    # 90 ms of every 100 waiting for a CPU, by the kernel's count: 1,260 ms of the lease for
+    # certain (a wait counted in the first interval may have begun before it), 600 would do.
+    cpu_waits(ledger, os.getpid(), waiting(90))
+    result = takeover(ledger)
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["holder_starved"] == 1
+    assert result.figures["takeovers"]["cpu_waits_sampled"]
+
+
+def test_a_lease_lost_by_a_holder_that_got_the_cpu_is_still_caught(ledger):
+    cpu_waits(ledger, os.getpid(), waiting(20))  # 280 ms of waiting: it could have renewed
+    cpu_waits(ledger, 4343, waiting(95))  # another process starved: not the holder's evidence
+    result = takeover(ledger)
+    assert kinds(result) == {"superseded_while_alive"}
+    assert "having waited for a CPU for 280 ms or more (600 would excuse it)" in result.violations[0].detail
+    assert result.figures["takeovers"]["explained"]["holder_starved"] == 0
+
+
+def test_a_supervisor_starved_just_before_its_last_renewal_explains_the_worker_that_left_it(ledger):
+    # Kept off the CPU for 0.8 s up to 400 ms into the lease, the supervisor beat none of its
+    # workers; the worker left for want of heartbeats, and the lease was left to expire.
+    cpu_waits(ledger, os.getpid(), waiting(90, 999_600, 1_000_400))
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}  # 270 ms of it after the renewal: not enough
+    with open(os.path.join(ledger.folder, "logs", "supervisor-001.log"), "a") as f:
+        f.write(f"2026-12-05 03:31:30,194 yieldstar[{os.getpid()}] execution e1 token 1: worker pid 4242 lost its"
+                " supervisor (exit code 4) mid-delivery; its lease is left to expire\n")
+    result = ledger.check()
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["holder_starved"] == 1
+
+
+def test_a_wait_that_may_have_begun_before_the_lease_explains_nothing(ledger):
+    # The kernel counts a wait when it ends: 1,400 ms counted at 1_000_100 may all have been
+    # waited before the claim, and the holder never waited again.
+    cpu_waits(ledger, os.getpid(), [(999_900, 0), (1_000_100, 1_400), (1_001_500, 1_400)])
+    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+
+
+def test_the_harness_journals_how_long_each_thread_waited_for_a_cpu(tmp_path):
+    if not cpu_waits_available():
+        pytest.skip("this kernel keeps no run-queue waits (/proc/<pid>/task/<tid>/schedstat)")
+    (tmp_path / "logs").mkdir()
+    sampler = CpuWaitSampler(str(tmp_path))
+    sampler.sample([os.getpid(), 2 ** 22 + 1])  # the second is no process: left out
+    sampler.close()
+    ((at_ms, threads),) = read_cpu_waits(str(tmp_path)).samples[os.getpid()]
+    assert threading.get_native_id() in threads
+    assert abs(at_ms - time.time_ns() // 1_000_000) < 60_000
 
 
 def test_effect_ids_of_one_execution_each_pass(ledger):
@@ -659,6 +741,7 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     assert not set(injected) & elsewhere, injected
     assert report["harness"]["workers_killed_while_starting"] >= 1, summary
     assert check_["takeovers"]["checked"], summary
+    assert check_["takeovers"]["cpu_waits_sampled"] == cpu_waits_available(), summary
     if not on_postgres:  # PostgreSQL's ledger clock is the server's: no skew to give
         assert check_["takeovers"]["clocks"]["skewed"] >= 1, summary
     assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary

@@ -6,7 +6,10 @@ It trusts nothing the supervisors think; it reads only
   `starts`), read-only and from one snapshot, a SQLite file or a PostgreSQL database alike
   (`ledger_reads`: the same statements on both);
 - the step log and the external system's log that `worker.chaos_app` leaves in the work folder;
-- the supervisors' logs (only to count stale writes that were refused);
+- the supervisors' logs (to count stale writes that were refused, and to know which deliveries
+  their workers and they gave up on for want of heartbeats);
+- the harness's samples of how long each supervisor and worker waited for a CPU (`cpu_waits`),
+  to tell a holder the machine starved from one that stopped renewing on its own;
 - the fault journal, the fleet journal (which supervisor had which pid and clock skew, and when
   it lived), the lock holders' log and the run's `config.json`: to set times of skewed clocks
   beside each other (`clocks`) and to tell which lost leases the faults explain (`takeovers`).
@@ -45,7 +48,7 @@ Invariants and how each is read (the kind names appear in `violations`):
   `RetryableError`, or a child's planned failure), every step error recorded is planned too, and
   no error names the storage (sqlite, disk, database, locked, or a `StorageError` class);
 - no lease superseded while its holder was alive (`superseded_while_alive`): every takeover is
-  explained by a fault (see `takeovers`);
+  explained by a fault, or by a holder the machine kept off the CPU (see `takeovers`);
 - every effect id and every start-request id belongs to one execution (`effect_id_shared`,
   `start_id_shared`): no effect id was recorded or asked for at the external system by two
   (execution, step) pairs, and no child was recorded by two starts or runs another start's plan.
@@ -71,10 +74,12 @@ from worker.chaos_app import digest
 
 from ..ledger.errors import YieldstarError
 from .clocks import Clocks
+from .cpu_waits import read_cpu_waits
 from .evidence import (
     read_fault_journal,
     read_faults,
     read_fleet,
+    read_heartbeat_losses,
     read_lock_holds,
     read_refusals,
     read_run_config,
@@ -421,7 +426,8 @@ class Checker(SharingChecks, FailureChecks):
             return
         figures, self.takeover_reasons = check_takeovers(
             self.history, read_fault_journal(self.folder), read_lock_holds(self.folder), self.clocks, self.step_pids,
-            lease_ms=config["lease_ms"], renew_ms=config["renew_ms"], violate=self.result.violate)
+            lease_ms=config["lease_ms"], renew_ms=config["renew_ms"], violate=self.result.violate,
+            cpu_waits=read_cpu_waits(self.folder), heartbeat_losses=frozenset(read_heartbeat_losses(self.folder)))
         skews = self.clocks.skews()
         figures["clocks"] = {"supervisors": len(skews), "skewed": sum(1 for k in skews if k),
                              "min_skew_ms": min(skews, default=0), "max_skew_ms": max(skews, default=0)}

@@ -95,6 +95,24 @@ def read_refusals(folder: str) -> tuple[list[tuple[str, str, int, int]], int]:
     return found, tracebacks
 
 
+# A delivery's worker and its supervisor lost each other, and the lease was left to expire: the
+# supervisor found the worker silent (and killed it), or the worker left for want of heartbeats.
+HEARTBEAT_LOSS = re.compile(r"execution (\S+) token (\d+): worker pid \d+ (?:silent for|lost its supervisor)")
+
+
+def read_heartbeat_losses(folder: str) -> set[tuple[str, int]]:
+    """`(execution, token)` of each delivery whose worker and supervisor lost each other's
+    heartbeats, as the supervisors logged it."""
+    found = set()
+    for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                match = HEARTBEAT_LOSS.search(line)
+                if match:
+                    found.add((match.group(1), int(match.group(2))))
+    return found
+
+
 def _jsonl(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []

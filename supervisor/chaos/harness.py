@@ -20,11 +20,12 @@
              v  execution is terminal, stop the supervisors gracefully, then run the checker
     checker (ledger + steps.log + external/*.log)  ->  report (JSON) + one-screen summary
 
-Phases: (1) set up the work folder (and, for `disk_full`, the tmpfs) and a fresh ledger; (2) the
-fault phase, `duration_s` long, during which the workload is admitted (over its first 85%) and
-faults are injected; (3) the drain: no more faults, `supervisors` healthy supervisors, until every
-execution is terminal or `drain_timeout_s` passes; (4) graceful stop, copy the ledger off the
-tmpfs, checks, report.
+Phases: (1) set up the work folder (and, for `disk_full`, the tmpfs) and a fresh ledger, and start
+the supervisors, until each is supervising (on a loaded machine that takes seconds, which would
+otherwise come off the fault phase); (2) the fault phase, `duration_s` long from then, during
+which the workload is admitted (over its first 85%) and faults are injected; (3) the drain: no
+more faults, `supervisors` healthy supervisors, until every execution is terminal or
+`drain_timeout_s` passes; (4) graceful stop, copy the ledger off the tmpfs, checks, report.
 
 The ledger is a SQLite file (the harness's own `<folder>/ledger.db` by default) or a PostgreSQL
 database (`db_path` a `postgresql://` URI): the supervisors get it as their `--db`, and the
@@ -81,7 +82,8 @@ from .disk import Burst, LedgerDisk, size_mb
 from .faults import Fault, FaultKind, FaultPlan
 from . import hosts as hosts_faults
 from .hosts import HostFaults, RunHosts
-from .fleet import FROZEN, ROOT, RUNNING, TICK_S, Fleet, SupervisorHandle
+from .cpu_waits import CpuWaitSampler
+from .fleet import EXITED, FROZEN, ROOT, RUNNING, STARTUP_PATIENCE_S, TICK_S, Fleet, SupervisorHandle
 from .ledger_reads import ReadFailed, backend_kind, open_reader
 from .progress import SHORT, Progress
 from .watch import IMPORT_LOG, ImportWatcher, OpenStep, StepWatcher
@@ -142,6 +144,7 @@ class ChaosRun(HostFaults):
         self.cut: dict = {}  # host index -> its partition in progress (`hosts.PendingHeal`)
         self.restarts: list = []  # `hosts.PendingRestart`
         self.watcher = StepWatcher(os.path.join(folder, STEP_LOG))
+        self.cpu_waits = CpuWaitSampler(folder)
         self.imports = ImportWatcher(os.path.join(folder, IMPORT_LOG))
         self.slow_starts: list[SlowStart] = []
         self.bursts: list[PendingBurst] = []
@@ -344,6 +347,12 @@ class ChaosRun(HostFaults):
         self.slow_starts.append(SlowStart(dict(target, replacement=replacement.number, replacement_pid=replacement.pid),
                                           step, replacement, delay, wanted, offset, deadline, at_s, at_ms))
 
+    def _sample_cpu_waits(self) -> None:
+        """How long each supervisor and worker has waited for a CPU (`cpu_waits`): the checker's
+        evidence that a holder was starved, not stuck."""
+        self.cpu_waits.sample(pid for h in self.fleet.handles if h.state != EXITED
+                              for pid in (h.pid, *h.workers_seen))
+
     def _tend(self) -> None:
         """Faults in progress: reap lock holders, journal bursts that ended, kill the workers of
         slow starts while they load the app."""
@@ -411,6 +420,22 @@ class ChaosRun(HostFaults):
 
     # -- phases ----------------------------------------------------------------------------------
 
+    def start_fleet(self) -> float:
+        """Start the supervisors and wait until each is supervising (`STARTUP_PATIENCE_S` at most);
+        the fault phase is timed from then. Returns the seconds it took."""
+        self.fleet.ensure(self.config.supervisors)
+        deadline = time.monotonic() + STARTUP_PATIENCE_S
+        while time.monotonic() < deadline:
+            self._check_stop()
+            self.fleet.reap()
+            self.fleet.ensure(self.config.supervisors)  # one that crashed at start is replaced (and reported)
+            if all(h.started_up() for h in self.fleet.members()):
+                break
+            time.sleep(TICK_S)
+        took = time.monotonic() - self.started
+        self.started = time.monotonic()
+        return took
+
     def fault_phase(self, admitter: Admitter) -> None:
         c = self.config
         self.phase = "faults"
@@ -421,6 +446,7 @@ class ChaosRun(HostFaults):
             self._check_stop()
             self.fleet.reap()
             self.fleet.ensure(c.supervisors)
+            self._sample_cpu_waits()
             self.watcher.poll()
             self.run_pending()
             self._tend()
@@ -452,6 +478,7 @@ class ChaosRun(HostFaults):
             self._check_stop()
             self.fleet.reap()
             self.fleet.ensure(c.supervisors)
+            self._sample_cpu_waits()
             self._tend()
             s = self.statuses()
             self.show_progress(admitter.admitted)
@@ -476,6 +503,7 @@ class ChaosRun(HostFaults):
         if graceful:
             self.fleet.stop_all()
         self.fleet.kill_all()
+        self.cpu_waits.close()
         self._journal.close()
         self.reads.close()
 
@@ -583,7 +611,8 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
         listening = hosts.listening()
         out(f"yieldstar chaos: {config.hosts} hosts, one supervisor each; the server listens on"
             f" {', '.join(listening)} (the hosts' veths) and its Unix socket, nowhere else")
-    admitter = Admitter(backend, admissions, run.started)
+    admitter = Admitter(backend, admissions, run.started)  # timed from the start of the fault phase
+    fleet_began = time.monotonic()
     graceful = False
     timings = {}
     previous = {}
@@ -591,7 +620,8 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, run.request_stop)
     try:
-        run.fleet.ensure(config.supervisors)
+        timings["startup_s"] = round(run.start_fleet(), 1)
+        admitter.started = run.started
         admitter.start()
         run.fault_phase(admitter)
         timings["fault_phase_s"] = round(time.monotonic() - run.started, 1)
@@ -623,7 +653,7 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
                 if graceful:
                     raise
                 out(f"could not copy the ledger off the tmpfs: {exc}")
-    timings["total_s"] = round(time.monotonic() - run.started, 1)
+    timings["total_s"] = round(time.monotonic() - fleet_began, 1)
     out("checking invariants...")
     result = check(db_path, folder)
     for anomaly in run.anomalies:

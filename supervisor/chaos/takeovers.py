@@ -3,9 +3,10 @@
 A delivery is *superseded* when another claim took its execution after its lease expired: its
 holder stopped renewing for a whole lease. That is the runtime working as designed when the
 holder was dead, frozen or stopping, when the worker running the delivery was killed or frozen,
-or when nobody could write to the ledger for longer than the lease had left. Anything else is
-a live holder losing a lease it was entitled to keep (a blocked heartbeat, a claim handed to a
-dead worker and never released, a renewer that fell behind) and is reported.
+when nobody could write to the ledger for longer than the lease had left, or when the machine did
+not give the holder a CPU. Anything else is a live holder losing a lease it was entitled to keep
+(a blocked heartbeat, a claim handed to a dead worker and never released, a renewer that fell
+behind) and is reported.
 
 For each superseded delivery, in true time (see `clocks`):
 
@@ -27,7 +28,10 @@ times the harness takes a tick or so late):
   step the journal names; a freeze from before the claim counts while it lasts: a supervisor
   may hand a delivery to a worker it has not yet found silent) and no other worker left lines
   for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
-  they never held a delivery, so a claim handed to one must be released at once;
+  they never held a delivery, so a claim handed to one must be released at once. Unless the
+  step log shows that the killed worker ran this delivery, and no other did: the kill landed
+  after the worker had loaded the app and been handed the delivery (a harness slow to send it),
+  which is a kill mid-delivery like any;
 - `stall`: a window in which nobody could write to the ledger (a held write lock, from the lock
   holder's own log; a full disk, from the burst's own times; windows less than a renewal
   interval apart merged) began no later than one renewal interval after `renewed` (it caught the
@@ -54,7 +58,19 @@ times the harness takes a tick or so late):
   renewed: a session killed while its claim commits leaves a claim that may have committed with a
   holder that was told it failed, and so never learns of its lease (the one ambiguity a broken
   connection leaves). A kill at any other moment explains nothing: the runtime retries the call
-  that met it on a new connection.
+  that met it on a new connection;
+- `holder_starved`: the machine kept the holder off the CPU. By the kernel's own count
+  (`cpu_waits`, sampled by the harness), the threads of the holder's supervisor, or of a worker
+  that ran the delivery (the step log's), waited for a CPU for at least half of what the lease had
+  left once its next renewal was due, (`expired` - `renewed` - renewal interval) / 2 (600 ms at the
+  defaults): counted from `renewed` to `expired`, when the renewal then due came too late; or
+  from one lease before `renewed`, when the supervisor logged that this delivery's worker and it
+  lost each other's heartbeats (it found the worker silent and killed it, or the worker left)
+  and so left the lease to expire: three missed heartbeats fit in a lease, and the silence may end
+  just before the last renewal lands. The runtime cannot tell a starved process from a frozen one.
+  A thread blocked (on a lock, the database, a pipe) is not waiting for a CPU, so a holder stuck
+  in its own code is still reported; so is every takeover of a run without the samples (a kernel
+  that keeps no such count).
 
 The takeover time after a partition (or a frozen host) is, for each delivery it explains, the
 time from the cut (the SIGSTOP) to the next claim of its execution, both true times (the server's
@@ -71,11 +87,12 @@ from collections import Counter, defaultdict
 from typing import Callable, Optional
 
 from .clocks import Clocks
+from .cpu_waits import CpuWaits
 
 SLACK_MS = 500
 STALL_SLACK_MS = 100
 REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall", "host_frozen", "holder_partitioned",
-           "server_down", "claim_unanswered")
+           "server_down", "claim_unanswered", "holder_starved")
 HOST_FAULTS = {"holder_partitioned": "partition", "host_frozen": "frozen_host"}  # reason -> the fault kind
 
 
@@ -92,13 +109,17 @@ def _merge(windows: list[tuple[int, int]], gap_ms: int) -> list[tuple[int, int]]
 class Takeovers:
     """The faults of one run, indexed for the question "what made this delivery lose its lease"."""
 
-    def __init__(self, faults: list[dict], lock_holds: dict, clocks: Clocks, *, lease_ms: int, renew_ms: int):
+    def __init__(self, faults: list[dict], lock_holds: dict, clocks: Clocks, *, lease_ms: int, renew_ms: int,
+                 cpu_waits: Optional[CpuWaits] = None, heartbeat_losses: frozenset = frozenset()):
         self.clocks = clocks
         self.lease_ms = lease_ms
         self.renew_ms = renew_ms
+        self.cpu_waits = cpu_waits or CpuWaits({})
+        self.heartbeat_losses = heartbeat_losses  # (execution, token): worker and supervisor lost each other
         self.ends: dict[int, int] = {}  # supervisor number -> when it began to end
         self.freezes: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.worker_faults: dict[int, list[dict]] = defaultdict(list)
+        self.start_kills: dict[int, list[dict]] = defaultdict(list)  # slow_start replacement -> workers killed
         self.session_kills: list[int] = []
         # (`--hosts`) supervisor number -> [(from, to)] of its host's cuts and freezes, and when
         # the server was down
@@ -112,6 +133,8 @@ class Takeovers:
             number = target.get("supervisor")
             if kind in ("kill_supervisor", "term_supervisor", "slow_start", "clock_skew") and number is not None:
                 self.ends[number] = min(self.ends.get(number, at), at)
+                if kind == "slow_start":
+                    self.start_kills[target.get("replacement")].extend(params.get("workers_killed", []))
             elif kind == "freeze_supervisor":
                 self.freezes[number].append((at, at + int(params.get("seconds", 0) * 1000) + lease_ms))
             elif kind in ("kill_child", "freeze_child"):
@@ -171,6 +194,11 @@ class Takeovers:
             thawed = fault["at_ms"] + int(fault["params"].get("seconds", 0) * 1000)
             if fault["at_ms"] <= expired + SLACK_MS and thawed >= claimed - SLACK_MS and step_pids <= {worker}:
                 return "worker_fault"
+        for kill in self.start_kills.get(life.number, []):
+            # Sent to a worker that the harness saw still loading the app; one that ran this
+            # delivery had loaded it and been handed the delivery before the signal landed.
+            if step_pids == {kill["pid"]} and claimed - SLACK_MS <= kill["at_ms"] <= expired + SLACK_MS:
+                return "worker_fault"
         if self._stalled(self.stalls, renewed, expired):
             return "stall"
         for reason, windows in self.host_windows.items():
@@ -183,7 +211,19 @@ class Takeovers:
             return "server_down"
         if renewed == claimed and any(abs(at - claimed) <= SLACK_MS for at in self.session_kills):
             return "claim_unanswered"
+        waited, needed = self.starved(eid, token, life.pid, step_pids, renewed, expired)
+        if waited >= needed:
+            return "holder_starved"
         return None
+
+    def starved(self, eid: str, token: int, supervisor_pid: int, step_pids: set, renewed: int,
+                expired: int) -> tuple[int, int]:
+        """At least how long the threads of the holder's supervisor, or of a worker that ran the
+        delivery, waited for a CPU while it mattered (true ms), and how long would excuse the
+        takeover (see `holder_starved` above)."""
+        since = renewed - self.lease_ms if (eid, token) in self.heartbeat_losses else renewed
+        waited = max(self.cpu_waits.starved_ms(pid, since, expired) for pid in (supervisor_pid, *step_pids))
+        return waited, max(1, (expired - renewed - self.renew_ms) // 2)
 
     def _stalled(self, windows: list[tuple[int, int]], renewed: int, expired: int) -> bool:
         """A window caught the renewal due after `renewed` and lasted until too late for any."""
@@ -206,11 +246,14 @@ def _spread(values: list[int]) -> dict:
 
 
 def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks: Clocks, step_pids: dict, *,
-                    lease_ms: int, renew_ms: int,
-                    violate: Callable[[str, Optional[str], str], None]) -> tuple[dict, dict]:
-    """Report every superseded delivery that no fault explains; return the figures, and the
-    reason that explained each superseded delivery `(execution, token)` (None: unexplained)."""
-    takeovers = Takeovers(faults, lock_holds, clocks, lease_ms=lease_ms, renew_ms=renew_ms)
+                    lease_ms: int, renew_ms: int, violate: Callable[[str, Optional[str], str], None],
+                    cpu_waits: Optional[CpuWaits] = None,
+                    heartbeat_losses: frozenset = frozenset()) -> tuple[dict, dict]:
+    """Report every superseded delivery that no fault, nor a starved holder, explains; return the
+    figures, and the reason that explained each superseded delivery `(execution, token)` (None:
+    unexplained)."""
+    takeovers = Takeovers(faults, lock_holds, clocks, lease_ms=lease_ms, renew_ms=renew_ms, cpu_waits=cpu_waits,
+                          heartbeat_losses=heartbeat_losses)
     reasons: Counter = Counter()
     by_delivery: dict[tuple[str, int], Optional[str]] = {}
     superseded = 0
@@ -232,13 +275,19 @@ def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks:
                    else f"{holder}, which the fleet journal does not know")
             renewed = expires_at - lease_ms - (life.skew_ms if life else 0)
             expired = clocks.true_ms(following[2], expires_at)
+            starved = ""
+            if life is not None and takeovers.cpu_waits.known:
+                waited, needed = takeovers.starved(eid, token, life.pid, step_pids.get((eid, token), set()), renewed,
+                                                   expired)
+                starved = f", having waited for a CPU for {waited} ms or more ({needed} would excuse it)"
             violate("superseded_while_alive", eid,
                     f"token {token} of {who} lost its lease: claimed at {clocks.true_ms(holder, claimed_at)},"
-                    f" last renewed at {renewed}, expired for the next claimer at {expired} (true ms); token"
-                    f" {following[1]} took it at {clocks.true_ms(following[2], following[3])}. Faults near the"
-                    f" expiry: {takeovers.nearby(expired, faults)}")
+                    f" last renewed at {renewed}, expired for the next claimer at {expired} (true ms){starved};"
+                    f" token {following[1]} took it at {clocks.true_ms(following[2], following[3])}. Faults near"
+                    f" the expiry: {takeovers.nearby(expired, faults)}")
     figures = {"superseded": superseded, "explained": {r: reasons.get(r, 0) for r in REASONS},
                "unexplained": reasons.get("unexplained", 0),
+               "cpu_waits_sampled": takeovers.cpu_waits.known,
                "stall_windows": len(takeovers.stalls),
                "longest_stall_ms": max((b - a for a, b in takeovers.stalls), default=0)}
     if any(f["kind"] in HOST_FAULTS.values() for f in faults):
