@@ -3,9 +3,9 @@
 The owner of the ledger's database (or of its role) can set defaults that every session starts
 with: `idle_session_timeout` (the server ends a session idle for longer), `statement_timeout`,
 `default_transaction_read_only`. The ledger's sessions set what they need themselves, so none of
-them changes what the runtime does; a session that the server ended anyway while it was idle is
-replaced before the next call, which does not fail for it; and every SQLSTATE that means the
-session or the server went away or refuses is a storage error of the right kind.
+them changes what the runtime does; and every SQLSTATE that means the session or the server went
+away or refuses is a storage error of the right kind. (A session the server ended while it was
+idle is replaced before the next call: tests/test_postgres_connection.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from faults import read_log, supervisors, wait_until  # noqa: F401 - supervisors is a fixture
+from faults import read_log, supervisors  # noqa: F401 - supervisors is a fixture
 from supervisor import open_backend
 from supervisor.ledger.errors import LedgerGone, NoLedger, StorageBusy, StorageUnavailable
 from supervisor.ledger.postgres.connection import storage_error
@@ -56,19 +56,6 @@ def test_a_holder_idle_past_the_databases_idle_session_timeout_keeps_its_session
                                           step_response_json='"done"')
         assert written.step_response_json == '"done"'
         assert ledger_sessions(pg_cluster.uri(), pg_uri) == [session]  # the same session: never ended
-
-
-def test_an_idle_session_the_server_ended_is_replaced_before_the_next_call_which_succeeds(pg_cluster, pg_uri):
-    with open_backend(pg_uri) as backend:
-        backend.executions.admit("e1", "charge")
-        (lease,) = backend.executions.claim_due(limit=1, duration=60_000)
-        (session,) = ledger_sessions(pg_cluster.uri(), pg_uri)
-        with psycopg.connect(pg_cluster.uri(), autocommit=True) as admin:
-            assert admin.execute("SELECT pg_terminate_backend(%s)", (session,)).fetchone() == (True,)
-        wait_until(lambda: session not in ledger_sessions(pg_cluster.uri(), pg_uri), 10,
-                   message="the terminated session to be gone")
-        assert backend.executions.renew(lease, duration=60_000).lease.token == lease.token
-        assert ledger_sessions(pg_cluster.uri(), pg_uri) not in ([], [session])
 
 
 @pytest.mark.slow
