@@ -52,7 +52,7 @@ from typing import Callable, Optional
 from worker.registry import AppNotFound, check_app_name
 
 from .ledger import arguments
-from .ledger.backends import is_uri, open_backend, shown
+from .ledger.backends import open_backend, shown
 from .ledger.errors import InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import INLINE_SLOW_S, LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
@@ -182,7 +182,7 @@ class Supervisor:
             try:
                 # A call made on the spot holds up the heartbeats: one that takes a tenth of
                 # their tolerance sends the next ones to the thread for a while.
-                calls = self._ledger_calls("ledger-calls", gathering=True, inline=self._makes_calls_inline(),
+                calls = self._ledger_calls("ledger-calls", gathering=True, inline=True,
                                            inline_slow_s=min(INLINE_SLOW_S, cfg.silent_limit_s / 10))
                 if calls is not None:
                     renewals = self._ledger_calls("lease-renewals")
@@ -221,15 +221,10 @@ class Supervisor:
             self._close(calls, renewals, timeout=0.5 if killed else 5.0)
             self._restore(previous_handlers)
 
-    def _makes_calls_inline(self) -> bool:
-        """Whether the loop may make its calls on the spot, on a connection of its own (see
-        `supervisor.ledger_calls`): on SQLite, whose commits then neither wait for the network
-        nor, with durability "normal", sync the disk."""
-        return not is_uri(self.db_path) and self.config.durability == "normal"
-
     def _ledger_calls(self, name: str, *, inline: bool = False, **options) -> Optional[LedgerCalls]:
         """A ledger thread with a backend of its own, and with `inline` one more for the calls
-        made on the spot, which gives up at once on a busy file. A transient storage error (a
+        made on the spot where the backend has one (`spot_twin`: on SQLite, one that gives up at
+        once on a busy file, and whose commits sync nothing). A transient storage error (a
         server restarting, a session killed, a busy file) is waited out with a growing delay, as
         a child waits it out: it costs time, not the supervisor. None if told to stop meanwhile."""
         delay = 0.05
@@ -238,8 +233,7 @@ class Supervisor:
             try:
                 backend = open_backend(self.db_path, durability=self.config.durability)
                 if inline:
-                    spot = open_backend(self.db_path, durability=self.config.durability)
-                    spot.connection.busy_timeout_s = 0
+                    spot = backend.spot_twin()
                 return LedgerCalls(backend, name, inline=spot, **options)
             except StorageError as exc:
                 for opened in (backend, spot):

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
 
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
-from .ledger.sqlite.nudge import NudgeListener
+from .ledger.contract import DueListener
 from .ledger.values import LeaseLost, Renewed, Retry
 from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
 from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
@@ -56,7 +56,7 @@ class DispatchLoop:
 
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
                  signals: Wakeup, stop_requests: Callable[[], int],
-                 nudges: Optional[NudgeListener] = None, until_idle: bool = False,
+                 nudges: Optional[DueListener] = None, until_idle: bool = False,
                  on_delivery: Optional[Callable[[str, int, str, int], None]] = None):
         """
         Args:

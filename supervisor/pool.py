@@ -26,7 +26,7 @@ from typing import Optional
 
 from worker.protocol import EXIT_CODES, READY
 
-from .ledger.backends import is_uri
+from .ledger.backends import anywhere
 from .ledger.errors import YieldstarError
 from .ledger.values import ExecutionLease
 
@@ -203,7 +203,7 @@ class Pool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         app, db_path, durability = self._args
         settings = {
-            "fd": theirs.fileno(), "app": app, "db_path": db_path if is_uri(db_path) else os.path.abspath(db_path), "durability": durability,
+            "fd": theirs.fileno(), "app": app, "db_path": anywhere(db_path), "durability": durability,
             "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses,
             # The child imports what the supervisor could import, as multiprocessing would arrange.

@@ -187,3 +187,18 @@ def test_a_supervisor_on_sqlite_acknowledges_on_the_spot_unless_its_commits_sync
     acknowledged = [spot for method, spot in made if method == "acknowledge"]
     assert len(acknowledged) == 6
     assert all(acknowledged) if on_the_spot else not any(acknowledged)
+
+
+def test_a_backend_offers_a_twin_for_calls_on_the_spot_only_where_they_cannot_keep_the_loop_waiting(tmp_path, pg_uri):
+    with open_backend(tmp_path / "ledger.db") as backend:
+        twin = backend.spot_twin()
+        try:
+            assert twin is not None and twin.path == backend.path and twin.connection is not backend.connection
+            assert twin.connection.busy_timeout_s == 0  # gives up at once on a busy file
+            assert backend.connection.busy_timeout_s > 0
+        finally:
+            twin.close()
+    with open_backend(tmp_path / "full.db", durability="full") as backend:
+        assert backend.spot_twin() is None  # its commits sync the disk
+    with open_backend(pg_uri) as backend:
+        assert backend.spot_twin() is None  # every commit is a round trip

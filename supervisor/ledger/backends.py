@@ -29,6 +29,12 @@ def shown(target) -> str:
     return str(target)
 
 
+def anywhere(target):
+    """The target as another process opens it, whatever its working folder: a SQLite path made
+    absolute; a URI as it is."""
+    return target if is_uri(target) else os.path.abspath(target)
+
+
 def open_backend(target, *, clock=None, redelivery_delay=None, durability="normal", create=True):
     """Open the ledger at `target` (see SPEC section 3 for the arguments)."""
     if is_uri(target):

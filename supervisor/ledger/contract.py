@@ -31,7 +31,7 @@ what the driver raises for it.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from .values import (
     Claimed,
@@ -50,6 +50,20 @@ from .values import (
     StoreState,
     WaitReason,
 )
+
+
+class DueListener(Protocol):
+    """What a backend's `listen_for_due()` returns: told when work becomes due, by any process
+    (SQLite: a Unix socket of this host; PostgreSQL: LISTEN, on any host). A hint only: polling
+    stays the path that is always right."""
+
+    def fileno(self) -> int:
+        """A descriptor that reads ready when work may have become due (to join a `select`)."""
+
+    def drain(self) -> None:
+        """Consume what came, so that the descriptor reads ready again only for what comes next."""
+
+    def close(self) -> None: ...
 
 
 class NoMatch(Exception):

@@ -148,6 +148,16 @@ class SqliteBackend(LedgerTables):
         with conn.write() as db:
             migrate(db, self.path)
 
+    def spot_twin(self) -> Optional["SqliteBackend"]:
+        """A second connection to the file that never waits for its write lock (busy timeout 0),
+        with durability "normal" only: a "full" commit syncs the disk (see `LedgerTables.spot_twin`)."""
+        if self.durability != "normal" or self.path == MEMORY:
+            return None
+        twin = SqliteBackend(self.path, clock=self.clock, redelivery_delay=self.redelivery_delay,
+                             durability=self.durability, create=False)
+        twin._conn.busy_timeout_s = 0
+        return twin
+
     def check_files(self) -> None:
         """The ledger file, its -wal and its -shm must be the files this backend opened (see
         `Connection.check_files`; its writes look at them too, once a second)."""

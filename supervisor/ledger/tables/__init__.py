@@ -13,7 +13,7 @@ checked clock and closing.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from .. import arguments
 from ..errors import InvalidArgument
@@ -82,6 +82,14 @@ class LedgerTables:
 
     def _clock(self) -> int:
         return arguments.integer("clock()", self.clock())
+
+    def spot_twin(self) -> Optional["LedgerTables"]:
+        """Another backend on the same ledger, for the calls a supervisor's loop makes on the spot
+        (`supervisor.ledger_calls`): one that gives up at once instead of waiting for the
+        database, and whose commits neither cross a network nor sync the disk, so that a call made
+        there never holds up a heartbeat for long. None where no such backend can be had (the
+        default: on a database server every commit is a round trip). The caller closes it."""
+        return None
 
     def check_files(self) -> None:
         """Raise `LedgerGone` if a file the ledger keeps was deleted or replaced since this backend
