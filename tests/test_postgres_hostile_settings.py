@@ -10,13 +10,11 @@ idle is replaced before the next call: tests/test_postgres_connection.py.)
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from faults import read_log, supervisors  # noqa: F401 - supervisors is a fixture
+from faults import read_log, supervisors, wait_until  # noqa: F401 - supervisors is a fixture
 from supervisor import open_backend
 from supervisor.ledger.errors import LedgerGone, NoLedger, StorageBusy, StorageUnavailable
 from supervisor.ledger.postgres.connection import storage_error
@@ -43,6 +41,14 @@ def ledger_sessions(admin_uri: str, uri: str) -> list[int]:
             (database,)).fetchall()]
 
 
+def idle_ms(admin_uri: str, pid: int) -> float:
+    """How long the server has seen the session `pid` idle (0 if it is not, or gone)."""
+    with psycopg.connect(admin_uri, autocommit=True) as admin:
+        row = admin.execute("SELECT extract(epoch FROM clock_timestamp() - state_change) * 1000 FROM"
+                            " pg_stat_activity WHERE pid = %s AND state = 'idle'", (pid,)).fetchone()
+    return float(row[0]) if row else 0.0
+
+
 def test_a_holder_idle_past_the_databases_idle_session_timeout_keeps_its_session_and_lease(pg_cluster, pg_uri):
     with open_backend(pg_uri):
         pass  # the schema, made before the owner's settings
@@ -51,7 +57,9 @@ def test_a_holder_idle_past_the_databases_idle_session_timeout_keeps_its_session
         backend.executions.admit("e1", "charge")
         (lease,) = backend.executions.claim_due(limit=1, duration=60_000)
         (session,) = ledger_sessions(pg_cluster.uri(), pg_uri)
-        time.sleep(3 * IDLE_TIMEOUT_MS / 1000)  # a step that runs longer than the owner's timeout
+        # A step that runs longer than the owner's timeout, as the server sees the session idle.
+        wait_until(lambda: idle_ms(pg_cluster.uri(), session) >= 3 * IDLE_TIMEOUT_MS, 10, 0.05,
+                   f"the ledger's session to stay idle for {3 * IDLE_TIMEOUT_MS} ms")
         written = backend.heap.write_step(lease, step_key="slow", step_attempt=1, done=True,
                                           step_response_json='"done"')
         assert written.step_response_json == '"done"'

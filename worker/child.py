@@ -20,6 +20,7 @@ import traceback
 
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
+from supervisor.ledger.sqlite import socket_folder
 from supervisor.ledger.values import ExecutionLease, Retry
 
 from .driver import run_delivery, storage_retry
@@ -38,7 +39,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     # A worker sends its nudges (ctx.start) from its supervisor's user and environment, so to the
     # same socket folder: when there is none, the supervisor says so once for all its workers,
     # which would each repeat it, and again every time one is replaced.
-    logging.getLogger("yieldstar.notifications").setLevel(logging.ERROR)
+    logging.getLogger(socket_folder.LOGGER).setLevel(logging.ERROR)
     # `kill -USR1 <worker pid>` prints every thread's stack to the supervisor's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Ctrl-C in a terminal signals the whole process group, and so do service managers stopping a

@@ -74,6 +74,15 @@ REFUSALS = [
 ]
 
 
+def _supervisor_log_lines(folder: str) -> Iterator[tuple[int, str]]:
+    """(supervisor number, line) of every supervisor's log, its workers' lines included."""
+    for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
+        number = int(re.search(r"supervisor-(\d+)\.log$", path).group(1))
+        with open(path, errors="replace") as f:
+            for line in f:
+                yield number, line
+
+
 def read_refusals(folder: str) -> tuple[list[tuple[str, str, int, int]], int]:
     """Stale operations the runtime refused, as the supervisors and their workers logged them:
     `(kind, execution, token, supervisor number)` for worker writes the fence refused, renewals
@@ -81,17 +90,14 @@ def read_refusals(folder: str) -> tuple[list[tuple[str, str, int, int]], int]:
     hold."""
     found = []
     tracebacks = 0
-    for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
-        number = int(re.search(r"supervisor-(\d+)\.log$", path).group(1))
-        with open(path, errors="replace") as f:
-            for line in f:
-                if line.startswith("Traceback"):
-                    tracebacks += 1
-                    continue
-                for kind, pattern in REFUSALS:
-                    match = pattern.search(line)
-                    if match:
-                        found.append((kind, match.group(1), int(match.group(2)), number))
+    for number, line in _supervisor_log_lines(folder):
+        if line.startswith("Traceback"):
+            tracebacks += 1
+            continue
+        for kind, pattern in REFUSALS:
+            match = pattern.search(line)
+            if match:
+                found.append((kind, match.group(1), int(match.group(2)), number))
     return found, tracebacks
 
 
@@ -103,14 +109,8 @@ HEARTBEAT_LOSS = re.compile(r"execution (\S+) token (\d+): worker pid \d+ (?:sil
 def read_heartbeat_losses(folder: str) -> set[tuple[str, int]]:
     """`(execution, token)` of each delivery whose worker and supervisor lost each other's
     heartbeats, as the supervisors logged it."""
-    found = set()
-    for path in sorted(glob.glob(os.path.join(folder, "logs", "supervisor-*.log"))):
-        with open(path, errors="replace") as f:
-            for line in f:
-                match = HEARTBEAT_LOSS.search(line)
-                if match:
-                    found.add((match.group(1), int(match.group(2))))
-    return found
+    return {(match.group(1), int(match.group(2))) for _, line in _supervisor_log_lines(folder)
+            if (match := HEARTBEAT_LOSS.search(line))}
 
 
 def _jsonl(path: str) -> list[dict]:

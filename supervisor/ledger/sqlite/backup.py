@@ -172,13 +172,11 @@ def _refuse_if_open(path: str) -> None:
 
 def _create_private(path: str, what: str) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, files.OWNER_ONLY)
+        files.create_owner_only(path)
     except FileExistsError:
         raise InvalidArgument(f"{what} {path} already exists: give a path that does not") from None
     except FileNotFoundError:
         raise InvalidArgument(f"{what} {path}: the folder {os.path.dirname(path) or '.'} does not exist") from None
-    os.fchmod(fd, files.OWNER_ONLY)
-    os.close(fd)
 
 
 def _remove(path: str) -> None:

@@ -171,19 +171,26 @@ def _companions(path: str):
             raise _os_error(companion, exc) from None
 
 
+def create_owner_only(path: str) -> None:
+    """Create an empty file at `path`, exactly 0600 whatever the umask, without following a
+    symlink there. Raises `FileExistsError` when anything is at `path` (a symlink too), and the
+    other `OSError`s as they come."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OWNER_ONLY)
+    try:
+        os.fchmod(fd, OWNER_ONLY)  # exactly 0600, whatever the umask took away
+    finally:
+        os.close(fd)
+
+
 def _create(path: str) -> None:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OWNER_ONLY)
+        create_owner_only(path)
     except FileExistsError:
         return  # another process created it, or a symlink is there: the caller looks again
     except FileNotFoundError:
         raise NoLedger(f"no ledger at {path}: the folder {os.path.dirname(path) or '.'} does not exist") from None
     except OSError as exc:
         raise _os_error(path, exc) from None
-    try:
-        os.fchmod(fd, OWNER_ONLY)  # exactly 0600, whatever the umask took away
-    finally:
-        os.close(fd)
 
 
 def _check_owner_and_mode(path: str, st: os.stat_result, what: str) -> None:

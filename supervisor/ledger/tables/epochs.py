@@ -68,11 +68,12 @@ def raise_epoch(db: Transaction, now: int, *, reason: str, incarnation: Optional
                 above: int = 0) -> int:
     """Raise the epoch in the caller's write transaction, above both the current one and `above`
     (a restore passes the epoch of the ledger it replaces); returns the new epoch. See the module
-    docstring for what it does."""
+    docstring for what it does. Where other sessions may decide to raise it at the same moment
+    (PostgreSQL), the caller takes `CURRENT_LOCKED` first and decides on what it reads after, as
+    `supervisor.ledger.postgres.incarnation.settle` does."""
     # Imported here: the executions module imports this one for its floor.
     from .executions import HISTORY_CLOSE, RELEASE
 
-    db.execute(CURRENT_LOCKED)
     epoch = max(current(db)[0], above) + 1
     for execution_id, token, expires_at in db.execute(OPEN_DELIVERIES).fetchall():
         ended = min(expires_at, now)  # a lease that already ran out ended then, as an expiry does
