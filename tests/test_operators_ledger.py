@@ -19,7 +19,7 @@ from supervisor import (
     UnknownExecution,
     open_backend,
 )
-from supervisor.ledger.tables import executions as table_executions
+from supervisor.ledger.tables import operators as table_operators
 from supervisor.ledger.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 from supervisor.ledger.values import WaitReason
 
@@ -251,7 +251,7 @@ def test_purge_deletes_old_terminal_executions_with_what_is_only_theirs(backend,
 
 
 def test_purge_keeps_a_child_while_its_parent_is_not_terminal(backend, clock, monkeypatch):
-    monkeypatch.setattr(table_executions, "PURGE_BATCH", 2)  # the kept children span batches
+    monkeypatch.setattr(table_operators, "PURGE_BATCH", 2)  # the kept children span batches
     backend.executions.admit("parent", "p")
     backend.executions.admit("done-parent", "p")
     for n in range(5):
@@ -274,7 +274,7 @@ def test_purge_keeps_a_child_while_its_parent_is_not_terminal(backend, clock, mo
 
 def test_purge_works_in_batches_each_its_own_transaction(tmp_path, clock, monkeypatch):
     backend = open_backend(tmp_path / "ledger.db", clock=clock)  # SQLite's trace shows the transactions
-    monkeypatch.setattr(table_executions, "PURGE_BATCH", 7)
+    monkeypatch.setattr(table_operators, "PURGE_BATCH", 7)
     for n in range(50):
         backend.executions.admit(f"e{n}", "order")
         backend.executions.cancel(f"e{n}")

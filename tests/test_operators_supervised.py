@@ -68,9 +68,9 @@ def test_resume_after_the_bug_is_fixed_runs_only_the_steps_not_done(each_backend
 
 @pytest.mark.timeout(90)
 def test_purge_while_a_supervisor_runs_deletes_only_finished_executions(each_backend, tmp_path, supervisors, monkeypatch):
-    from supervisor.ledger.tables import executions as table_executions
+    from supervisor.ledger.tables import operators as table_operators
 
-    monkeypatch.setattr(table_executions, "PURGE_BATCH", 10)  # many short transactions beside the supervisor's
+    monkeypatch.setattr(table_operators, "PURGE_BATCH", 10)  # many short transactions beside the supervisor's
     db = each_backend
     with open_backend(db) as backend:
         for n in range(200):

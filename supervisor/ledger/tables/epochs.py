@@ -71,8 +71,9 @@ def raise_epoch(db: Transaction, now: int, *, reason: str, incarnation: Optional
     docstring for what it does. Where other sessions may decide to raise it at the same moment
     (PostgreSQL), the caller takes `CURRENT_LOCKED` first and decides on what it reads after, as
     `supervisor.ledger.postgres.incarnation.settle` does."""
-    # Imported here: the executions module imports this one for its floor.
-    from .executions import HISTORY_CLOSE, RELEASE
+    # Imported here: the leases module imports this one for its floor.
+    from .lease_history import HISTORY_CLOSE
+    from .leases import RELEASE
 
     epoch = max(current(db)[0], above) + 1
     for execution_id, token, expires_at in db.execute(OPEN_DELIVERIES).fetchall():

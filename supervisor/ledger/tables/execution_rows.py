@@ -1,10 +1,40 @@
-"""The `executions` table's columns, and the statements that read one row or admit one.
+"""The `executions` table's rows: their columns and statuses, the statements that read one row, admit
+one or wake one, and how a stored row reads as of a time (`ExecutionRows`, which both halves of
+the executions client build on: `leases` and `operators`).
 
-`executions` keeps them for its own calls; `starts` admits children with them and `waiters`
-checks that a waiter is admitted, without either importing the executions module.
+`starts` admits children with these statements and `waiters` checks that a waiter is admitted,
+without either importing the executions client.
+
+How a row is stored versus how it reads:
+
+- `status = 'running'` means a delivery with the current `token` has not ended by a release,
+  an acknowledgement or a later claim. Its lease is *live* only while `lease_expires_at > now`.
+  Expiry is never written when it happens (nothing runs then); every reader works out the row
+  "as of now" instead (`ExecutionRows._as_of`), and the next claim records it in the lease history.
+- `ready_at` is the earliest time the row may be claimed, kept up to date by every write:
+  due time, redelivery delay and, for a running row, lease expiry folded into one column so
+  that `claim_due` is a single index range scan. NULL means never (terminal or not due).
 """
 
+from __future__ import annotations
+
+import os
+import socket
+from typing import Callable, Optional
+
+from .. import arguments
+from ..connection import Connection, Transaction
+from ..errors import UnknownExecution
+from ..values import ExecutionLease, ExecutionRecord, ExecutionStatus
 from .epochs import FLOOR
+
+RUNNING = ExecutionStatus.RUNNING.value
+ADMITTED = ExecutionStatus.ADMITTED.value
+SUSPENDED = ExecutionStatus.SUSPENDED.value
+CANCELLED = ExecutionStatus.CANCELLED.value
+FAILED = ExecutionStatus.FAILED.value
+TERMINAL = (ExecutionStatus.COMPLETED.value, FAILED, CANCELLED)
+RESUMABLE = (FAILED, CANCELLED)
 
 COLUMNS = (
     "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
@@ -26,3 +56,149 @@ INSERT INTO executions (execution_id, workflow, input_json, status, token, due_a
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
 VALUES (?, ?, ?, 'admitted', {FLOOR}, ?, 0, 0, ?, ?, ?)
 ON CONFLICT (execution_id) DO NOTHING"""
+
+
+# Waiting executions that are due, earliest first; ties come out in rowid (admission) order, as
+# the index stores them. Those still in their redelivery delay are stepped over.
+# Claimable rows: due executions not running, earliest due first, and running ones whose lease
+# expired and whose redelivery delay has passed (all of them: as many as the leases dead holders
+# left behind), to be ordered by due_at with the others. One statement, one round trip; `{lock}`
+# is where each half takes its row locks (`claimable`).
+_CLAIMABLE = f"""
+SELECT * FROM (
+    SELECT {COLUMNS} FROM executions INDEXED BY executions_claimable
+    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= ? AND ready_at <= ?
+    ORDER BY due_at LIMIT ?{{lock}}) AS due
+UNION ALL
+SELECT * FROM (
+    SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
+    WHERE status = 'running' AND ready_at <= ?{{lock}}) AS expired"""
+SKIP_LOCKED = " /*FOR UPDATE SKIP LOCKED*/"
+CLAIMABLE = _CLAIMABLE.format(lock="")
+CLAIMABLE_LOCKED = _CLAIMABLE.format(lock=SKIP_LOCKED)
+
+WAKE = """
+UPDATE executions SET due_at = ?, wake_during_lease = ?, ready_at = ?, updated_at = ?
+WHERE execution_id = ?"""
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Row:
+    """A stored executions row, by column name."""
+
+    __slots__ = COLUMNS.replace(",", " ").split()
+
+    def __init__(self, row: tuple):
+        for name, value in zip(self.__slots__, row):
+            setattr(self, name, value)
+
+
+class ExecutionRows:
+    """What both halves of the executions client share: its state, its clock, and a stored row
+    read, stamped and woken by the same rules."""
+
+    def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int],
+                 on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None,
+                 one_clock: bool = False):
+        """`one_clock`: the processes' clocks are estimates of one clock, each a little behind it
+        (by its own amount). A claim, a wake and a resume then stamp no time before the row's last
+        change (which another process may have stamped a millisecond ahead of this one's
+        estimate: `_stamp`), so that an execution's lease history reads in the order of its
+        commits: a delivery that ended, then the claim that followed it, even with a wake from a
+        process behind between them."""
+        self._conn = conn
+        self._one_clock = one_clock
+        self._on_due = on_due  # told after a commit that may have made an execution due
+        self._on_ended = on_ended  # told the ids after a commit that made executions terminal
+        self._clock = clock
+        self._delay = delay
+        self._holder = _holder()
+        self._last_claim_found = False  # whether the last claim made here claimed anything
+
+    def _now(self, now: Optional[int]) -> int:
+        if now is None:
+            return self._clock()
+        return arguments.integer("now", now)
+
+    def _now_locked(self, now: Optional[int], checked: int) -> int:
+        """The time of a write, read again once the write lock is held when the caller gave
+        none: a call that waited for the lock must not record a time from before it got it
+        (the lease history's order would then disagree with the commit order)."""
+        return checked if now is not None else self._clock()
+
+    def _stamp(self, row: Row, now: int) -> int:
+        """The time a change of `row` made at `now` records: with `one_clock`, never before the
+        row's last change, so that `updated_at` never moves back."""
+        return max(now, row.updated_at) if self._one_clock else now
+
+    def _lease(self, lease: object) -> ExecutionLease:
+        if not isinstance(lease, ExecutionLease):
+            raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
+        token = lease.token
+        if not isinstance(lease.execution_id, str) or type(token) is not int or not -2**63 <= token < 2**63:
+            raise arguments.InvalidArgument(f"lease must hold a str execution_id and a 64-bit int token, not {lease!r}")
+        return lease
+
+    def _as_of(self, row: Row, now: int) -> ExecutionRecord:
+        status, unacked, expires = row.status, row.unacknowledged_deliveries, row.lease_expires_at
+        if status == RUNNING and expires <= now:
+            # The lease ran out: the delivery counts as unacknowledged. The wakes it covered are
+            # still owed: request_wake already folded them into due_at.
+            status = SUSPENDED if row.ever_suspended else ADMITTED
+            unacked += 1
+        return ExecutionRecord(
+            execution_id=row.execution_id,
+            workflow=row.workflow,
+            input_json=row.input_json,
+            status=status,
+            token=row.token,
+            due_at=row.due_at,
+            lease_expires_at=expires if status == RUNNING else None,
+            unacknowledged_deliveries=unacked,
+            result_json=row.result_json,
+            error_json=row.error_json,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+    def _ready_at(self, due: Optional[int], unacked: int, ended_at: Optional[int]) -> Optional[int]:
+        """When a row with no open delivery becomes claimable."""
+        if due is None:
+            return None
+        if unacked == 0:
+            return due
+        return max(due, ended_at + self._delay(unacked))
+
+    def wake_in(self, db: Transaction, execution_id: str, at: int, now: int) -> bool:
+        """`request_wake` inside a write transaction the caller holds; False for a terminal one."""
+        row = self._row(db, execution_id)
+        if row.status in TERMINAL:
+            return False
+        due = at if row.due_at is None else min(row.due_at, at)
+        if row.status == RUNNING:
+            # Remembered for after this delivery: an acknowledged suspension makes it the due
+            # time; a release or expiry leaves it owed in due_at. The lease (live, or expired
+            # and waiting out its redelivery delay) still decides ready_at.
+            wake = at if row.wake_during_lease is None else min(row.wake_during_lease, at)
+            ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
+            db.execute(WAKE, (due, wake, max(due, ready), self._stamp(row, now), execution_id))
+        else:
+            ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
+            db.execute(WAKE, (due, None, ready, self._stamp(row, now), execution_id))
+        return True
+
+    def _claimable(self, db, now: int, limit: int, *, lock: bool = False) -> list[Row]:
+        """Up to `limit` claimable rows, earliest due first; with `lock`, rows no other claimer
+        holds (on PostgreSQL, each claimer skips the rows another has locked)."""
+        found = db.execute(CLAIMABLE_LOCKED if lock else CLAIMABLE, (now, now, limit, now)).fetchall()
+        return sorted((Row(row) for row in found), key=lambda row: row.due_at)[:limit]
+
+    def _row(self, db: Transaction, execution_id: str, *, lock: bool = True) -> Row:
+        found = db.execute(SELECT_ONE_LOCKED if lock else SELECT_ONE, (execution_id,)).fetchone()
+        if found is None:
+            raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
+        return Row(found)
+

@@ -1,0 +1,347 @@
+"""The lease state machine of the executions client: admission, wakes, claims, renewals,
+releases and acknowledgements (one at a time, or a batch with a claim in one transaction), each
+fenced by the current token in the statement that writes (SPEC sections 3 and 7).
+
+`ExecutionLeases` is one half of `executions.ExecutionTable`; the operators' queries are the
+other (`operators`). The lease history it writes is `lease_history`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .. import arguments
+from ..connection import Transaction
+from ..errors import ExecutionConflict
+from ..values import (
+    Claimed,
+    Completed,
+    DeliveryEnd,
+    ExecutionLease,
+    ExecutionRecord,
+    Failed,
+    HeapRecord,
+    LeaseLost,
+    Outcome,
+    Released,
+    Renewed,
+    Suspended,
+)
+from . import waiters
+from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row
+from .lease_history import (
+    HISTORY_CLOSE,
+    HISTORY_END_ROWS,
+    HISTORY_OPEN_ROWS,
+    HISTORY_RENEWED,
+    history_end,
+    history_open,
+)
+
+NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
+# An execution's row, then its recorded steps in write order, in one statement (one round trip,
+# one snapshot): each part's columns are NULL in the other's rows, so the row's input is sent
+# once, not once per step.
+_NO_EXECUTION = ", ".join(["NULL"] * len(COLUMNS.split(",")))
+WITH_STEPS = f"""
+SELECT * FROM (
+    SELECT 0 AS part, 0 AS seq, {COLUMNS}, NULL AS step_key, NULL AS attempt, NULL AS done,
+        NULL AS step_response_json
+    FROM executions WHERE execution_id = ?
+    UNION ALL
+    SELECT 1, rowid, {_NO_EXECUTION}, step_key, attempt, done, step_response_json
+    FROM steps WHERE execution_id = ?) AS delivery
+ORDER BY part, seq"""
+
+CLAIM = """
+UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = ?,
+    unacknowledged_deliveries = ?, delivery_ended_at = ?, wake_during_lease = NULL,
+    ready_at = ?, updated_at = ?
+WHERE execution_id = ?"""
+
+# The fence is the WHERE clause: current token, delivery not ended.
+RENEW = """
+UPDATE executions SET lease_expires_at = ?, ready_at = ? + yieldstar_delay(unacknowledged_deliveries + 1),
+    updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+RELEASE = """
+UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
+    lease_expires_at = NULL, unacknowledged_deliveries = unacknowledged_deliveries + 1,
+    delivery_ended_at = ?, wake_during_lease = NULL,
+    ready_at = yieldstar_max(due_at, ? + yieldstar_delay(unacknowledged_deliveries + 1)),
+    updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+ACKNOWLEDGE_SUSPENDED = """
+UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = wake_during_lease,
+    ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+ACKNOWLEDGE_TERMINAL = """
+UPDATE executions SET status = ?, result_json = ?, error_json = ?, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL, ready_at = NULL,
+    wake_during_lease = NULL, updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+CURRENT_TOKENS = "SELECT execution_id, token, status FROM executions WHERE execution_id IN ({})"
+
+
+def renewal_lock_wait_ms(duration: int) -> int:
+    """How long a renewal waits for its execution's row lock (on PostgreSQL) before failing as
+    busy: a tenth of the lease, between 50 ms and a second. A row held longer is held by a
+    transaction that is stuck (a host cut off mid-transaction holds its locks until the link
+    heals), and a supervisor renews its leases one after another: every other lease must not
+    wait behind the one stuck row, and lose its lease for it. The stuck one is renewed again at
+    the next round."""
+    return max(50, min(1000, duration // 10))
+
+
+class ExecutionLeases(ExecutionRows):
+    """The lease state machine (see the module docstring)."""
+
+    def admit(self, execution_id, workflow, input_json="null", *, now=None) -> ExecutionRecord:
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("workflow", workflow)
+        arguments.json_text("input_json", input_json)
+        now = self._now(now)
+        with self._conn.write() as db:
+            created = db.execute(INSERT, (execution_id, workflow, input_json, now, now, now, now)).rowcount == 1
+            found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+        if created:
+            self._on_due()
+        row = Row(found)
+        if row.workflow != workflow or arguments.canonical_json(row.input_json) != arguments.canonical_json(
+            input_json
+        ):
+            raise ExecutionConflict(
+                f"execution_id {execution_id!r} was already admitted with workflow {row.workflow!r} and"
+                f" input {row.input_json}; refusing workflow {workflow!r} with input {input_json}"
+            )
+        return self._as_of(row, now)
+
+    def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:
+        arguments.identifier("execution_id", execution_id)
+        now = self._now(now)
+        found = self._conn.execute(SELECT_ONE, (execution_id,)).fetchone()
+        return None if found is None else self._as_of(Row(found), now)
+
+    def get_with_steps(self, execution_id, *, now=None) -> Optional[tuple[ExecutionRecord, list[HeapRecord]]]:
+        arguments.identifier("execution_id", execution_id)
+        now = self._now(now)
+        found = self._conn.execute(WITH_STEPS, (execution_id, execution_id)).fetchall()
+        if not found or found[0][0] != 0:
+            return None
+        steps = [HeapRecord(execution_id, key, attempt, bool(done), response)
+                 for key, attempt, done, response in (row[-4:] for row in found[1:])]
+        return self._as_of(Row(found[0][2:-4]), now), steps
+
+    def request_wake(self, execution_id, at, *, now=None) -> None:
+        arguments.identifier("execution_id", execution_id)
+        arguments.integer("at", at)
+        now = self._now(now)
+        with self._conn.write() as db:
+            woken = self.wake_in(db, execution_id, at, now)
+        if woken:
+            self._on_due()
+
+    def await_outcome(self, execution_id, waiter) -> ExecutionRecord:
+        """Unfenced: the record of `execution_id`; unless it is terminal, `waiter` is registered
+        to be woken when it becomes so (in the same transaction, so no outcome slips between)."""
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("waiter", waiter)
+        now = self._clock()
+        with self._conn.write() as db:
+            row = self._row(db, execution_id)
+            if row.status not in TERMINAL:
+                waiters.register(db, waiters.EXECUTION, execution_id, waiter, now)
+        return self._as_of(row, now)
+
+    def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
+        return [claimed.lease for claimed in self.claim_deliveries(limit=limit, duration=duration, now=now)]
+
+    def claim_deliveries(self, *, limit, duration, now=None) -> list[Claimed]:
+        arguments.integer("limit", limit, minimum=0)
+        arguments.integer("duration", duration, minimum=1)
+        given, now = now, self._now(now)
+        if limit == 0:
+            return []
+        # Look before taking the write lock: an idle supervisor's empty poll then costs a read,
+        # and does not queue behind (or hold up) other processes' writes. A backend with row
+        # locks (PostgreSQL) has no such lock to spare: its claim skips the rows others hold.
+        # Right after a claim that found work, more is likely: the look would only cost a read.
+        if self._conn.whole_database_write_lock and not self._last_claim_found:
+            with self._conn.read() as db:
+                if not self._claimable(db, now, limit):
+                    return []
+        return self._acknowledge_and_claim([], given, limit=limit, duration=duration)[1]
+
+    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[Claimed]:
+        claimed, opened = [], []
+        for row in self._claimable(db, now, limit, lock=True):
+            at = self._stamp(row, now)
+            unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
+            if row.status == RUNNING:
+                # The previous delivery's lease expired; this claim supersedes it.
+                unacked += 1
+                ended_at = row.lease_expires_at
+                db.execute(
+                    HISTORY_CLOSE,
+                    (ended_at, DeliveryEnd.SUPERSEDED.value, None, ended_at, row.execution_id, row.token),
+                )
+            token = row.token + 1
+            expires = at + duration
+            # A running row is always due (claimed when due; wakes only move due_at earlier),
+            # so while the lease lasts its expiry plus the redelivery delay decides.
+            ready = max(row.due_at, expires + self._delay(unacked + 1))
+            db.execute(CLAIM, (expires, unacked, ended_at, ready, at, row.execution_id))
+            opened.append((row.execution_id, token, self._holder, at, expires))
+            claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
+                                   row.input_json if token == 1 else None))
+        for start in range(0, len(opened), HISTORY_OPEN_ROWS):
+            rows = opened[start:start + HISTORY_OPEN_ROWS]
+            db.execute(history_open(len(rows)), [value for row in rows for value in row])
+        return claimed
+
+    def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
+        lease = self._lease(lease)
+        arguments.integer("duration", duration, minimum=1)
+        given, now = now, self._now(now)
+        with self._conn.write(lock_wait_ms=renewal_lock_wait_ms(duration)) as db:
+            now = self._now_locked(given, now)
+            expires = now + duration
+            cursor = db.execute(RENEW, (expires, expires, now, lease.execution_id, lease.token))
+            if cursor.rowcount != 1:
+                return LeaseLost()
+            db.execute(HISTORY_RENEWED, (expires, lease.execution_id, lease.token))
+        return Renewed(ExecutionLease(lease.execution_id, lease.token, expires))
+
+    def release(self, lease, *, now=None) -> Released | LeaseLost:
+        lease = self._lease(lease)
+        given, now = now, self._now(now)
+        with self._conn.write() as db:
+            now = self._now_locked(given, now)
+            if not self._end(db, lease, now, DeliveryEnd.RELEASED, None, RELEASE, (now, now, now)):
+                return LeaseLost()
+        return Released()
+
+    def acknowledge(self, lease, outcome: Outcome, *, now=None) -> Outcome | LeaseLost:
+        (reply,), _ = self._acknowledge_and_claim([self._acknowledgement(lease, outcome)], now)
+        return reply
+
+    def acknowledge_and_claim(self, acknowledgements, *, limit, duration, now=None):
+        replies, claimed = self.acknowledge_and_claim_deliveries(acknowledgements, limit=limit, duration=duration,
+                                                                  now=now)
+        return replies, [each.lease for each in claimed]
+
+    def acknowledge_and_claim_deliveries(self, acknowledgements, *, limit, duration, now=None):
+        if isinstance(acknowledgements, (str, bytes)) or not hasattr(acknowledgements, "__iter__"):
+            raise arguments.InvalidArgument(
+                f"acknowledgements must be a sequence of (lease, outcome) pairs, not {type(acknowledgements).__name__}")
+        checked = []
+        for i, pair in enumerate(acknowledgements):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise arguments.InvalidArgument(f"acknowledgements[{i}] must be a (lease, outcome) pair, got {pair!r}")
+            checked.append(self._acknowledgement(*pair))
+        arguments.integer("limit", limit, minimum=0)
+        arguments.integer("duration", duration, minimum=1)
+        return self._acknowledge_and_claim(checked, now, limit=limit, duration=duration)
+
+    def _acknowledge_and_claim(self, checked: list[tuple], now: Optional[int], *, limit: int = 0,
+                               duration: int = 0):
+        """Checked acknowledgements (`_acknowledgement`), then a claim of up to `limit` leases of
+        `duration`, in one transaction; the announcements after its commit."""
+        given, now = now, self._now(now)
+        with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
+            now = self._now_locked(given, now)
+            replies = [self._acknowledge_in(db, acknowledgement, now) for acknowledgement in checked]
+            by_outcome: dict[str, list[ExecutionLease]] = {}  # the deliveries acknowledged, by outcome
+            for (lease, outcome, _, _), reply in zip(checked, replies):
+                if not isinstance(reply, LeaseLost):
+                    by_outcome.setdefault(outcome.status, []).append(lease)
+            for status, acknowledged in by_outcome.items():
+                self._history_end(db, now, DeliveryEnd.ACKNOWLEDGED, status, acknowledged)
+            ended = _ended(checked, replies)
+            # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
+            woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
+            claimed = self._claim_in(db, now, limit, duration) if limit else []
+        if limit:
+            self._last_claim_found = bool(claimed)
+        self._announce_acknowledged(ended, woke)
+        return replies, claimed
+
+    def _acknowledgement(self, lease, outcome) -> tuple:
+        """(lease, outcome, statement, its outcome parameters): the checked form of one."""
+        lease = self._lease(lease)
+        if isinstance(outcome, Suspended):
+            return lease, outcome, ACKNOWLEDGE_SUSPENDED, ()
+        if isinstance(outcome, Completed):
+            arguments.json_text("outcome.result_json", outcome.result_json)
+            return lease, outcome, ACKNOWLEDGE_TERMINAL, (outcome.status, outcome.result_json, None)
+        if isinstance(outcome, Failed):
+            arguments.json_text("outcome.error_json", outcome.error_json)
+            return lease, outcome, ACKNOWLEDGE_TERMINAL, (outcome.status, None, outcome.error_json)
+        raise arguments.InvalidArgument(
+            f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
+        )
+
+    def _acknowledge_in(self, db: Transaction, acknowledgement: tuple, now: int) -> Outcome | LeaseLost:
+        """Acknowledge in the open transaction, fenced as `_end` is; the lease history and the
+        waiters are the caller's, for the whole batch at once."""
+        lease, outcome, sql, params = acknowledgement
+        if db.execute(sql, params + (now, lease.execution_id, lease.token)).rowcount != 1:
+            return LeaseLost()
+        return outcome
+
+    def _announce_acknowledged(self, ended: list[str], woke: bool) -> None:
+        """After the commit: nudge if waiters became due, and name the executions that ended."""
+        if woke:
+            self._on_due()
+        if ended:
+            self._on_ended(ended)
+
+    def _end(self, db: Transaction, lease, now, how: DeliveryEnd, outcome, sql, params) -> bool:
+        """End the lease's delivery with `sql` if it is current; record how in the history.
+
+        The fence is `sql`'s WHERE clause (current token, delivery not ended): on PostgreSQL the
+        UPDATE locks the row, waits for a claim that holds it, and then finds the token moved."""
+        if db.execute(sql, params + (lease.execution_id, lease.token)).rowcount != 1:
+            return False
+        self._history_end(db, now, how, outcome, [lease])
+        return True
+
+    def _history_end(self, db: Transaction, now: int, how: DeliveryEnd, outcome: Optional[str],
+                     leases: list[ExecutionLease]) -> None:
+        """Record in the lease history that the deliveries of `leases` ended `how` at `now`."""
+        for start in range(0, len(leases), HISTORY_END_ROWS):
+            some = leases[start:start + HISTORY_END_ROWS]
+            db.execute(history_end(len(some)),
+                       (now, how.value, outcome, *(value for lease in some for value in (lease.execution_id, lease.token))))
+
+    def next_ready_at(self) -> Optional[int]:
+        """The earliest time any execution may be claimed (it may be past), or None if none ever
+        will be without a new admission or wake. Running executions count at their lease's
+        expiry plus the redelivery delay."""
+        return self._conn.execute(NEXT_READY).fetchone()[0]
+
+    def ended(self, leases, *, now=None) -> list[ExecutionLease]:
+        """The leases among `leases` whose delivery has ended: cancelled, acknowledged,
+        released, or claimed again after it expired. A supervisor asks every heartbeat, so that
+        a child whose execution was cancelled is stopped at once, not at the next renewal."""
+        leases = [self._lease(lease) for lease in leases]
+        self._now(now)
+        current: dict[str, tuple[int, str]] = {}
+        with self._conn.read() as db:
+            for start in range(0, len(leases), 500):
+                ids = [lease.execution_id for lease in leases[start:start + 500]]
+                for eid, token, status in db.execute(CURRENT_TOKENS.format(", ".join("?" * len(ids))), ids):
+                    current[eid] = (token, status)
+        return [lease for lease in leases if current.get(lease.execution_id) != (lease.token, RUNNING)]
+
+
+def _ended(checked: list[tuple], replies: list) -> list[str]:
+    """The executions that the acknowledgements `checked` made terminal (`replies`: theirs)."""
+    return [lease.execution_id for (lease, outcome, _, _), reply in zip(checked, replies)
+            if not isinstance(outcome, Suspended) and not isinstance(reply, LeaseLost)]
+
