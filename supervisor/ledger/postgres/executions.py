@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..tables.acknowledgements import Acknowledgement
 from ..tables.executions import ExecutionTable
 from ..tables.execution_rows import COLUMNS
 from ..values import Claimed, DeliveryEnd, ExecutionLease, LeaseLost
@@ -160,7 +161,7 @@ SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yields
 
 
 class PostgresExecutionTable(ExecutionTable):
-    def _acknowledge_and_claim(self, checked: list[tuple], now: Optional[int], *, limit: int = 0,
+    def _acknowledge_and_claim(self, checked: list[Acknowledgement], now: Optional[int], *, limit: int = 0,
                                duration: int = 0):
         """As the shared table's, in one call of `yieldstar_batch`: one round trip, in a
         transaction of its own, whose commit waits for the WAL flush when it claims."""
@@ -170,14 +171,13 @@ class PostgresExecutionTable(ExecutionTable):
         # One acknowledgement of a delivery stands for it: a repeat finds the delivery ended by
         # the first, as it would one statement later (LeaseLost), whether the first was current or not.
         first: dict[tuple[str, int], int] = {}
-        for i, (lease, _, _, _) in enumerate(checked):
-            first.setdefault((lease.execution_id, lease.token), i)
+        for i, acknowledgement in enumerate(checked):
+            first.setdefault(acknowledgement.delivery, i)
         columns: tuple[list, ...] = ([], [], [], [], [])  # ids, tokens, statuses, results, errors
         for i in first.values():
-            lease, outcome, _, fields = checked[i]
-            # A terminal outcome's fields are (status, result_json, error_json); Suspended() has none.
-            for column, value in zip(columns, (lease.execution_id, lease.token,
-                                               *(fields or (outcome.status, None, None)))):
+            acknowledgement = checked[i]
+            for column, value in zip(columns, (*acknowledgement.delivery, acknowledgement.status,
+                                               acknowledgement.result_json, acknowledgement.error_json)):
                 column.append(value)
         flush = limit > 0
         rows = self._conn.execute(BATCH, (*columns, now, limit, duration, self._holder, self._one_clock,
@@ -193,9 +193,9 @@ class PostgresExecutionTable(ExecutionTable):
             else:
                 claimed.append(Claimed(ExecutionLease(execution_id, token, expires), workflow, input_json))
         replies = []
-        for i, (lease, outcome, _, _) in enumerate(checked):
-            key = (lease.execution_id, lease.token)
-            replies.append(outcome if first[key] == i and key in current else LeaseLost())
+        for i, acknowledgement in enumerate(checked):
+            key = acknowledgement.delivery
+            replies.append(acknowledgement.outcome if first[key] == i and key in current else LeaseLost())
         if limit:
             self._last_claim_found = bool(claimed)
         # A batch that flushes announces the executions it ended after its commit, like the

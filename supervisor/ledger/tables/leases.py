@@ -15,19 +15,17 @@ from ..connection import Transaction
 from ..errors import ExecutionConflict
 from ..values import (
     Claimed,
-    Completed,
     DeliveryEnd,
     ExecutionLease,
     ExecutionRecord,
-    Failed,
     HeapRecord,
     LeaseLost,
     Outcome,
     Released,
     Renewed,
-    Suspended,
 )
 from . import waiters
+from .acknowledgements import Acknowledgement, ended_executions
 from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row
 from .lease_history import (
     HISTORY_CLOSE,
@@ -71,18 +69,6 @@ UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 
     delivery_ended_at = ?, wake_during_lease = NULL,
     ready_at = yieldstar_max(due_at, ? + yieldstar_delay(unacknowledged_deliveries + 1)),
     updated_at = ?
-WHERE execution_id = ? AND token = ? AND status = 'running'"""
-
-ACKNOWLEDGE_SUSPENDED = """
-UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at = NULL,
-    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = wake_during_lease,
-    ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = ?
-WHERE execution_id = ? AND token = ? AND status = 'running'"""
-
-ACKNOWLEDGE_TERMINAL = """
-UPDATE executions SET status = ?, result_json = ?, error_json = ?, lease_expires_at = NULL,
-    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL, ready_at = NULL,
-    wake_during_lease = NULL, updated_at = ?
 WHERE execution_id = ? AND token = ? AND status = 'running'"""
 
 CURRENT_TOKENS = "SELECT execution_id, token, status FROM executions WHERE execution_id IN ({})"
@@ -248,21 +234,21 @@ class ExecutionLeases(ExecutionRows):
         arguments.integer("duration", duration, minimum=1)
         return self._acknowledge_and_claim(checked, now, limit=limit, duration=duration)
 
-    def _acknowledge_and_claim(self, checked: list[tuple], now: Optional[int], *, limit: int = 0,
+    def _acknowledge_and_claim(self, checked: list[Acknowledgement], now: Optional[int], *, limit: int = 0,
                                duration: int = 0):
-        """Checked acknowledgements (`_acknowledgement`), then a claim of up to `limit` leases of
+        """Checked acknowledgements, then a claim of up to `limit` leases of
         `duration`, in one transaction; the announcements after its commit."""
         given, now = now, self._now(now)
         with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
             now = self._now_locked(given, now)
             replies = [self._acknowledge_in(db, acknowledgement, now) for acknowledgement in checked]
             by_outcome: dict[str, list[ExecutionLease]] = {}  # the deliveries acknowledged, by outcome
-            for (lease, outcome, _, _), reply in zip(checked, replies):
+            for acknowledgement, reply in zip(checked, replies):
                 if not isinstance(reply, LeaseLost):
-                    by_outcome.setdefault(outcome.status, []).append(lease)
+                    by_outcome.setdefault(acknowledgement.status, []).append(acknowledgement.lease)
             for status, acknowledged in by_outcome.items():
                 self._history_end(db, now, DeliveryEnd.ACKNOWLEDGED, status, acknowledged)
-            ended = _ended(checked, replies)
+            ended = ended_executions(checked, replies)
             # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
             woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
             claimed = self._claim_in(db, now, limit, duration) if limit else []
@@ -271,28 +257,16 @@ class ExecutionLeases(ExecutionRows):
         self._announce_acknowledged(ended, woke)
         return replies, claimed
 
-    def _acknowledgement(self, lease, outcome) -> tuple:
-        """(lease, outcome, statement, its outcome parameters): the checked form of one."""
-        lease = self._lease(lease)
-        if isinstance(outcome, Suspended):
-            return lease, outcome, ACKNOWLEDGE_SUSPENDED, ()
-        if isinstance(outcome, Completed):
-            arguments.json_text("outcome.result_json", outcome.result_json)
-            return lease, outcome, ACKNOWLEDGE_TERMINAL, (outcome.status, outcome.result_json, None)
-        if isinstance(outcome, Failed):
-            arguments.json_text("outcome.error_json", outcome.error_json)
-            return lease, outcome, ACKNOWLEDGE_TERMINAL, (outcome.status, None, outcome.error_json)
-        raise arguments.InvalidArgument(
-            f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
-        )
+    def _acknowledgement(self, lease, outcome) -> Acknowledgement:
+        return Acknowledgement.of(self._lease(lease), outcome)
 
-    def _acknowledge_in(self, db: Transaction, acknowledgement: tuple, now: int) -> Outcome | LeaseLost:
+    def _acknowledge_in(self, db: Transaction, acknowledgement: Acknowledgement, now: int) -> Outcome | LeaseLost:
         """Acknowledge in the open transaction, fenced as `_end` is; the lease history and the
         waiters are the caller's, for the whole batch at once."""
-        lease, outcome, sql, params = acknowledgement
-        if db.execute(sql, params + (now, lease.execution_id, lease.token)).rowcount != 1:
+        sql, params = acknowledgement.statement()
+        if db.execute(sql, params + (now, *acknowledgement.delivery)).rowcount != 1:
             return LeaseLost()
-        return outcome
+        return acknowledgement.outcome
 
     def _announce_acknowledged(self, ended: list[str], woke: bool) -> None:
         """After the commit: nudge if waiters became due, and name the executions that ended."""
@@ -338,10 +312,3 @@ class ExecutionLeases(ExecutionRows):
                 for eid, token, status in db.execute(CURRENT_TOKENS.format(", ".join("?" * len(ids))), ids):
                     current[eid] = (token, status)
         return [lease for lease in leases if current.get(lease.execution_id) != (lease.token, RUNNING)]
-
-
-def _ended(checked: list[tuple], replies: list) -> list[str]:
-    """The executions that the acknowledgements `checked` made terminal (`replies`: theirs)."""
-    return [lease.execution_id for (lease, outcome, _, _), reply in zip(checked, replies)
-            if not isinstance(outcome, Suspended) and not isinstance(reply, LeaseLost)]
-

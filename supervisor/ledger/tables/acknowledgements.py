@@ -1,0 +1,84 @@
+"""An acknowledgement as the executions client checks and stores it: `Acknowledgement`, and the
+statements that end a delivery with its outcome.
+
+A caller hands `(lease, outcome)` pairs (`ExecutionClient.acknowledge_and_claim`); each is
+checked once, up front, into an `Acknowledgement`, which every later step reads by name: the
+statement that stores it (`leases`), the columns of PostgreSQL's one-call batch
+(`supervisor.ledger.postgres.executions`), the lease history's outcome and the executions that
+ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .. import arguments
+from ..values import Completed, ExecutionLease, Failed, LeaseLost, Outcome, Suspended
+
+# The fence is the WHERE clause: current token, delivery not ended.
+ACKNOWLEDGE_SUSPENDED = """
+UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = wake_during_lease,
+    ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+ACKNOWLEDGE_TERMINAL = """
+UPDATE executions SET status = ?, result_json = ?, error_json = ?, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL, ready_at = NULL,
+    wake_during_lease = NULL, updated_at = ?
+WHERE execution_id = ? AND token = ? AND status = 'running'"""
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledgement:
+    """One checked acknowledgement: the delivery's lease, its outcome, and what the outcome
+    stores (`status`, and for a terminal one its `result_json` or `error_json`)."""
+
+    lease: ExecutionLease
+    outcome: Outcome
+    status: str
+    result_json: Optional[str] = None
+    error_json: Optional[str] = None
+
+    @classmethod
+    def of(cls, lease: ExecutionLease, outcome: object) -> "Acknowledgement":
+        """The acknowledgement of a checked `lease` with `outcome`, checked.
+
+        Raises:
+            InvalidArgument: `outcome` is not an outcome, or its JSON is not JSON.
+        """
+        if isinstance(outcome, Suspended):
+            return cls(lease, outcome, outcome.status)
+        if isinstance(outcome, Completed):
+            arguments.json_text("outcome.result_json", outcome.result_json)
+            return cls(lease, outcome, outcome.status, result_json=outcome.result_json)
+        if isinstance(outcome, Failed):
+            arguments.json_text("outcome.error_json", outcome.error_json)
+            return cls(lease, outcome, outcome.status, error_json=outcome.error_json)
+        raise arguments.InvalidArgument(
+            f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
+        )
+
+    @property
+    def delivery(self) -> tuple[str, int]:
+        """(execution_id, token): the delivery it ends."""
+        return self.lease.execution_id, self.lease.token
+
+    @property
+    def terminal(self) -> bool:
+        """Whether it ends the execution (completed or failed), not only the delivery."""
+        return not isinstance(self.outcome, Suspended)
+
+    def statement(self) -> tuple[str, tuple]:
+        """The fenced statement that stores it, and its parameters before the time and the
+        delivery's (execution_id, token)."""
+        if self.terminal:
+            return ACKNOWLEDGE_TERMINAL, (self.status, self.result_json, self.error_json)
+        return ACKNOWLEDGE_SUSPENDED, ()
+
+
+def ended_executions(acknowledgements: Sequence[Acknowledgement], replies: Sequence[object]) -> list[str]:
+    """The executions that `acknowledgements` made terminal (`replies`: theirs, in order)."""
+    return [acknowledgement.lease.execution_id for acknowledgement, reply in zip(acknowledgements, replies)
+            if acknowledgement.terminal and not isinstance(reply, LeaseLost)]
