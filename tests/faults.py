@@ -285,18 +285,21 @@ def read_log(path) -> list[Event]:
 
 
 def query(db, sql: str, *params) -> list[tuple]:
-    """Rows of a read-only query (SQLite's dialect), on a connection of its own to the ledger:
-    a SQLite file's, or a PostgreSQL database's (the statement translated as the backend does)."""
+    """Rows of a read-only query, on a connection of its own to the ledger: a SQLite file's, or a
+    PostgreSQL database's. `sql` is a template as the ledger's tables write theirs
+    (`supervisor.ledger.dialect`: `$p` parameters, `$row_order`), rendered as the backend does."""
     if isinstance(db, str) and db.startswith("postgresql://"):
         import psycopg
 
-        from supervisor.ledger.postgres.connection import translate
+        from supervisor.ledger.postgres.dialect import DIALECT
 
         with psycopg.connect(db) as conn:
-            return conn.execute(translate(sql), params).fetchall()
+            return conn.execute(DIALECT.statements[sql], params or None).fetchall()
+    from supervisor.ledger.sqlite.dialect import DIALECT
+
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=15)
     try:
-        return conn.execute(sql, params).fetchall()
+        return conn.execute(DIALECT.statements[sql], params).fetchall()
     finally:
         conn.close()
 
@@ -305,12 +308,12 @@ def step_tokens(db, execution_id: str) -> list[tuple[str, int, int]]:
     """`(step_key, attempt, token)` of each recorded step, in the order written: the token is
     the fencing token the write was accepted under (read-only, beside the ledger API)."""
     return [tuple(row) for row in query(
-        db, "SELECT step_key, attempt, token FROM steps WHERE execution_id = ? ORDER BY rowid", execution_id)]
+        db, "SELECT step_key, attempt, token FROM steps WHERE execution_id = $p ORDER BY $row_order", execution_id)]
 
 
 def last_write_at(db, execution_id: str, token: int) -> Optional[int]:
     """When the last step record accepted under `token` was written (the writer's clock, ms)."""
-    return query(db, "SELECT max(written_at) FROM steps WHERE execution_id = ? AND token = ?",
+    return query(db, "SELECT max(written_at) FROM steps WHERE execution_id = $p AND token = $p",
                  execution_id, token)[0][0]
 
 

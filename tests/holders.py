@@ -136,7 +136,7 @@ def step_rows(path, execution_id: str) -> list[tuple[str, int, Any, int]]:
     """`(step_key, attempt, response, token)` of each recorded step, in the order written, as an
     independent reader sees them: the token is the one the write was accepted under."""
     return [(key, attempt, json.loads(response), token) for key, attempt, response, token in table(
-        path, "SELECT step_key, attempt, step_response_json, token FROM steps WHERE execution_id = ? ORDER BY rowid",
+        path, "SELECT step_key, attempt, step_response_json, token FROM steps WHERE execution_id = $p ORDER BY $row_order",
         execution_id)]
 
 

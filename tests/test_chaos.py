@@ -81,18 +81,21 @@ class Ledger:
         assert self.backend.executions.acknowledge(lease, Completed(json.dumps(result))).status == "completed"
 
     def sql(self, statement: str, *params) -> None:
-        """Edit rows as a broken runtime would have written them (SQLite's dialect on either backend)."""
+        """Edit rows as a broken runtime would have written them: `statement` is a template as the
+        ledger's tables write theirs (`supervisor.ledger.dialect`), rendered for either backend."""
         if is_uri(self.path):
             import psycopg
 
-            from supervisor.ledger.postgres.connection import translate
+            from supervisor.ledger.postgres.dialect import DIALECT
 
             with psycopg.connect(self.path) as conn:
-                conn.execute(translate(statement), params)
+                conn.execute(DIALECT.statements[statement], params or None)
             return
+        from supervisor.ledger.sqlite.dialect import DIALECT
+
         conn = sqlite3.connect(self.path)
         with conn:
-            conn.execute(statement, params)
+            conn.execute(DIALECT.statements[statement], params)
         conn.close()
 
     def check(self):
@@ -185,7 +188,7 @@ def test_a_stale_acknowledgement_is_caught(any_ledger):
 
 def test_an_outcome_produced_by_an_older_holder_is_caught(ledger):
     sound_history(ledger)
-    ledger.sql("UPDATE executions SET result_json = json_set(result_json, '$.token', 1) WHERE execution_id = 'e1'")
+    ledger.sql("UPDATE executions SET result_json = json_set(result_json, '$$.token', 1) WHERE execution_id = 'e1'")
     assert "outcome_token" in kinds(ledger.check())
 
 
@@ -213,7 +216,7 @@ def test_a_step_record_written_by_a_stale_holder_is_caught(ledger):
     ledger.log("begin", "e1", 2, 4243, "a", ledger.clock.now * 1_000_000)
     # ...but the record was written under token 1 after token 2's claim (forged: the fence refuses it).
     value = {"token": 1, "pid": 4242, "nonce": "late"}
-    ledger.sql("INSERT INTO steps VALUES ('e1', 'a', 1, 1, ?, 1, ?)", json.dumps({"value": value}), ledger.clock.now)
+    ledger.sql("INSERT INTO steps VALUES ('e1', 'a', 1, 1, $p, 1, $p)", json.dumps({"value": value}), ledger.clock.now)
     ledger.log("end", "e1", 1, 4242, "a", ledger.clock.now * 1_000_000, "late")
     ledger.complete(second, {"a": digest(value)})
     assert "stale_step_write" in kinds(ledger.check())
@@ -221,7 +224,7 @@ def test_a_step_record_written_by_a_stale_holder_is_caught(ledger):
 
 def test_a_step_record_changed_after_it_was_seen_is_caught(ledger):
     sound_history(ledger)
-    ledger.sql("UPDATE steps SET step_response_json = json_set(step_response_json, '$.value.nonce', 'other')"
+    ledger.sql("UPDATE steps SET step_response_json = json_set(step_response_json, '$$.value.nonce', 'other')"
                " WHERE execution_id = 'e1' AND step_key = 'a'")
     assert {"step_value_changed", "step_value_unexplained"} <= kinds(ledger.check())
 
@@ -235,7 +238,7 @@ def test_lost_store_updates_and_stuck_executions_are_caught(any_ledger):
     ledger.step(lease, "i", json.loads(receipt.result_json))
     ledger.complete(lease, {"i": digest(1)})
     ledger.admit("e2", [["run", "a", 0]])  # never delivered: stuck
-    ledger.sql("UPDATE stores SET state_json = '2' WHERE name = ?", COUNTER)  # an increment applied twice
+    ledger.sql("UPDATE stores SET state_json = '2' WHERE name = $p", COUNTER)  # an increment applied twice
     result = ledger.check()
     assert {"counter_mismatch", "not_terminal"} <= kinds(result)
     assert not result.all_terminal and not result.ok

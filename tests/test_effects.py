@@ -49,7 +49,7 @@ def charge_by_token(ctx, input):
 
 
 def conflicts(world, effect_id: str) -> int:
-    (row,) = table(world.path, "SELECT conflicts FROM effects WHERE effect_id = ?", effect_id)
+    (row,) = table(world.path, "SELECT conflicts FROM effects WHERE effect_id = $p", effect_id)
     return row[0]
 
 

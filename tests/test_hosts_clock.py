@@ -74,7 +74,7 @@ def wall_clock_minus_record_ms(uri: str, log, execution_id: str, token: int, ste
     worker that ran it read, when it logged the step's end just before writing the record."""
     (end,) = [e for e in read_log(log)
               if (e.event, e.execution_id, e.token, e.step_key) == ("end", execution_id, token, step_key)]
-    ((written_at,),) = query(uri, "SELECT written_at FROM steps WHERE execution_id = ? AND token = ? AND step_key = ?",
+    ((written_at,),) = query(uri, "SELECT written_at FROM steps WHERE execution_id = $p AND token = $p AND step_key = $p",
                              execution_id, token, step_key)
     return end.time_ns // 1_000_000 - written_at
 

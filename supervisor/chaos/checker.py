@@ -192,8 +192,8 @@ class Checker(SharingChecks, FailureChecks):
                                 " outcome FROM lease_history ORDER BY execution_id, token"):
             self.history[row[0]].append(row)
         self.steps: dict[str, list] = defaultdict(list)
-        for row in conn.rows("SELECT rowid, execution_id, step_key, attempt, done, step_response_json, token,"
-                                " written_at FROM steps ORDER BY rowid"):
+        for row in conn.rows("SELECT $row_order, execution_id, step_key, attempt, done, step_response_json, token,"
+                                " written_at FROM steps ORDER BY $row_order"):
             self.steps[row[1]].append(row)
         self.duplicate_steps = conn.rows(
             "SELECT execution_id, step_key, attempt, count(*) FROM steps GROUP BY 1, 2, 3 HAVING count(*) > 1")

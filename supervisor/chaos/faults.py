@@ -273,7 +273,7 @@ def runtime_sessions(reader) -> list[tuple]:
 
 def terminate_session(reader, pid: int) -> bool:
     """`pg_terminate_backend(pid)`; False if that session is already gone."""
-    return bool(reader.rows("SELECT pg_terminate_backend(?)", (pid,))[0][0])
+    return bool(reader.rows("SELECT pg_terminate_backend($p)", (pid,))[0][0])
 
 
 def freeze(process: psutil.Process) -> bool:

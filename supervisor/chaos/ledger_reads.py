@@ -2,11 +2,11 @@
 line and drain, the checker, and the `connection_kill` injector read.
 
 `open_reader(target)` gives a read-only connection to a SQLite file (`mode=ro`) or to a
-PostgreSQL database (`postgresql://...`). Both take the same SQL: SQLite's dialect, the one the
-ledger's table modules are written in, with `?` parameters and `rowid`; on PostgreSQL each
-statement goes through the ledger's own `translate` (`supervisor.ledger.postgres.connection`), so
-the table and column names, parameters and `rowid` (the `seq` column there) mean the same on both.
-This is the only module of the harness that knows which backend it reads.
+PostgreSQL database (`postgresql://...`). Both take the same SQL: a template, as the ledger's table
+modules write theirs (`supervisor.ledger.dialect`), which each reader renders with its backend's
+`dialect`: `$p` is a parameter and `$row_order` the column that numbers rows as written (SQLite's
+rowid, PostgreSQL's `seq`), so a statement means the same on both. This is the only module of the
+harness that knows which backend it reads.
 
 The harness's own PostgreSQL sessions are named `chaos-harness` (`application_name`), never
 `yieldstar...`: `connection_kill` only terminates sessions whose name starts with `yieldstar`.
@@ -20,6 +20,9 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from ..ledger.backends import is_uri, shown
+from ..ledger.dialect import Dialect
+from ..ledger.postgres.dialect import DIALECT as POSTGRES_DIALECT
+from ..ledger.sqlite.dialect import DIALECT as SQLITE_DIALECT
 from ..ledger.errors import InvalidArgument, YieldstarError
 
 HARNESS_APPLICATION = "chaos-harness"
@@ -38,10 +41,12 @@ def backend_kind(target) -> str:
 
 
 class LedgerReader:
-    """A read-only connection to one ledger. `rows(sql, params)` runs one statement; within
-    `snapshot()`, every statement reads the same committed state."""
+    """A read-only connection to one ledger. `rows(template, params)` runs one statement, rendered
+    with the reader's `dialect`; within `snapshot()`, every statement reads the same committed
+    state."""
 
     kind: str
+    dialect: Dialect
 
     def __init__(self, target) -> None:
         self.target = target
@@ -49,7 +54,7 @@ class LedgerReader:
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         try:
-            return self._rows(sql, params)
+            return self._rows(self.dialect.statements[sql], params)
         except self._errors as exc:
             raise ReadFailed(f"reading the ledger {self.shown} failed: {_first_line(exc)}") from exc
 
@@ -73,6 +78,7 @@ class LedgerReader:
 
 class SqliteReader(LedgerReader):
     kind = SQLITE
+    dialect = SQLITE_DIALECT
     _errors = (sqlite3.Error,)
 
     def __init__(self, path) -> None:
@@ -95,6 +101,7 @@ class SqliteReader(LedgerReader):
 
 class PostgresReader(LedgerReader):
     kind = POSTGRES
+    dialect = POSTGRES_DIALECT
 
     def __init__(self, uri: str) -> None:
         super().__init__(uri)
@@ -102,10 +109,7 @@ class PostgresReader(LedgerReader):
             import psycopg
         except ImportError:
             raise InvalidArgument("a PostgreSQL ledger needs psycopg 3: pip install 'yieldstar[postgres]'") from None
-        from ..ledger.postgres.connection import translate
-
         self._errors = (psycopg.Error,)
-        self._translate = translate
         self._conn = None
         self._connect()
 
@@ -121,7 +125,8 @@ class PostgresReader(LedgerReader):
         return self._conn
 
     def _rows(self, sql, params):
-        return self._connect().execute(self._translate(sql), params).fetchall()
+        # No parameters, no placeholders: a `%` in the statement (a LIKE pattern) is itself.
+        return self._connect().execute(sql, params or None).fetchall()
 
     def _begin(self) -> None:
         self._connect().execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ContextManager, Iterator, Optional, Protocol, Sequence
 
+from .dialect import Dialect
+
 
 class Cursor(Protocol):
     rowcount: int
@@ -24,6 +26,9 @@ class Transaction(Protocol):
 
 
 class Connection(Protocol):
+    # The backend's SQL where it differs (`supervisor.ledger.dialect`): the tables run
+    # `dialect.statements[TEMPLATE]`, each template rendered for this backend once.
+    dialect: Dialect
     # True where a write transaction holds the whole database's write lock (SQLite): then a
     # read-only look before a write saves other writers' time; with row locks it costs a trip.
     whole_database_write_lock: bool
@@ -37,7 +42,8 @@ class Connection(Protocol):
         """A read-only transaction: one snapshot for every statement in it."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        """One statement in a transaction of its own."""
+        """One statement in a transaction of its own (in the backend's own SQL: a rendered
+        template, or a statement only this backend runs)."""
 
     def close(self) -> None: ...
 

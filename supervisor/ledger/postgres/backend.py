@@ -1,9 +1,9 @@
 """The ledger on a PostgreSQL database: `PostgresBackend(uri)`.
 
 The tables' logic is the modules both backends share (`supervisor.ledger.tables`), run on a
-`supervisor.ledger.postgres.connection.Connection`, which turns each statement into PostgreSQL's
-form and takes the row locks the statements name (see that module): one set of
-rules, so both backends give the same replies and the same errors. The executions table's batch
+`supervisor.ledger.postgres.connection.Connection`, whose `dialect` (`supervisor.ledger.postgres.
+dialect`) renders each shared statement in PostgreSQL's form, with the row locks it names: one
+set of rules, so both backends give the same replies and the same errors. The executions table's batch
 of acknowledgements and claim is one round trip, a function of PostgreSQL's own
 (`supervisor.ledger.postgres.executions`).
 
@@ -29,7 +29,7 @@ from ..tables import (
 from . import incarnation, notify
 from .clock import ServerClock
 from .connection import Connection, check_uri, redacted
-from .executions import BATCH_FUNCTION, PostgresExecutionTable
+from .executions import PostgresExecutionTable, batch_function
 from .schema import SCHEMA_VERSION, migrate, recognise
 
 SERVER_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
@@ -51,7 +51,7 @@ class PostgresBackend(LedgerTables):
         delays = [self.redelivery_delay(n) for n in range(1, CHECKED_DELAYS + 1)]
         self._schema_ready = False  # until then a new session checks only that it may write
         self._incarnation: Optional[str] = None
-        self._conn = Connection(uri, durability=durability, delays=delays, functions=BATCH_FUNCTION,
+        self._conn = Connection(uri, durability=durability, delays=delays, functions=batch_function(),
                                 on_session=self._on_session)
         self.clock = clock or ServerClock(self._read_server_clock)
         self.one_clock = clock is None

@@ -1,6 +1,11 @@
 """One PostgreSQL connection, the settings every session of the ledger runs with, the single way
 to run a transaction, and the one place where PostgreSQL's errors become Yieldstar's.
 
+Statements. The connection runs what it is given, in PostgreSQL's own SQL with psycopg's `%s`
+parameters: the shared tables' statements come rendered by its `dialect` (`supervisor.ledger.
+postgres.dialect`, which writes their row locks, `seq` and the session's functions), and the
+backend's own (the schema, notifications, the batch function) are written for PostgreSQL alone.
+
 Isolation. Transactions run at READ COMMITTED; a read-modify-write locks the rows it decides on
 (`SELECT ... FOR UPDATE`, or `FOR SHARE` inside a fenced statement), so that a claim that moves a
 token and a stale holder's write can never both commit (SPEC section 7). No transaction is ever
@@ -41,8 +46,6 @@ opens a new one: a server restart costs the calls made while it was down, nothin
 
 from __future__ import annotations
 
-import functools
-import re
 import select
 import threading
 import urllib.parse
@@ -59,6 +62,7 @@ from ..errors import (
     StorageError,
     StorageUnavailable,
 )
+from .dialect import DIALECT
 
 LOCK_TIMEOUT_MS = 15_000  # as SQLite's busy timeout
 IDLE_IN_TRANSACTION_MS = 30_000
@@ -102,8 +106,9 @@ def _ended_while_idle(conn) -> bool:
     return bool(ready)
 
 
-# What the shared statements call that SQLite has built in or as a Python function: made for each
-# session, in its own temporary schema (so nothing is left behind, and no other session sees them).
+# What the shared statements call that SQLite has built in or as a Python function (the dialect's
+# `$yieldstar_delay`, `$yieldstar_max`): made for each session, in its own temporary schema (so
+# nothing is left behind, and no other session sees them).
 SESSION_FUNCTIONS = """
 CREATE FUNCTION pg_temp.yieldstar_delay(n bigint) RETURNS bigint LANGUAGE sql IMMUTABLE
     AS $$ SELECT (ARRAY[{delays}]::bigint[])[LEAST(GREATEST(n, 1), {count})] $$;
@@ -179,27 +184,6 @@ def check_uri(uri: Any) -> str:
     return uri
 
 
-_INDEXED_BY = re.compile(r"\s+INDEXED BY \w+")
-_ROW_LOCK = re.compile(r"/\*(FOR (?:UPDATE|SHARE)(?: SKIP LOCKED)?)\*/")
-_ROWID = re.compile(r"\browid\b")
-_PARAMETER = re.compile(r"%|\?|(?<!:):(\w+)")
-
-
-@functools.lru_cache(maxsize=4096)
-def translate(sql: str) -> str:
-    """The PostgreSQL form of a ledger statement, as the table modules write them for SQLite:
-    `?` and `:name` parameters become psycopg's, a row lock written as a comment
-    (`/*FOR UPDATE*/`, which SQLite ignores) becomes a clause, an index hint goes, `rowid` is
-    the `seq` column, and the functions SQLite has from the backend (`yieldstar_delay`,
-    `yieldstar_max`) are the session's own."""
-    sql = _INDEXED_BY.sub("", sql)
-    sql = _ROW_LOCK.sub(r"\1", sql)
-    sql = _ROWID.sub("seq", sql)
-    sql = sql.replace("yieldstar_delay(", "pg_temp.yieldstar_delay(").replace("yieldstar_max(", "pg_temp.yieldstar_max(")
-    return _PARAMETER.sub(lambda m: "%%" if m.group(0) == "%" else "%s" if m.group(0) == "?"
-                          else f"%({m.group(1)})s", sql)
-
-
 class Session:
     """What a connection's statements run on, in a transaction's block or alone: one cursor for
     every statement of the connection (a new cursor per statement costs more than the statement's
@@ -209,7 +193,7 @@ class Session:
         self.cursor = cursor
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        cursor = self.cursor.execute(translate(sql), params)
+        cursor = self.cursor.execute(sql, params)
         # `rownumber` says whether the statement returned rows without building `description`'s
         # column objects, which cost more than fetching a row.
         rows = cursor.fetchall() if cursor.rownumber is not None else []
@@ -222,6 +206,7 @@ class Connection:
     #: Writers lock rows, not the database: a write transaction that finds nothing to do blocks
     #: no one, so there is no need to look before writing.
     whole_database_write_lock = False
+    dialect = DIALECT
 
     def __init__(self, uri: str, *, durability: str = "normal", lock_timeout_ms: int = LOCK_TIMEOUT_MS,
                  idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS, delays: Sequence[int] = (1000,),

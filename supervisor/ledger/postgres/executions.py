@@ -5,15 +5,16 @@ The shared statements are written so that SQLite, which has no data-modifying `W
 them, and a batch runs them in a transaction the client drives: on PostgreSQL that is a round
 trip for `BEGIN`, for each acknowledgement, each claimed row, each kind of lease history change,
 the waiters, the announcement and `COMMIT`. Here the whole batch is one call of a function each
-session makes for itself (`BATCH_FUNCTION`, in `pg_temp` beside the session's other functions),
-in a transaction of its own, with one WAL flush when it claims:
+session makes for itself (`pg_temp.yieldstar_batch`, beside the session's other functions), in a
+transaction of its own, with one WAL flush when it claims. Its PL/pgSQL is `batch.sql`, beside
+this module and shipped with it as package data (`batch_function` reads it):
 
 1. the acknowledgements, one statement: the fenced updates (each by its own token; the rows it
    returns are the deliveries that were current, the others are `LeaseLost`), the end of their
    deliveries in the lease history, and, in a batch that does not claim, the `yieldstar_ended`
    announcement, which PostgreSQL sends at the commit and drops with a rollback (a batch that
    claims announces after its commit, as the shared table does: see `_acknowledge_and_claim`);
-2. the waiters of the executions they ended, taken and woken by `ExecutionTable.wake_in`'s rules,
+2. the waiters of the executions they ended, taken and woken by `ExecutionRows.wake_in`'s rules,
    one statement of its own: it must see a waiter registered while an acknowledgement waited for
    its row, and the claim after it sees them due, as on SQLite;
 3. the claim, one statement: the claimable rows (locked, skipping rows other claimers hold),
@@ -26,6 +27,7 @@ and group-commit tests run against both backends and check the same replies, row
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Optional
 
 from ..tables.acknowledgements import Acknowledgement
@@ -34,130 +36,22 @@ from ..tables.execution_rows import COLUMNS
 from ..values import Claimed, DeliveryEnd, ExecutionLease, LeaseLost
 from . import notify
 
-# Its parameters are p_..., its columns o_...: neither may be read as a table's column.
-# `p_at_floor`: each claim and wake takes effect no earlier than the row's last change (`one_clock`).
-# `p_flush`: the commit waits for the WAL flush (a claim is durable before it is handed out).
-BATCH_FUNCTION = f"""
-CREATE FUNCTION pg_temp.yieldstar_batch(
-    p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[],
-    p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean)
-RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text)
-LANGUAGE plpgsql AS $batch$
-DECLARE
-    found_row record;
-    ended_ids text[] := '{{}}';
-BEGIN
-    IF p_flush THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-    END IF;
-    IF cardinality(p_ids) > 0 THEN
-        FOR found_row IN
-            WITH acks AS (
-                SELECT * FROM unnest(p_ids, p_tokens, p_statuses, p_results, p_errors)
-                    AS a(execution_id, token, status, result_json, error_json)),
-            acknowledged AS (
-                UPDATE executions e SET status = a.status,
-                    ever_suspended = CASE WHEN a.status = 'suspended' THEN 1 ELSE e.ever_suspended END,
-                    result_json = CASE WHEN a.status = 'suspended' THEN e.result_json ELSE a.result_json END,
-                    error_json = CASE WHEN a.status = 'suspended' THEN e.error_json ELSE a.error_json END,
-                    lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL,
-                    due_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
-                    ready_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
-                    wake_during_lease = NULL, updated_at = p_now
-                FROM acks a
-                WHERE e.execution_id = a.execution_id AND e.token = a.token AND e.status = 'running'
-                RETURNING e.execution_id, e.token, a.status),
-            history AS (
-                UPDATE lease_history h SET ended_at = p_now, ended_by = '{DeliveryEnd.ACKNOWLEDGED.value}',
-                    outcome = d.status
-                FROM acknowledged d WHERE h.execution_id = d.execution_id AND h.token = d.token),
-            announced AS (
-                SELECT pg_notify('{notify.ENDED}',
-                    CASE WHEN octet_length(string_agg(execution_id, E'\\n')) <= {notify.MAX_PAYLOAD}
-                    THEN string_agg(execution_id, E'\\n') ELSE '' END)
-                FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0 AND NOT p_flush)
-            SELECT execution_id, token, status FROM acknowledged
-            UNION ALL SELECT NULL, NULL, NULL FROM announced  -- read, so that it runs
-        LOOP
-            CONTINUE WHEN found_row.execution_id IS NULL;
-            IF found_row.status = 'suspended' THEN
-                RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
-            ELSE
-                RETURN QUERY SELECT 'ended', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
-                ended_ids := ended_ids || found_row.execution_id;
-            END IF;
-        END LOOP;
-    END IF;
-    IF cardinality(ended_ids) > 0 THEN
-        -- The waiters of the executions ended, taken and woken by `ExecutionTable.wake_in`'s rules
-        -- (an earlier due time; a running one remembers it for after its delivery, and its lease,
-        -- with the redelivery delay, still decides). A statement of its own: one that read the
-        -- waiters before an acknowledgement above waited for its row would miss a waiter that
-        -- `await_outcome` registered meanwhile, holding that row.
-        WITH taken AS (
-            DELETE FROM waiters WHERE kind = 'execution' AND target = ANY(ended_ids) RETURNING waiter)
-        UPDATE executions e SET due_at = LEAST(e.due_at, p_now),
-            wake_during_lease = CASE WHEN e.status = 'running' THEN LEAST(e.wake_during_lease, p_now) END,
-            ready_at = CASE
-                WHEN e.status = 'running' THEN GREATEST(LEAST(e.due_at, p_now),
-                    e.lease_expires_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries + 1))
-                WHEN e.unacknowledged_deliveries = 0 THEN LEAST(e.due_at, p_now)
-                ELSE GREATEST(LEAST(e.due_at, p_now),
-                    e.delivery_ended_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries)) END,
-            updated_at = CASE WHEN p_at_floor THEN GREATEST(e.updated_at, p_now) ELSE p_now END
-        FROM (SELECT DISTINCT waiter FROM taken) t
-        WHERE e.execution_id = t.waiter AND e.status NOT IN ('completed', 'failed', 'cancelled');
-        IF FOUND THEN
-            RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL;
-        END IF;
-    END IF;
-    IF p_limit > 0 THEN
-        -- The shared `_CLAIMABLE` (due rows earliest first, ties in admission order, then every
-        -- running row whose lease expired and whose redelivery delay passed), the first p_limit
-        -- of them by due time. A superseded delivery counts as unacknowledged and ends when its
-        -- lease expired.
-        RETURN QUERY
-        WITH picked AS MATERIALIZED (
-            SELECT *, CASE WHEN p_at_floor THEN GREATEST(p_now, updated_at) ELSE p_now END AS at,
-                unacknowledged_deliveries + CASE WHEN status = 'running' THEN 1 ELSE 0 END AS unacked,
-                CASE WHEN status = 'running' THEN lease_expires_at ELSE delivery_ended_at END AS ended_at
-            FROM (
-                SELECT * FROM (
-                    SELECT 0 AS part, seq, {COLUMNS} FROM executions
-                    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
-                    ORDER BY due_at, seq LIMIT p_limit FOR UPDATE SKIP LOCKED) AS due
-                UNION ALL
-                SELECT * FROM (
-                    SELECT 1, seq, {COLUMNS} FROM executions
-                    WHERE status = 'running' AND ready_at <= p_now FOR UPDATE SKIP LOCKED) AS expired
-                ORDER BY due_at, part, seq LIMIT p_limit) AS claimable),
-        claimed AS (
-            UPDATE executions e SET token = p.token + 1, status = 'running', lease_expires_at = p.at + p_duration,
-                unacknowledged_deliveries = p.unacked, delivery_ended_at = p.ended_at, wake_during_lease = NULL,
-                ready_at = GREATEST(p.due_at, p.at + p_duration + pg_temp.yieldstar_delay(p.unacked + 1)),
-                updated_at = p.at
-            FROM picked p WHERE e.execution_id = p.execution_id
-            RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json,
-                p.due_at, p.part, p.seq),
-        superseded AS (
-            UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = '{DeliveryEnd.SUPERSEDED.value}',
-                outcome = NULL, expires_at = p.lease_expires_at
-            FROM picked p WHERE p.status = 'running' AND h.execution_id = p.execution_id AND h.token = p.token),
-        opened AS (
-            INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
-            SELECT c.execution_id, c.token, p_holder, c.updated_at, c.lease_expires_at FROM claimed c)
-        SELECT 'claimed', c.execution_id, c.token, c.lease_expires_at, c.workflow,
-            CASE WHEN c.token = 1 THEN c.input_json END
-        FROM claimed c ORDER BY c.due_at, c.part, c.seq;
-    END IF;
-END
-$batch$;
-"""
+BATCH_FILE = "batch.sql"
+
+
+def batch_function() -> str:
+    """The `CREATE FUNCTION pg_temp.yieldstar_batch(...)` each session runs when it connects:
+    `batch.sql`, beside this module (package data), with the constants it names filled in."""
+    text = resources.files(__package__).joinpath(BATCH_FILE).read_text(encoding="utf-8")
+    return text.format(columns=COLUMNS, acknowledged=DeliveryEnd.ACKNOWLEDGED.value,
+                       superseded=DeliveryEnd.SUPERSEDED.value, ended_channel=notify.ENDED,
+                       max_payload=notify.MAX_PAYLOAD)
+
 
 BATCH = """
 SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yieldstar_batch(
-    ?::text[], ?::bigint[], ?::text[], ?::text[], ?::text[], ?::bigint, ?::bigint, ?::bigint, ?::text,
-    ?::boolean, ?::boolean)"""
+    %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint, %s::bigint, %s::bigint, %s::text,
+    %s::boolean, %s::boolean)"""
 
 
 class PostgresExecutionTable(ExecutionTable):

@@ -78,18 +78,19 @@ def settle(conn: Connection, incarnation: str, clock: Callable[[], int], where: 
     """Make the ledger's current epoch one of `incarnation`: record it where none is, or raise
     the epoch where another is recorded (see the module docstring). `clock()` is read only to
     raise it."""
-    row = conn.execute(epochs.CURRENT).fetchone()
+    sql = conn.dialect.statements
+    row = conn.execute(sql[epochs.CURRENT]).fetchone()
     if row is not None and row[1] == incarnation:
         return
     with conn.write(flush=True) as db:
-        db.execute(epochs.CURRENT_LOCKED)  # a concurrent session settling the same change waits here
-        epoch, recorded = epochs.current(db)
+        db.execute(sql[epochs.CURRENT_LOCKED])  # a concurrent session settling the same change waits here
+        epoch, recorded = epochs.current(db, sql)
         if recorded == incarnation:
             return
         if recorded is None:
-            db.execute(epochs.SEE_INCARNATION, (incarnation, epoch))
+            db.execute(sql[epochs.SEE_INCARNATION], (incarnation, epoch))
             return
-        raised = epochs.raise_epoch(db, clock(), reason="failover", incarnation=incarnation)
+        raised = epochs.raise_epoch(db, sql, clock(), reason="failover", incarnation=incarnation)
     log.warning("the ledger database %s now runs on another server than before (%s, was %s): a promoted replica or"
                 " a restore, which may have lost commits. Its epoch is now %d: every delivery open before is fenced"
                 " off (its holder's calls are refused) and will be delivered again", where, incarnation, recorded,

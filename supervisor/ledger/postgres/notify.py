@@ -31,12 +31,12 @@ MAX_PAYLOAD = 7_900  # PostgreSQL takes up to 8000 bytes
 
 def notify_due(conn) -> None:
     """Send the nudge on the backend's connection (`supervisor.ledger.postgres.connection.Connection`)."""
-    conn.execute("SELECT pg_notify(?, '')", (DUE,))
+    conn.execute("SELECT pg_notify(%s, '')", (DUE,))
 
 
 def notify_ended(conn, execution_ids: list[str]) -> None:
     payload = "\n".join(execution_ids)
-    conn.execute("SELECT pg_notify(?, ?)", (ENDED, payload if len(payload.encode()) <= MAX_PAYLOAD else ""))
+    conn.execute("SELECT pg_notify(%s, %s)", (ENDED, payload if len(payload.encode()) <= MAX_PAYLOAD else ""))
 
 
 class Listener:

@@ -186,13 +186,13 @@ def recognise(db, where: str) -> int:
 def migrate(db, where: str) -> int:
     """Bring the schema to SCHEMA_VERSION inside the caller's write transaction; returns the
     version found. Waits for any other process migrating the same database first."""
-    db.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+    db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
     version = recognise(db, where)  # again, under the lock: another process may have migrated
     for statements in MIGRATIONS[version:]:
         for statement in statements:
             db.execute(statement)
     if version == 0:
-        db.execute("INSERT INTO yieldstar_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+        db.execute("INSERT INTO yieldstar_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
     elif version != SCHEMA_VERSION:
-        db.execute("UPDATE yieldstar_schema SET version = ?", (SCHEMA_VERSION,))
+        db.execute("UPDATE yieldstar_schema SET version = %s", (SCHEMA_VERSION,))
     return version

@@ -6,6 +6,10 @@ database's write lock up front, so two processes can never both read a row and t
 update it; an exception rolls back, and a normal exit commits. Single-statement fenced writes
 (`renew`, `write_step`) are atomic on their own and run through `Connection.execute()`.
 
+Statements run as they are given, in SQLite's SQL: the shared tables' come rendered by the
+connection's `dialect` (`supervisor.ledger.sqlite.dialect`: `?` parameters, `rowid`, index hints,
+no row locks).
+
 Errors. Every `sqlite3` error raised while opening the file, by a statement, or by a
 transaction's BEGIN or COMMIT leaves this module as a `StorageError` branch
 (`supervisor.ledger.errors`), chosen by SQLite's primary result code, with a message that names the
@@ -99,6 +103,7 @@ from ..errors import (
     StorageError,
     StorageUnavailable,
 )
+from .dialect import DIALECT
 
 T = TypeVar("T")
 
@@ -250,6 +255,7 @@ class Connection:
 
     #: A write transaction takes the whole database's write lock (see the module docstring).
     whole_database_write_lock = True
+    dialect = DIALECT
 
     def __init__(self, path: str, *, durability: str = "normal", functions: Sequence[tuple[str, int, Callable]] = ()):
         check_durability(durability)

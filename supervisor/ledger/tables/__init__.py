@@ -1,9 +1,20 @@
 """The ledger's tables, written once for both backends.
 
-Each module holds the statements of its tables and the logic of its client (`executions` and
-lease history, `heap`, `starts`, `effects`, `stores`, and the `waiters` they share). The
-statements are SQLite's dialect; a backend's connection runs them as they are (SQLite) or
-turns them into its own form (`supervisor.ledger.postgres.connection.translate`), so both
+Each module holds the statements of its tables and the logic of its client:
+
+    executions       the executions client, `ExecutionTable`, composed of two halves:
+      leases           the lease state machine (admit, wakes, claims, renewals, releases,
+                       acknowledgements: `acknowledgements` is one as a value)
+      operators        the operators' queries (list, stats, waiting_for, history, cancel,
+                       resume, purge)
+      execution_rows   what both halves share: the row, its statuses, how it reads as of a time
+    lease_history    every statement for the lease history
+    heap, starts, effects, stores, and the `waiters` they share; `epochs`.
+
+Each statement is a module-level template, written once for both backends: plain SQL where the
+databases agree and a named fragment where they differ (`$p` for a parameter, `$for_update`,
+`$row_order`...: `supervisor.ledger.dialect`). A client runs `self._sql[TEMPLATE]`, the
+backend's form of it, rendered by its connection's `dialect` the first time and kept, so both
 backends follow one set of rules and give the same replies and errors. A backend may make some
 steps of a table its own (`LedgerTables.execution_table`): PostgreSQL makes a batch of
 acknowledgements and a claim one round trip (`supervisor.ledger.postgres.executions`).

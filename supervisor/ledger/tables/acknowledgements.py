@@ -20,14 +20,14 @@ from ..values import Completed, ExecutionLease, Failed, LeaseLost, Outcome, Susp
 ACKNOWLEDGE_SUSPENDED = """
 UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at = NULL,
     unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = wake_during_lease,
-    ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = ?
-WHERE execution_id = ? AND token = ? AND status = 'running'"""
+    ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = $p
+WHERE execution_id = $p AND token = $p AND status = 'running'"""
 
 ACKNOWLEDGE_TERMINAL = """
-UPDATE executions SET status = ?, result_json = ?, error_json = ?, lease_expires_at = NULL,
+UPDATE executions SET status = $p, result_json = $p, error_json = $p, lease_expires_at = NULL,
     unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL, ready_at = NULL,
-    wake_during_lease = NULL, updated_at = ?
-WHERE execution_id = ? AND token = ? AND status = 'running'"""
+    wake_during_lease = NULL, updated_at = $p
+WHERE execution_id = $p AND token = $p AND status = 'running'"""
 
 
 @dataclass(frozen=True, slots=True)

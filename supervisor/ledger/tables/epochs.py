@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..connection import Transaction
+from ..dialect import Rendered
 from ..values import DeliveryEnd
 
 EPOCH_BITS = 32  # an epoch has 2**32 tokens per execution: more claims than any execution will see
@@ -45,12 +46,12 @@ FLOOR = f"COALESCE((SELECT max(epoch) FROM epochs), 0) * {EPOCH_SPAN}"
 CURRENT = "SELECT epoch, incarnation FROM epochs ORDER BY epoch DESC LIMIT 1"
 # Taken first by a transaction that may raise the epoch: a second one waits here, then reads
 # CURRENT again and finds the epoch already raised (on SQLite the write lock does the same).
-CURRENT_LOCKED = "SELECT epoch FROM epochs ORDER BY epoch DESC LIMIT 1 /*FOR UPDATE*/"
-RECORD = "INSERT INTO epochs (epoch, started_at, reason, incarnation) VALUES (?, ?, ?, ?)"
-SEE_INCARNATION = "UPDATE epochs SET incarnation = ? WHERE epoch = ? AND incarnation IS NULL"
+CURRENT_LOCKED = "SELECT epoch FROM epochs ORDER BY epoch DESC LIMIT 1 $for_update"
+RECORD = "INSERT INTO epochs (epoch, started_at, reason, incarnation) VALUES ($p, $p, $p, $p)"
+SEE_INCARNATION = "UPDATE epochs SET incarnation = $p WHERE epoch = $p AND incarnation IS NULL"
 
 OPEN_DELIVERIES = "SELECT execution_id, token, lease_expires_at FROM executions WHERE status = 'running'"
-LIFT_TOKENS = "UPDATE executions SET token = ? WHERE status NOT IN ('completed', 'failed', 'cancelled')"
+LIFT_TOKENS = "UPDATE executions SET token = $p WHERE status NOT IN ('completed', 'failed', 'cancelled')"
 
 
 def token_epoch(token: int) -> int:
@@ -58,13 +59,13 @@ def token_epoch(token: int) -> int:
     return token >> EPOCH_BITS
 
 
-def current(db: Transaction) -> tuple[int, Optional[str]]:
+def current(db: Transaction, sql: Rendered) -> tuple[int, Optional[str]]:
     """(the current epoch, the incarnation it runs on, or None where none was recorded)."""
-    row = db.execute(CURRENT).fetchone()
+    row = db.execute(sql[CURRENT]).fetchone()
     return (0, None) if row is None else (row[0], row[1])
 
 
-def raise_epoch(db: Transaction, now: int, *, reason: str, incarnation: Optional[str] = None,
+def raise_epoch(db: Transaction, sql: Rendered, now: int, *, reason: str, incarnation: Optional[str] = None,
                 above: int = 0) -> int:
     """Raise the epoch in the caller's write transaction, above both the current one and `above`
     (a restore passes the epoch of the ledger it replaces); returns the new epoch. See the module
@@ -75,11 +76,11 @@ def raise_epoch(db: Transaction, now: int, *, reason: str, incarnation: Optional
     from .lease_history import HISTORY_CLOSE
     from .leases import RELEASE
 
-    epoch = max(current(db)[0], above) + 1
-    for execution_id, token, expires_at in db.execute(OPEN_DELIVERIES).fetchall():
+    epoch = max(current(db, sql)[0], above) + 1
+    for execution_id, token, expires_at in db.execute(sql[OPEN_DELIVERIES]).fetchall():
         ended = min(expires_at, now)  # a lease that already ran out ended then, as an expiry does
-        db.execute(RELEASE, (ended, ended, now, execution_id, token))
-        db.execute(HISTORY_CLOSE, (ended, DeliveryEnd.FENCED.value, None, ended, execution_id, token))
-    db.execute(LIFT_TOKENS, (epoch * EPOCH_SPAN,))
-    db.execute(RECORD, (epoch, now, reason, incarnation))
+        db.execute(sql[RELEASE], (ended, ended, now, execution_id, token))
+        db.execute(sql[HISTORY_CLOSE], (ended, DeliveryEnd.FENCED.value, None, ended, execution_id, token))
+    db.execute(sql[LIFT_TOKENS], (epoch * EPOCH_SPAN,))
+    db.execute(sql[RECORD], (epoch, now, reason, incarnation))
     return epoch

@@ -41,12 +41,11 @@ COLUMNS = (
     " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
     " result_json, error_json, created_at, updated_at"
 )
-SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = ?"
-# Row locks are written as comments: SQLite ignores them (its write transactions take the whole
-# database's write lock), and the PostgreSQL connection makes them clauses (see
-# `supervisor.ledger.postgres.connection.translate`). Every read that a write transaction decides on
-# locks the rows it reads, so that on PostgreSQL, too, no other writer changes them in between.
-LOCKED = " /*FOR UPDATE*/"
+SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = $p"
+# Every read that a write transaction decides on locks the rows it reads (`$for_update`: a clause
+# on PostgreSQL, nothing on SQLite, whose write transactions take the whole database's write
+# lock), so that on PostgreSQL, too, no other writer changes them in between.
+LOCKED = " $for_update"
 SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 
 # A new execution's token is the current epoch's floor (0 until a restore or a failover raised
@@ -54,7 +53,7 @@ SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 INSERT = f"""
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
-VALUES (?, ?, ?, 'admitted', {FLOOR}, ?, 0, 0, ?, ?, ?)
+VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p)
 ON CONFLICT (execution_id) DO NOTHING"""
 
 
@@ -66,20 +65,20 @@ ON CONFLICT (execution_id) DO NOTHING"""
 # is where each half takes its row locks (`claimable`).
 _CLAIMABLE = f"""
 SELECT * FROM (
-    SELECT {COLUMNS} FROM executions INDEXED BY executions_claimable
-    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= ? AND ready_at <= ?
-    ORDER BY due_at LIMIT ?{{lock}}) AS due
+    SELECT {COLUMNS} FROM executions $by_executions_claimable
+    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= $p AND ready_at <= $p
+    ORDER BY due_at LIMIT $p{{lock}}) AS due
 UNION ALL
 SELECT * FROM (
-    SELECT {COLUMNS} FROM executions INDEXED BY executions_expiring
-    WHERE status = 'running' AND ready_at <= ?{{lock}}) AS expired"""
-SKIP_LOCKED = " /*FOR UPDATE SKIP LOCKED*/"
+    SELECT {COLUMNS} FROM executions $by_executions_expiring
+    WHERE status = 'running' AND ready_at <= $p{{lock}}) AS expired"""
+SKIP_LOCKED = " $skip_locked"
 CLAIMABLE = _CLAIMABLE.format(lock="")
 CLAIMABLE_LOCKED = _CLAIMABLE.format(lock=SKIP_LOCKED)
 
 WAKE = """
-UPDATE executions SET due_at = ?, wake_during_lease = ?, ready_at = ?, updated_at = ?
-WHERE execution_id = ?"""
+UPDATE executions SET due_at = $p, wake_during_lease = $p, ready_at = $p, updated_at = $p
+WHERE execution_id = $p"""
 
 
 def _holder() -> str:
@@ -110,6 +109,7 @@ class ExecutionRows:
         commits: a delivery that ended, then the claim that followed it, even with a wake from a
         process behind between them."""
         self._conn = conn
+        self._sql = conn.dialect.statements  # this backend's form of each statement
         self._one_clock = one_clock
         self._on_due = on_due  # told after a commit that may have made an execution due
         self._on_ended = on_ended  # told the ids after a commit that made executions terminal
@@ -184,20 +184,20 @@ class ExecutionRows:
             # and waiting out its redelivery delay) still decides ready_at.
             wake = at if row.wake_during_lease is None else min(row.wake_during_lease, at)
             ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
-            db.execute(WAKE, (due, wake, max(due, ready), self._stamp(row, now), execution_id))
+            db.execute(self._sql[WAKE], (due, wake, max(due, ready), self._stamp(row, now), execution_id))
         else:
             ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
-            db.execute(WAKE, (due, None, ready, self._stamp(row, now), execution_id))
+            db.execute(self._sql[WAKE], (due, None, ready, self._stamp(row, now), execution_id))
         return True
 
     def _claimable(self, db, now: int, limit: int, *, lock: bool = False) -> list[Row]:
         """Up to `limit` claimable rows, earliest due first; with `lock`, rows no other claimer
         holds (on PostgreSQL, each claimer skips the rows another has locked)."""
-        found = db.execute(CLAIMABLE_LOCKED if lock else CLAIMABLE, (now, now, limit, now)).fetchall()
+        found = db.execute(self._sql[CLAIMABLE_LOCKED if lock else CLAIMABLE], (now, now, limit, now)).fetchall()
         return sorted((Row(row) for row in found), key=lambda row: row.due_at)[:limit]
 
     def _row(self, db: Transaction, execution_id: str, *, lock: bool = True) -> Row:
-        found = db.execute(SELECT_ONE_LOCKED if lock else SELECT_ONE, (execution_id,)).fetchone()
+        found = db.execute(self._sql[SELECT_ONE_LOCKED if lock else SELECT_ONE], (execution_id,)).fetchone()
         if found is None:
             raise UnknownExecution(f"execution_id {execution_id!r} is not admitted")
         return Row(found)

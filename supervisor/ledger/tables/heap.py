@@ -20,31 +20,32 @@ from ..values import ExecutionLease, HeapRecord, LeaseLost
 # would otherwise record a step before the claim it was written under.
 WRITE = """
 INSERT INTO steps (execution_id, step_key, attempt, done, step_response_json, token, written_at)
-SELECT ?, ?, ?, ?, ?, ?, CASE WHEN ? AND updated_at > ? THEN updated_at ELSE ? END
-FROM executions WHERE execution_id = ? AND token = ? AND status = 'running' /*FOR SHARE*/
+SELECT $p, $p, $p, $p, $p, $p, CASE WHEN $p AND updated_at > $p THEN updated_at ELSE $p END
+FROM executions WHERE execution_id = $p AND token = $p AND status = 'running' $for_share
 ON CONFLICT DO NOTHING"""
 
-CURRENT = "SELECT 1 FROM executions WHERE execution_id = ? AND token = ? AND status = 'running'"
+CURRENT = "SELECT 1 FROM executions WHERE execution_id = $p AND token = $p AND status = 'running'"
 READ_ATTEMPT = """
-SELECT done, step_response_json FROM steps WHERE execution_id = ? AND step_key = ? AND attempt = ?"""
+SELECT done, step_response_json FROM steps WHERE execution_id = $p AND step_key = $p AND attempt = $p"""
 READ_LATEST = """
-SELECT attempt, done, step_response_json FROM steps WHERE execution_id = ? AND step_key = ?
+SELECT attempt, done, step_response_json FROM steps WHERE execution_id = $p AND step_key = $p
 ORDER BY attempt DESC LIMIT 1"""
 READ_ALL = """
-SELECT step_key, attempt, done, step_response_json FROM steps WHERE execution_id = ?
-ORDER BY rowid"""
+SELECT step_key, attempt, done, step_response_json FROM steps WHERE execution_id = $p
+ORDER BY $row_order"""
 
 
 class HeapTable(HeapClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], *, one_clock: bool = False):
         self._conn = conn
+        self._sql = conn.dialect.statements
         self._clock = clock
         self._one_clock = one_clock  # see WRITE
 
     def read_step(self, execution_id, step_key) -> Optional[HeapRecord]:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("step_key", step_key)
-        found = self._conn.execute(READ_LATEST, (execution_id, step_key)).fetchone()
+        found = self._conn.execute(self._sql[READ_LATEST], (execution_id, step_key)).fetchone()
         if found is None:
             return None
         attempt, done, response = found
@@ -60,16 +61,16 @@ class HeapTable(HeapClient):
         eid, token = lease.execution_id, lease.token
         now = self._clock()
         cursor = self._conn.execute(
-            WRITE, (eid, step_key, step_attempt, int(done), step_response_json, token, self._one_clock, now, now, eid,
+            self._sql[WRITE], (eid, step_key, step_attempt, int(done), step_response_json, token, self._one_clock, now, now, eid,
                     token)
         )
         if cursor.rowcount == 1:
             return HeapRecord(eid, step_key, step_attempt, done, step_response_json)
         # Nothing written: either the lease is lost, or the attempt is already recorded.
         with self._conn.read() as db:
-            if db.execute(CURRENT, (eid, token)).fetchone() is None:
+            if db.execute(self._sql[CURRENT], (eid, token)).fetchone() is None:
                 return LeaseLost()
-            found = db.execute(READ_ATTEMPT, (eid, step_key, step_attempt)).fetchone()
+            found = db.execute(self._sql[READ_ATTEMPT], (eid, step_key, step_attempt)).fetchone()
         if found is None:  # pragma: no cover - the insert can only be ignored for these two reasons
             return LeaseLost()
         return HeapRecord(eid, step_key, step_attempt, bool(found[0]), found[1])
@@ -78,5 +79,5 @@ class HeapTable(HeapClient):
         arguments.identifier("execution_id", execution_id)
         return [
             HeapRecord(execution_id, key, attempt, bool(done), response)
-            for key, attempt, done, response in self._conn.execute(READ_ALL, (execution_id,)).fetchall()
+            for key, attempt, done, response in self._conn.execute(self._sql[READ_ALL], (execution_id,)).fetchall()
         ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 # The deliveries a claim opened, one row each, in one statement (a round trip for all of them):
-# `{rows}` is "(?, ?, ?, ?, ?)" once per lease (`history_open`), at most HISTORY_OPEN_ROWS, well
+# `{rows}` is "($p, $p, $p, $p, $p)" once per lease (`history_open`), at most HISTORY_OPEN_ROWS, well
 # within either database's limit on parameters.
 HISTORY_OPEN = """
 INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
@@ -16,18 +16,18 @@ VALUES {rows}"""
 HISTORY_OPEN_ROWS = 64
 
 HISTORY_CLOSE = """
-UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ?, expires_at = ?
-WHERE execution_id = ? AND token = ?"""
+UPDATE lease_history SET ended_at = $p, ended_by = $p, outcome = $p, expires_at = $p
+WHERE execution_id = $p AND token = $p"""
 
 # The history keeps the lease's expiry as the lease moves, so ending a delivery needs no look
 # at the execution row first (HISTORY_END).
 HISTORY_RENEWED = """
-UPDATE lease_history SET renewals = renewals + 1, expires_at = ? WHERE execution_id = ? AND token = ?"""
+UPDATE lease_history SET renewals = renewals + 1, expires_at = $p WHERE execution_id = $p AND token = $p"""
 
-# `{deliveries}`: "(execution_id = ? AND token = ?)" once per delivery ended the same way, joined
+# `{deliveries}`: "(execution_id = $p AND token = $p)" once per delivery ended the same way, joined
 # by OR, at most HISTORY_END_ROWS (`history_end`): a batch of acknowledgements ends its
 # deliveries in one statement.
-HISTORY_END = "UPDATE lease_history SET ended_at = ?, ended_by = ?, outcome = ? WHERE {deliveries}"
+HISTORY_END = "UPDATE lease_history SET ended_at = $p, ended_by = $p, outcome = $p WHERE {deliveries}"
 HISTORY_END_ROWS = 64
 
 HISTORY = """
@@ -35,7 +35,7 @@ SELECT h.execution_id, h.token, h.holder, h.claimed_at,
     CASE WHEN h.ended_by IS NULL AND e.token = h.token THEN e.lease_expires_at ELSE h.expires_at END,
     h.renewals, h.ended_at, h.ended_by, h.outcome
 FROM lease_history h JOIN executions e USING (execution_id)
-WHERE h.execution_id = ? ORDER BY h.token"""
+WHERE h.execution_id = $p ORDER BY h.token"""
 
 DELIVERIES = "SELECT count(*) FROM lease_history"
 
@@ -43,11 +43,11 @@ DELIVERIES = "SELECT count(*) FROM lease_history"
 @functools.lru_cache(maxsize=HISTORY_END_ROWS)
 def history_end(count: int) -> str:
     """HISTORY_END for `count` deliveries."""
-    return HISTORY_END.format(deliveries=" OR ".join(["(execution_id = ? AND token = ?)"] * count))
+    return HISTORY_END.format(deliveries=" OR ".join(["(execution_id = $p AND token = $p)"] * count))
 
 
 @functools.lru_cache(maxsize=HISTORY_OPEN_ROWS)
 def history_open(count: int) -> str:
     """HISTORY_OPEN for `count` leases."""
-    return HISTORY_OPEN.format(rows=", ".join(["(?, ?, ?, ?, ?)"] * count))
+    return HISTORY_OPEN.format(rows=", ".join(["($p, $p, $p, $p, $p)"] * count))
 

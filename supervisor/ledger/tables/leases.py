@@ -8,6 +8,7 @@ other (`operators`). The lease history it writes is `lease_history`'s.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 from .. import arguments
@@ -45,33 +46,35 @@ WITH_STEPS = f"""
 SELECT * FROM (
     SELECT 0 AS part, 0 AS seq, {COLUMNS}, NULL AS step_key, NULL AS attempt, NULL AS done,
         NULL AS step_response_json
-    FROM executions WHERE execution_id = ?
+    FROM executions WHERE execution_id = $p
     UNION ALL
-    SELECT 1, rowid, {_NO_EXECUTION}, step_key, attempt, done, step_response_json
-    FROM steps WHERE execution_id = ?) AS delivery
+    SELECT 1, $row_order, {_NO_EXECUTION}, step_key, attempt, done, step_response_json
+    FROM steps WHERE execution_id = $p) AS delivery
 ORDER BY part, seq"""
 
 CLAIM = """
-UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = ?,
-    unacknowledged_deliveries = ?, delivery_ended_at = ?, wake_during_lease = NULL,
-    ready_at = ?, updated_at = ?
-WHERE execution_id = ?"""
+UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = $p,
+    unacknowledged_deliveries = $p, delivery_ended_at = $p, wake_during_lease = NULL,
+    ready_at = $p, updated_at = $p
+WHERE execution_id = $p"""
 
 # The fence is the WHERE clause: current token, delivery not ended.
 RENEW = """
-UPDATE executions SET lease_expires_at = ?, ready_at = ? + yieldstar_delay(unacknowledged_deliveries + 1),
-    updated_at = ?
-WHERE execution_id = ? AND token = ? AND status = 'running'"""
+UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
+    updated_at = $p
+WHERE execution_id = $p AND token = $p AND status = 'running'"""
 
 RELEASE = """
 UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
     lease_expires_at = NULL, unacknowledged_deliveries = unacknowledged_deliveries + 1,
-    delivery_ended_at = ?, wake_during_lease = NULL,
-    ready_at = yieldstar_max(due_at, ? + yieldstar_delay(unacknowledged_deliveries + 1)),
-    updated_at = ?
-WHERE execution_id = ? AND token = ? AND status = 'running'"""
+    delivery_ended_at = $p, wake_during_lease = NULL,
+    ready_at = $yieldstar_max(due_at, $p + $yieldstar_delay(unacknowledged_deliveries + 1)),
+    updated_at = $p
+WHERE execution_id = $p AND token = $p AND status = 'running'"""
 
-CURRENT_TOKENS = "SELECT execution_id, token, status FROM executions WHERE execution_id IN ({})"
+# `{ids}`: a "$p" per execution, at most CURRENT_TOKENS_IDS (`current_tokens`).
+CURRENT_TOKENS = "SELECT execution_id, token, status FROM executions WHERE execution_id IN ({ids})"
+CURRENT_TOKENS_IDS = 500
 
 
 def renewal_lock_wait_ms(duration: int) -> int:
@@ -93,8 +96,8 @@ class ExecutionLeases(ExecutionRows):
         arguments.json_text("input_json", input_json)
         now = self._now(now)
         with self._conn.write() as db:
-            created = db.execute(INSERT, (execution_id, workflow, input_json, now, now, now, now)).rowcount == 1
-            found = db.execute(SELECT_ONE, (execution_id,)).fetchone()
+            created = db.execute(self._sql[INSERT], (execution_id, workflow, input_json, now, now, now, now)).rowcount == 1
+            found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
         row = Row(found)
@@ -110,13 +113,13 @@ class ExecutionLeases(ExecutionRows):
     def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:
         arguments.identifier("execution_id", execution_id)
         now = self._now(now)
-        found = self._conn.execute(SELECT_ONE, (execution_id,)).fetchone()
+        found = self._conn.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         return None if found is None else self._as_of(Row(found), now)
 
     def get_with_steps(self, execution_id, *, now=None) -> Optional[tuple[ExecutionRecord, list[HeapRecord]]]:
         arguments.identifier("execution_id", execution_id)
         now = self._now(now)
-        found = self._conn.execute(WITH_STEPS, (execution_id, execution_id)).fetchall()
+        found = self._conn.execute(self._sql[WITH_STEPS], (execution_id, execution_id)).fetchall()
         if not found or found[0][0] != 0:
             return None
         steps = [HeapRecord(execution_id, key, attempt, bool(done), response)
@@ -141,7 +144,7 @@ class ExecutionLeases(ExecutionRows):
         with self._conn.write() as db:
             row = self._row(db, execution_id)
             if row.status not in TERMINAL:
-                waiters.register(db, waiters.EXECUTION, execution_id, waiter, now)
+                waiters.register(db, self._sql, waiters.EXECUTION, execution_id, waiter, now)
         return self._as_of(row, now)
 
     def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
@@ -173,7 +176,7 @@ class ExecutionLeases(ExecutionRows):
                 unacked += 1
                 ended_at = row.lease_expires_at
                 db.execute(
-                    HISTORY_CLOSE,
+                    self._sql[HISTORY_CLOSE],
                     (ended_at, DeliveryEnd.SUPERSEDED.value, None, ended_at, row.execution_id, row.token),
                 )
             token = row.token + 1
@@ -181,13 +184,13 @@ class ExecutionLeases(ExecutionRows):
             # A running row is always due (claimed when due; wakes only move due_at earlier),
             # so while the lease lasts its expiry plus the redelivery delay decides.
             ready = max(row.due_at, expires + self._delay(unacked + 1))
-            db.execute(CLAIM, (expires, unacked, ended_at, ready, at, row.execution_id))
+            db.execute(self._sql[CLAIM], (expires, unacked, ended_at, ready, at, row.execution_id))
             opened.append((row.execution_id, token, self._holder, at, expires))
             claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
                                    row.input_json if token == 1 else None))
         for start in range(0, len(opened), HISTORY_OPEN_ROWS):
             rows = opened[start:start + HISTORY_OPEN_ROWS]
-            db.execute(history_open(len(rows)), [value for row in rows for value in row])
+            db.execute(self._sql[history_open(len(rows))], [value for row in rows for value in row])
         return claimed
 
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
@@ -197,10 +200,10 @@ class ExecutionLeases(ExecutionRows):
         with self._conn.write(lock_wait_ms=renewal_lock_wait_ms(duration)) as db:
             now = self._now_locked(given, now)
             expires = now + duration
-            cursor = db.execute(RENEW, (expires, expires, now, lease.execution_id, lease.token))
+            cursor = db.execute(self._sql[RENEW], (expires, expires, now, lease.execution_id, lease.token))
             if cursor.rowcount != 1:
                 return LeaseLost()
-            db.execute(HISTORY_RENEWED, (expires, lease.execution_id, lease.token))
+            db.execute(self._sql[HISTORY_RENEWED], (expires, lease.execution_id, lease.token))
         return Renewed(ExecutionLease(lease.execution_id, lease.token, expires))
 
     def release(self, lease, *, now=None) -> Released | LeaseLost:
@@ -250,7 +253,7 @@ class ExecutionLeases(ExecutionRows):
                 self._history_end(db, now, DeliveryEnd.ACKNOWLEDGED, status, acknowledged)
             ended = ended_executions(checked, replies)
             # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
-            woke = waiters.wake_all(db, waiters.EXECUTION, ended, now, self.wake_in)
+            woke = waiters.wake_all(db, self._sql, waiters.EXECUTION, ended, now, self.wake_in)
             claimed = self._claim_in(db, now, limit, duration) if limit else []
         if limit:
             self._last_claim_found = bool(claimed)
@@ -264,7 +267,7 @@ class ExecutionLeases(ExecutionRows):
         """Acknowledge in the open transaction, fenced as `_end` is; the lease history and the
         waiters are the caller's, for the whole batch at once."""
         sql, params = acknowledgement.statement()
-        if db.execute(sql, params + (now, *acknowledgement.delivery)).rowcount != 1:
+        if db.execute(self._sql[sql], params + (now, *acknowledgement.delivery)).rowcount != 1:
             return LeaseLost()
         return acknowledgement.outcome
 
@@ -280,7 +283,7 @@ class ExecutionLeases(ExecutionRows):
 
         The fence is `sql`'s WHERE clause (current token, delivery not ended): on PostgreSQL the
         UPDATE locks the row, waits for a claim that holds it, and then finds the token moved."""
-        if db.execute(sql, params + (lease.execution_id, lease.token)).rowcount != 1:
+        if db.execute(self._sql[sql], params + (lease.execution_id, lease.token)).rowcount != 1:
             return False
         self._history_end(db, now, how, outcome, [lease])
         return True
@@ -290,14 +293,14 @@ class ExecutionLeases(ExecutionRows):
         """Record in the lease history that the deliveries of `leases` ended `how` at `now`."""
         for start in range(0, len(leases), HISTORY_END_ROWS):
             some = leases[start:start + HISTORY_END_ROWS]
-            db.execute(history_end(len(some)),
+            db.execute(self._sql[history_end(len(some))],
                        (now, how.value, outcome, *(value for lease in some for value in (lease.execution_id, lease.token))))
 
     def next_ready_at(self) -> Optional[int]:
         """The earliest time any execution may be claimed (it may be past), or None if none ever
         will be without a new admission or wake. Running executions count at their lease's
         expiry plus the redelivery delay."""
-        return self._conn.execute(NEXT_READY).fetchone()[0]
+        return self._conn.execute(self._sql[NEXT_READY]).fetchone()[0]
 
     def ended(self, leases, *, now=None) -> list[ExecutionLease]:
         """The leases among `leases` whose delivery has ended: cancelled, acknowledged,
@@ -307,8 +310,14 @@ class ExecutionLeases(ExecutionRows):
         self._now(now)
         current: dict[str, tuple[int, str]] = {}
         with self._conn.read() as db:
-            for start in range(0, len(leases), 500):
-                ids = [lease.execution_id for lease in leases[start:start + 500]]
-                for eid, token, status in db.execute(CURRENT_TOKENS.format(", ".join("?" * len(ids))), ids):
+            for start in range(0, len(leases), CURRENT_TOKENS_IDS):
+                ids = [lease.execution_id for lease in leases[start:start + CURRENT_TOKENS_IDS]]
+                for eid, token, status in db.execute(self._sql[current_tokens(len(ids))], ids):
                     current[eid] = (token, status)
         return [lease for lease in leases if current.get(lease.execution_id) != (lease.token, RUNNING)]
+
+
+@functools.lru_cache(maxsize=64)
+def current_tokens(count: int) -> str:
+    """CURRENT_TOKENS for `count` executions."""
+    return CURRENT_TOKENS.format(ids=", ".join(["$p"] * count))

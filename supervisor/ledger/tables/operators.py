@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from .. import arguments
 from ..connection import Transaction
+from ..dialect import Rendered
 from ..errors import ExecutionConflict
 from ..values import (
     DeliveryEnd,
@@ -43,54 +44,58 @@ PURGE_BATCH = 100
 LIST_PAGE = 500  # rows `list` reads at a time, as a stored status may not be the status as of now
 
 CANCEL = """
-UPDATE executions SET status = 'cancelled', result_json = NULL, error_json = ?, lease_expires_at = NULL,
-    due_at = NULL, ready_at = NULL, wake_during_lease = NULL, updated_at = ?
-WHERE execution_id = ?"""
+UPDATE executions SET status = 'cancelled', result_json = NULL, error_json = $p, lease_expires_at = NULL,
+    due_at = NULL, ready_at = NULL, wake_during_lease = NULL, updated_at = $p
+WHERE execution_id = $p"""
 
 # A resumed execution's token moves up to the current epoch's floor, if a restore or a failover
 # raised the epoch while it was terminal (see `epochs`).
 RESUME = f"""
 UPDATE executions SET status = 'admitted', ever_suspended = 0, result_json = NULL, error_json = NULL,
     lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL, wake_during_lease = NULL,
-    due_at = ?, ready_at = ?, updated_at = ?, token = yieldstar_max(token, {FLOOR})
-WHERE execution_id = ?"""
+    due_at = $p, ready_at = $p, updated_at = $p, token = $yieldstar_max(token, {FLOOR})
+WHERE execution_id = $p"""
 # The step a failed run ended on: the last one written. If it recorded a final error, resume
 # opens it again (done = 0, no retry time), so the replay runs that step once more instead of
 # raising the old error: fix the bug, then resume.
-LAST_STEP = "SELECT rowid, done, step_response_json FROM steps WHERE execution_id = ? ORDER BY rowid DESC LIMIT 1"
-REOPEN_STEP = "UPDATE steps SET done = 0 WHERE rowid = ?"
+LAST_STEP = "SELECT $row_order, done, step_response_json FROM steps WHERE execution_id = $p ORDER BY $row_order DESC LIMIT 1"
+REOPEN_STEP = "UPDATE steps SET done = 0 WHERE $row_order = $p"
 
 # The next batch after (updated_at, rowid), in the index's own order: kept rows are stepped over.
 PURGEABLE = """
-SELECT execution_id, updated_at, rowid FROM executions INDEXED BY executions_by_update
-WHERE status = ? AND updated_at < ? AND (updated_at, rowid) > (?, ?) ORDER BY updated_at, rowid LIMIT ?"""
+SELECT execution_id, updated_at, $row_order FROM executions $by_executions_by_update
+WHERE status = $p AND updated_at < $p AND (updated_at, $row_order) > ($p, $p) ORDER BY updated_at, $row_order LIMIT $p"""
+PURGEABLE_LOCKED = PURGEABLE + SKIP_LOCKED
 PURGE = (
-    "DELETE FROM steps WHERE execution_id = ?",
-    "DELETE FROM lease_history WHERE execution_id = ?",
-    "DELETE FROM store_receipts WHERE execution_id = ?",
-    "DELETE FROM waiters WHERE waiter = ?",
-    "DELETE FROM waiters WHERE kind = 'execution' AND target = ?",
-    "DELETE FROM starts WHERE execution_id = ?",
-    "DELETE FROM executions WHERE execution_id = ?",
+    "DELETE FROM steps WHERE execution_id = $p",
+    "DELETE FROM lease_history WHERE execution_id = $p",
+    "DELETE FROM store_receipts WHERE execution_id = $p",
+    "DELETE FROM waiters WHERE waiter = $p",
+    "DELETE FROM waiters WHERE kind = 'execution' AND target = $p",
+    "DELETE FROM starts WHERE execution_id = $p",
+    "DELETE FROM executions WHERE execution_id = $p",
 )
+# The steps a due time may be for, latest first (`waiting_for`).
+RECENT_STEPS = """
+SELECT step_key, done, step_response_json FROM steps WHERE execution_id = $p ORDER BY $row_order DESC LIMIT 50"""
 # A child execution whose parent is not terminal: the parent may still wait for its outcome.
 AWAITED = """
 SELECT 1 FROM starts s JOIN executions p ON p.execution_id = s.parent
-WHERE s.execution_id = ? AND p.status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1"""
+WHERE s.execution_id = $p AND p.status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1"""
 
 # Stored statuses read as of now: a running row whose lease ran out reads admitted or suspended.
-STATUS_AS_OF = """CASE WHEN status = 'running' AND lease_expires_at <= :now
+STATUS_AS_OF = """CASE WHEN status = 'running' AND lease_expires_at <= $p
     THEN CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END ELSE status END"""
 COUNTS = f"SELECT workflow, {STATUS_AS_OF} AS st, count(*) FROM executions GROUP BY workflow, st"
 UNACKNOWLEDGED = f"""
 SELECT {COLUMNS} FROM executions
 WHERE status NOT IN ('completed', 'failed', 'cancelled')
-    AND (unacknowledged_deliveries > 0 OR (status = 'running' AND lease_expires_at <= :now))"""
+    AND (unacknowledged_deliveries > 0 OR (status = 'running' AND lease_expires_at <= $p))"""
 LIVE = """
 SELECT e.execution_id, e.workflow, e.token, h.holder, h.claimed_at, e.lease_expires_at, h.renewals
-FROM executions e INDEXED BY executions_expiring
+FROM executions e $by_executions_expiring
 JOIN lease_history h ON h.execution_id = e.execution_id AND h.token = e.token
-WHERE e.status = 'running' AND e.lease_expires_at > :now ORDER BY e.lease_expires_at"""
+WHERE e.status = 'running' AND e.lease_expires_at > $p ORDER BY e.lease_expires_at"""
 
 
 class ExecutionOperators(ExecutionRows):
@@ -101,7 +106,7 @@ class ExecutionOperators(ExecutionRows):
         arguments.identifier("execution_id", execution_id)
         now = self._now(now)
         records = []
-        for row in self._conn.execute(HISTORY, (execution_id,)).fetchall():
+        for row in self._conn.execute(self._sql[HISTORY], (execution_id,)).fetchall():
             execution_id_, token, holder, claimed_at, expires_at, renewals, ended_at, ended_by, outcome = row
             if ended_by is None and expires_at <= now:
                 ended_at, ended_by = expires_at, DeliveryEnd.EXPIRED.value
@@ -135,26 +140,26 @@ class ExecutionOperators(ExecutionRows):
                   SUSPENDED: [SUSPENDED, RUNNING]}.get(status, [status])
         where, params = [], []
         if stored is not None:
-            where.append(f"status IN ({', '.join('?' * len(stored))})")
+            where.append(f"status IN ({', '.join(['$p'] * len(stored))})")
             params += stored
         if workflow is not None:
-            where.append("workflow = ?")
+            where.append("workflow = $p")
             params.append(workflow)
         if since is not None:
-            where.append("created_at >= ?")
+            where.append("created_at >= $p")
             params.append(since)
         if until is not None:
-            where.append("created_at < ?")
+            where.append("created_at < $p")
             params.append(until)
         if id_prefix is not None:
-            where.append("substr(execution_id, 1, ?) = ?")
+            where.append("substr(execution_id, 1, $p) = $p")
             params += [len(id_prefix), id_prefix]
         sql = (f"SELECT {COLUMNS} FROM executions" + (f" WHERE {' AND '.join(where)}" if where else "")
-               + " ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?")
+               + " ORDER BY created_at DESC, $row_order DESC LIMIT $p OFFSET $p")
         records, skipped, read = [], 0, 0
         with self._conn.read() as db:  # one snapshot, read a page at a time until enough match
             while limit is None or len(records) < limit:
-                page = db.execute(sql, (*params, LIST_PAGE, read)).fetchall()
+                page = db.execute(self._sql[sql], (*params, LIST_PAGE, read)).fetchall()
                 read += len(page)
                 for found in page:
                     record = self._as_of(Row(found), now)
@@ -190,10 +195,10 @@ class ExecutionOperators(ExecutionRows):
                     ended, how = row.lease_expires_at, DeliveryEnd.EXPIRED
                 else:
                     ended, how = now, DeliveryEnd.CANCELLED
-                db.execute(HISTORY_CLOSE, (ended, how.value, None, row.lease_expires_at, execution_id, row.token))
-            db.execute(CANCEL, (error_json, now, execution_id))
-            db.execute(waiters.FORGET_WAITER, (execution_id,))  # it waits for nothing any more
-            woke = waiters.wake(db, waiters.EXECUTION, execution_id, now, self.wake_in)
+                db.execute(self._sql[HISTORY_CLOSE], (ended, how.value, None, row.lease_expires_at, execution_id, row.token))
+            db.execute(self._sql[CANCEL], (error_json, now, execution_id))
+            db.execute(self._sql[waiters.FORGET_WAITER], (execution_id,))  # it waits for nothing any more
+            woke = waiters.wake(db, self._sql, waiters.EXECUTION, execution_id, now, self.wake_in)
             row = self._row(db, execution_id)
         if woke:
             self._on_due()
@@ -212,11 +217,11 @@ class ExecutionOperators(ExecutionRows):
                 status = self._as_of(row, now).status
                 raise ExecutionConflict(f"execution {execution_id!r} is {status}: only a failed or cancelled execution"
                                         f" can be resumed")
-            db.execute(RESUME, (now, now, self._stamp(row, now), execution_id))
-            last = db.execute(LAST_STEP, (execution_id,)).fetchone()
+            db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), execution_id))
+            last = db.execute(self._sql[LAST_STEP], (execution_id,)).fetchone()
             if last is not None and last[1] and '"error"' in last[2]:
                 if json.loads(last[2]).get("error") is not None:
-                    db.execute(REOPEN_STEP, (last[0],))
+                    db.execute(self._sql[REOPEN_STEP], (last[0],))
             row = self._row(db, execution_id)
         self._on_due()
         return self._as_of(row, now)
@@ -242,14 +247,14 @@ class ExecutionOperators(ExecutionRows):
             after: tuple[int, int] = (-(2 ** 63), -1)
             while True:
                 with (self._conn.read() if dry_run else self._conn.write()) as db:
-                    batch = db.execute(PURGEABLE if dry_run else PURGEABLE + SKIP_LOCKED,
+                    batch = db.execute(self._sql[PURGEABLE if dry_run else PURGEABLE_LOCKED],
                                        (status, before, *after, PURGE_BATCH)).fetchall()
                     for eid, _, _ in batch:
-                        if db.execute(AWAITED, (eid,)).fetchone() is not None:
+                        if db.execute(self._sql[AWAITED], (eid,)).fetchone() is not None:
                             continue
                         if not dry_run:
                             for statement in PURGE:
-                                db.execute(statement, (eid,))
+                                db.execute(self._sql[statement], (eid,))
                         purged += 1
                 if len(batch) < PURGE_BATCH:
                     break
@@ -267,9 +272,9 @@ class ExecutionOperators(ExecutionRows):
             if record.status not in (ADMITTED, SUSPENDED):
                 return []
             reasons = [WaitReason(kind, target, None, detail)
-                       for kind, target, detail in db.execute(waiters.OF_WAITER, (execution_id,)).fetchall()]
+                       for kind, target, detail in db.execute(self._sql[waiters.OF_WAITER], (execution_id,)).fetchall()]
             if record.due_at is not None and record.due_at > now:
-                reasons.append(_timed_reason(db, execution_id, record.due_at))
+                reasons.append(_timed_reason(db, self._sql, execution_id, record.due_at))
             elif record.due_at is None and not reasons:
                 reasons.append(WaitReason("wake"))
             ready = _ready(row, self._delay) if record.due_at is not None else None
@@ -288,14 +293,14 @@ class ExecutionOperators(ExecutionRows):
         by_status = {s.value: 0 for s in ExecutionStatus}
         by_workflow: dict[str, dict[str, int]] = {}
         with self._conn.read() as db:
-            for workflow, status, count in db.execute(COUNTS, {"now": now}).fetchall():
+            for workflow, status, count in db.execute(self._sql[COUNTS], (now,)).fetchall():
                 by_status[status] = by_status.get(status, 0) + count
                 by_workflow.setdefault(workflow, {})[status] = count
             due = self._claimable(db, now, 1)
-            unacked = [self._as_of(Row(found), now) for found in db.execute(UNACKNOWLEDGED, {"now": now}).fetchall()]
+            unacked = [self._as_of(Row(found), now) for found in db.execute(self._sql[UNACKNOWLEDGED], (now,)).fetchall()]
             unacked.sort(key=lambda r: (-r.unacknowledged_deliveries, r.execution_id))
-            live = [LiveLease(*found) for found in db.execute(LIVE, {"now": now}).fetchall()]
-            deliveries = db.execute(DELIVERIES).fetchone()[0]
+            live = [LiveLease(*found) for found in db.execute(self._sql[LIVE], (now,)).fetchall()]
+            deliveries = db.execute(self._sql[DELIVERIES]).fetchone()[0]
         # Workflows and each one's statuses by name, whatever order the backend's grouping gave.
         by_workflow = {workflow: dict(sorted(counts.items())) for workflow, counts in sorted(by_workflow.items())}
         return LedgerStats(now=now, by_status=by_status, by_workflow=by_workflow,
@@ -320,12 +325,10 @@ def _ready(row: Row, delay: Callable[[int], int]) -> Optional[int]:
     return max(row.due_at, row.delivery_ended_at + delay(row.unacknowledged_deliveries))
 
 
-def _timed_reason(db: Transaction, execution_id: str, due_at: int) -> WaitReason:
+def _timed_reason(db: Transaction, sql: Rendered, execution_id: str, due_at: int) -> WaitReason:
     """What a future due time is for: the timer or retry backoff of the step that asked for
     it, or a wake requested from outside."""
-    for key, done, response_json in db.execute(
-            "SELECT step_key, done, step_response_json FROM steps WHERE execution_id = ? ORDER BY rowid DESC LIMIT 50",
-            (execution_id,)):
+    for key, done, response_json in db.execute(sql[RECENT_STEPS], (execution_id,)):
         response = json.loads(response_json)
         if "until" in response and response["until"] == due_at:
             return WaitReason("timer", key, due_at)

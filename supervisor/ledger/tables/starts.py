@@ -14,15 +14,16 @@ from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
 from .execution_rows import INSERT, SELECT_ONE
 
-FIND = "SELECT execution_id FROM starts WHERE start_request_id = ?"
+FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
 RECORD = """
-INSERT INTO starts (start_request_id, execution_id, created_at, parent) VALUES (?, ?, ?, ?)
+INSERT INTO starts (start_request_id, execution_id, created_at, parent) VALUES ($p, $p, $p, $p)
 ON CONFLICT (start_request_id) DO NOTHING"""
 
 
 class StartTable(WorkflowStartClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], on_due: Callable[[], None]):
         self._conn = conn
+        self._sql = conn.dialect.statements
         self._clock = clock
         self._on_due = on_due
 
@@ -36,12 +37,12 @@ class StartTable(WorkflowStartClient):
         with self._conn.write() as db:
             # The receipt first: of two starts with one id, the second waits here for the first
             # to commit (on PostgreSQL), then finds its receipt and starts nothing.
-            if db.execute(RECORD, (start_request_id, start_request_id, now, parent)).rowcount == 0:
-                return db.execute(FIND, (start_request_id,)).fetchone()[0]
+            if db.execute(self._sql[RECORD], (start_request_id, start_request_id, now, parent)).rowcount == 0:
+                return db.execute(self._sql[FIND], (start_request_id,)).fetchone()[0]
             # The target's id is the start-request id: readable, and unique by construction.
-            if db.execute(SELECT_ONE, (start_request_id,)).fetchone() is not None:
+            if db.execute(self._sql[SELECT_ONE], (start_request_id,)).fetchone() is not None:
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
-            db.execute(INSERT, (start_request_id, workflow, input_json, now, now, now, now))
+            db.execute(self._sql[INSERT], (start_request_id, workflow, input_json, now, now, now, now))
         self._on_due()
         return start_request_id

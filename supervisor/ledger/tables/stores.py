@@ -18,42 +18,43 @@ from ..errors import InvalidArgument
 from ..values import StoreReceipt, StoreState
 from . import waiters
 
-GET = "SELECT name, state_json, version FROM stores WHERE name = ?"
+GET = "SELECT name, state_json, version FROM stores WHERE name = $p"
 # Writes lock the store's row first (see `execution_rows.LOCKED`): changes, and a wait that checks the
 # version before it registers, each see the last committed change and none slips in between.
-GET_LOCKED = GET + " /*FOR UPDATE*/"
+GET_LOCKED = GET + " $for_update"
 CREATE = """
-INSERT INTO stores (name, state_json, version, created_at, updated_at) VALUES (?, ?, 1, ?, ?)
+INSERT INTO stores (name, state_json, version, created_at, updated_at) VALUES ($p, $p, 1, $p, $p)
 ON CONFLICT (name) DO NOTHING"""
-UPDATE = "UPDATE stores SET state_json = ?, version = version + 1, updated_at = ? WHERE name = ?"
+UPDATE = "UPDATE stores SET state_json = $p, version = version + 1, updated_at = $p WHERE name = $p"
 LIST = "SELECT name, state_json, version FROM stores ORDER BY name"
-RECEIPT = "SELECT result_json FROM store_receipts WHERE store = ? AND execution_id = ? AND step_key = ?"
+RECEIPT = "SELECT result_json FROM store_receipts WHERE store = $p AND execution_id = $p AND step_key = $p"
 RECORD = """
-INSERT INTO store_receipts (store, execution_id, step_key, result_json, created_at) VALUES (?, ?, ?, ?, ?)"""
+INSERT INTO store_receipts (store, execution_id, step_key, result_json, created_at) VALUES ($p, $p, $p, $p, $p)"""
 
 
 class StoreTable(StoreClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
         self._conn = conn
+        self._sql = conn.dialect.statements
         self._clock = clock
         self._executions = executions
         self._on_due = on_due
 
     def get(self, name) -> Optional[StoreState]:
         arguments.identifier("store name", name)
-        row = self._conn.execute(GET, (name,)).fetchone()
+        row = self._conn.execute(self._sql[GET], (name,)).fetchone()
         return None if row is None else StoreState(*row)
 
     def list(self) -> list[StoreState]:
-        return [StoreState(*row) for row in self._conn.execute(LIST).fetchall()]
+        return [StoreState(*row) for row in self._conn.execute(self._sql[LIST]).fetchall()]
 
     def get_or_create(self, name, initial_json) -> StoreState:
         arguments.identifier("store name", name)
         arguments.json_text("initial_json", initial_json)
         now = self._clock()
         with self._conn.write() as db:
-            db.execute(CREATE, (name, initial_json, now, now))
-            return StoreState(*db.execute(GET, (name,)).fetchone())
+            db.execute(self._sql[CREATE], (name, initial_json, now, now))
+            return StoreState(*db.execute(self._sql[GET], (name,)).fetchone())
 
     def change(self, name, *, execution_id, step_key, change: Callable[[Any], tuple[Any, Any]]
                ) -> Optional[StoreReceipt]:
@@ -62,8 +63,8 @@ class StoreTable(StoreClient):
         arguments.identifier("step_key", step_key)
         now = self._clock()
         with self._conn.write() as db:
-            row = db.execute(GET_LOCKED, (name,)).fetchone()
-            recorded = db.execute(RECEIPT, (name, execution_id, step_key)).fetchone()
+            row = db.execute(self._sql[GET_LOCKED], (name,)).fetchone()
+            recorded = db.execute(self._sql[RECEIPT], (name, execution_id, step_key)).fetchone()
             if recorded is not None:
                 return StoreReceipt(name, execution_id, step_key, recorded[0], applied=False)
             if row is None:
@@ -74,9 +75,9 @@ class StoreTable(StoreClient):
                 return None
             state_json = arguments.to_json(f"the new state of store {name!r}", new_state)
             result_json = arguments.to_json(f"the result of the change to store {name!r}", result)
-            db.execute(UPDATE, (state_json, now, name))
-            db.execute(RECORD, (name, execution_id, step_key, result_json, now))
-            woke = waiters.wake(db, waiters.STORE, name, now, self._executions.wake_in)
+            db.execute(self._sql[UPDATE], (state_json, now, name))
+            db.execute(self._sql[RECORD], (name, execution_id, step_key, result_json, now))
+            woke = waiters.wake(db, self._sql, waiters.STORE, name, now, self._executions.wake_in)
         if woke:
             self._on_due()
         return StoreReceipt(name, execution_id, step_key, result_json, applied=True)
@@ -96,11 +97,11 @@ class StoreTable(StoreClient):
     def _outside(self, name: str, initial_json: str, change: Callable[[Any], Any]) -> StoreState:
         now = self._clock()
         with self._conn.write() as db:
-            db.execute(CREATE, (name, initial_json, now, now))
-            row = db.execute(GET_LOCKED, (name,)).fetchone()
-            db.execute(UPDATE, (arguments.to_json("state", change(json.loads(row[1]))), now, name))
-            woke = waiters.wake(db, waiters.STORE, name, now, self._executions.wake_in)
-            state = StoreState(*db.execute(GET, (name,)).fetchone())
+            db.execute(self._sql[CREATE], (name, initial_json, now, now))
+            row = db.execute(self._sql[GET_LOCKED], (name,)).fetchone()
+            db.execute(self._sql[UPDATE], (arguments.to_json("state", change(json.loads(row[1]))), now, name))
+            woke = waiters.wake(db, self._sql, waiters.STORE, name, now, self._executions.wake_in)
+            state = StoreState(*db.execute(self._sql[GET], (name,)).fetchone())
         if woke:
             self._on_due()
         return state
@@ -114,10 +115,10 @@ class StoreTable(StoreClient):
         if match_json is not None:
             arguments.json_text("match_json", match_json)
         with self._conn.write() as db:
-            row = db.execute(GET_LOCKED, (name,)).fetchone()
+            row = db.execute(self._sql[GET_LOCKED], (name,)).fetchone()
             if row is not None and row[2] > seen_version:
                 return True
-            waiters.register(db, waiters.STORE, name, execution_id, self._clock(), match_json)
+            waiters.register(db, self._sql, waiters.STORE, name, execution_id, self._clock(), match_json)
         return False
 
 
