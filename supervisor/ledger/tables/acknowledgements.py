@@ -52,10 +52,10 @@ class Acknowledgement:
             return cls(lease, outcome, outcome.status)
         if isinstance(outcome, Completed):
             arguments.json_text("outcome.result_json", outcome.result_json)
-            return cls(lease, outcome, outcome.status, result_json=outcome.result_json)
+            return cls(lease, outcome, outcome.status, outcome.result_json, None)
         if isinstance(outcome, Failed):
             arguments.json_text("outcome.error_json", outcome.error_json)
-            return cls(lease, outcome, outcome.status, error_json=outcome.error_json)
+            return cls(lease, outcome, outcome.status, None, outcome.error_json)
         raise arguments.InvalidArgument(
             f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"
         )
@@ -70,12 +70,13 @@ class Acknowledgement:
         """Whether it ends the execution (completed or failed), not only the delivery."""
         return not isinstance(self.outcome, Suspended)
 
-    def statement(self) -> tuple[str, tuple]:
-        """The fenced statement that stores it, and its parameters before the time and the
-        delivery's (execution_id, token)."""
-        if self.terminal:
-            return ACKNOWLEDGE_TERMINAL, (self.status, self.result_json, self.error_json)
-        return ACKNOWLEDGE_SUSPENDED, ()
+    def statement(self, now: int) -> tuple[str, tuple]:
+        """The fenced statement that stores it at `now` (a template), and its parameters."""
+        lease = self.lease
+        if isinstance(self.outcome, Suspended):
+            return ACKNOWLEDGE_SUSPENDED, (now, lease.execution_id, lease.token)
+        return ACKNOWLEDGE_TERMINAL, (self.status, self.result_json, self.error_json, now, lease.execution_id,
+                                      lease.token)
 
 
 def ended_executions(acknowledgements: Sequence[Acknowledgement], replies: Sequence[object]) -> list[str]:

@@ -266,8 +266,8 @@ class ExecutionLeases(ExecutionRows):
     def _acknowledge_in(self, db: Transaction, acknowledgement: Acknowledgement, now: int) -> Outcome | LeaseLost:
         """Acknowledge in the open transaction, fenced as `_end` is; the lease history and the
         waiters are the caller's, for the whole batch at once."""
-        sql, params = acknowledgement.statement()
-        if db.execute(self._sql[sql], params + (now, *acknowledgement.delivery)).rowcount != 1:
+        sql, params = acknowledgement.statement(now)
+        if db.execute(self._sql[sql], params).rowcount != 1:
             return LeaseLost()
         return acknowledgement.outcome
 
