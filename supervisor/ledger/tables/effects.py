@@ -1,4 +1,4 @@
-"""Effects on SQLite (RFC 004): every statement for the `effects` table.
+"""Effects (RFC 004): every statement for the `effects` table.
 
 An effect is an external operation that must not repeat. Its id is handed to the external
 system as the idempotency key; `settle` keeps the first result, and a different later result is

@@ -1,4 +1,4 @@
-"""Recorded step responses on SQLite: every statement for the `steps` table."""
+"""Recorded step responses: every statement for the `steps` table, as templates for both backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workflow starts on SQLite (RFC 003): every statement for the `starts` table.
+"""Workflow starts (RFC 003): every statement for the `starts` table.
 
 A start is idempotent by receipt: the start-request id maps to the first target for good, so a
 replay, or a stale holder, that starts again gets the same execution and starts nothing.

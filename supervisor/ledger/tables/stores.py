@@ -1,4 +1,4 @@
-"""Named durable JSON stores on SQLite (RFC 005): every statement for `stores` and `store_receipts`.
+"""Named durable JSON stores (RFC 005): every statement for `stores` and `store_receipts`.
 
 A change made by a workflow commits atomically with a receipt keyed by (store, execution, step
 key): whichever holder commits first applies the change once, and every holder, stale or
