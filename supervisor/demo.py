@@ -34,6 +34,7 @@ import psutil
 from worker.demo_shop import PaymentProvider
 
 from .ledger.backends import open_backend
+from .ledger.errors import YieldstarError
 
 LEASE_MS = 1500
 RENEW_MS = 400
@@ -111,7 +112,7 @@ class Stage:
             process.wait()
 
 
-class DemoFailed(Exception):
+class DemoFailed(YieldstarError):
     """Raised when an act could not be played out (a step never happened in time)."""
 
 

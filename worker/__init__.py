@@ -15,11 +15,13 @@ for their results, and the child processes' replay driver, fenced writes and par
         receipt = client.start(order, {"order_id": 42}, id="order-42").result(timeout=30)
 """
 
-from .client import AsyncClient, AsyncHandle, Client, Handle, WorkflowCancelled, WorkflowFailed
+from supervisor.ledger.errors import AppNotFound, StepFailed, WorkflowCancelled, WorkflowFailed
+
+from .client import AsyncClient, AsyncHandle, Client, Handle
 from .context import WorkflowContext
 from .driver import run_delivery
-from .registry import AppNotFound, Registry, default_registry, load_app, workflow
-from .retry import RetryableError, RetryPolicy, StepFailed
+from .registry import Registry, default_registry, load_app, workflow
+from .retry import RetryableError, RetryPolicy
 from .unwinding import ReplayDiverged
 
 __all__ = [

@@ -35,7 +35,13 @@ from typing import Any, Optional
 
 from supervisor import open_backend
 from supervisor.ledger import arguments
-from supervisor.ledger.errors import InvalidArgument, UnknownExecution, YieldstarError
+from supervisor.ledger.errors import (
+    InvalidArgument,
+    UnknownExecution,
+    WorkflowCancelled,
+    WorkflowFailed,
+    YieldstarError,
+)
 from supervisor.ledger.values import EffectState, ExecutionRecord, SettleConflict
 
 from .registry import Registry
@@ -45,25 +51,6 @@ POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement
 
 log = logging.getLogger("yieldstar.client")
 _told_polling = False  # this process has logged that a client of it cannot listen
-
-
-class WorkflowFailed(YieldstarError):
-    """`result()` of an execution that failed. `error` is its recorded error: a dict with
-    `type`, `message` and `traceback` (the workflow's own, as a string, or None)."""
-
-    def __init__(self, execution_id: str, error: dict):
-        self.execution_id = execution_id
-        self.error = error
-        super().__init__(f"execution {execution_id!r} failed: {error.get('type')}: {error.get('message')}")
-
-
-class WorkflowCancelled(YieldstarError):
-    """`result()` of an execution that was cancelled; `reason` is the one given, or None."""
-
-    def __init__(self, execution_id: str, reason: Optional[str]):
-        self.execution_id = execution_id
-        self.reason = reason
-        super().__init__(f"execution {execution_id!r} was cancelled" + (f": {reason}" if reason else ""))
 
 
 def outcome_of(record: ExecutionRecord) -> Any:

@@ -10,13 +10,9 @@ import traceback
 from typing import Any, Callable, Optional
 
 from supervisor.ledger.arguments import identifier
-from supervisor.ledger.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.errors import AppNotFound, InvalidArgument, YieldstarError
 
 WorkflowFunction = Callable[[Any, Any], Any]
-
-
-class AppNotFound(YieldstarError):
-    """Raised when an APP module name or .py path cannot be imported."""
 
 
 class Registry:

@@ -1,4 +1,7 @@
-"""Step retries: the policy, the error that asks for a retry, and the error of an exhausted step."""
+"""Step retries: the policy, and the error a step raises to ask for a retry.
+
+A step that failed for good is raised into its workflow as `StepFailed` (`supervisor.ledger.errors`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from supervisor.ledger.arguments import finite
-from supervisor.ledger.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -44,20 +47,3 @@ class RetryableError(Exception):
         super().__init__(message)
         self.policy = RetryPolicy(maximum_attempts=max_attempts, initial_interval=interval,
                                   backoff_coefficient=backoff, maximum_interval=max(interval, 300.0))
-
-
-class StepFailed(YieldstarError):
-    """Raised into a workflow when a step failed for good (not retryable, or retries exhausted).
-
-    `error_type` and `error_message` are those of the step's last error; `attempts` how many
-    attempts were made.
-    """
-
-    def __init__(self, step_key: str, error_type: str, error_message: str, attempts: int,
-                 traceback: Optional[str] = None):
-        super().__init__(f"step {step_key!r} failed after {attempts} attempt(s): {error_type}: {error_message}")
-        self.step_key = step_key
-        self.error_type = error_type
-        self.error_message = error_message
-        self.attempts = attempts
-        self.traceback = traceback

@@ -19,7 +19,7 @@ import tempfile
 from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
-from supervisor.ledger.errors import TRANSIENT_KINDS, YieldstarError
+from supervisor.ledger.errors import TRANSIENT_KINDS, WorkflowStuck
 
 from .driver import run_delivery
 from .registry import Registry
@@ -36,11 +36,6 @@ class FakeClock:
 
     def advance(self, ms: int) -> None:
         self.now += ms
-
-
-class WorkflowStuck(YieldstarError):
-    """Raised when an in-process run can make no progress: the execution waits for nothing due,
-    or the ledger is unusable."""
 
 
 def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execution_id: str = "test-execution",
