@@ -571,6 +571,17 @@ def test_run_workflow_reports_a_failed_workflow_as_a_failed_record():
     assert json.loads(record.error_json)["type"] == "StepFailed"
 
 
+def test_run_workflow_returns_a_cancelled_record_as_terminal(tmp_path):
+    clock = FakeClock()
+    with open_backend(tmp_path / "ledger.db", clock=clock, redelivery_delay=lambda n: 1) as backend:
+        backend.executions.admit("test-execution", "forever", "null")
+        backend.executions.cancel("test-execution", reason="no longer wanted")
+        record = run_workflow(sample.registry, "forever", backend=backend, clock=clock, max_deliveries=20)
+
+    assert record.status == "cancelled"
+    assert json.loads(record.error_json)["message"] == "no longer wanted"
+
+
 def test_run_workflow_raises_workflow_stuck_for_a_workflow_that_never_ends():
     with pytest.raises(WorkflowStuck, match="not terminal after 20 deliveries"):
         run_workflow(sample.registry, "forever", max_deliveries=20)

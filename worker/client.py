@@ -42,11 +42,10 @@ from supervisor.ledger.errors import (
     WorkflowFailed,
     YieldstarError,
 )
-from supervisor.ledger.values import EffectState, ExecutionRecord, SettleConflict
+from supervisor.ledger.values import TERMINAL_STATUSES, EffectState, ExecutionRecord, ExecutionStatus, SettleConflict
 
 from .registry import Registry
 
-TERMINAL = frozenset(("completed", "failed", "cancelled"))
 POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement it missed
 
 log = logging.getLogger("yieldstar.client")
@@ -55,10 +54,10 @@ _told_polling = False  # this process has logged that a client of it cannot list
 
 def outcome_of(record: ExecutionRecord) -> Any:
     """The decoded result of a terminal execution, or the exception its outcome raises."""
-    if record.status == "completed":
+    if record.status == ExecutionStatus.COMPLETED:
         return json.loads(record.result_json)
     error = json.loads(record.error_json) if record.error_json else {}
-    if record.status == "cancelled":
+    if record.status == ExecutionStatus.CANCELLED:
         raise WorkflowCancelled(record.execution_id, error.get("message"))
     raise WorkflowFailed(record.execution_id, error)
 
@@ -154,7 +153,7 @@ class OutcomeWatch:
                 record = self._backend.executions.get(execution_id)
             except YieldstarError:
                 continue  # a busy or failing ledger: the next announcement or poll tries again
-            if record is not None and record.status not in TERMINAL:
+            if record is not None and record.status not in TERMINAL_STATUSES:
                 continue
             with self._lock:
                 notify = list(self._waiters.pop(execution_id, {}).values())
@@ -277,7 +276,7 @@ class Handle:
         key = watch.add(self.execution_id, notify)
         try:
             record = self.record()  # after registering: an outcome from before is seen here
-            if record.status not in TERMINAL:
+            if record.status not in TERMINAL_STATUSES:
                 if not done.wait(timeout):
                     raise _timed_out(self.execution_id, self._client.backend.executions.get(self.execution_id),
                                      timeout)
@@ -372,7 +371,7 @@ class AsyncHandle:
         key = watch.add(self.execution_id, lambda record: loop.call_soon_threadsafe(settle, record))
         try:
             record = await self.record()
-            if record.status not in TERMINAL:
+            if record.status not in TERMINAL_STATUSES:
                 try:
                     record = _found(self.execution_id, await asyncio.wait_for(found, timeout))
                 except asyncio.TimeoutError:

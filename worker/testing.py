@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
 from supervisor.ledger.errors import TRANSIENT_KINDS, WorkflowStuck
+from supervisor.ledger.values import TERMINAL_STATUSES
 
 from .driver import run_delivery
 from .registry import Registry
@@ -57,7 +58,7 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
     retried = ""
     for _ in range(max_deliveries):
         record = backend.executions.get(execution_id)
-        if record.status in ("completed", "failed"):
+        if record.status in TERMINAL_STATUSES:
             return record
         leases = backend.executions.claim_due(limit=1, duration=lease_ms)
         if not leases:

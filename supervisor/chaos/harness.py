@@ -74,6 +74,7 @@ from worker.registry import check_app_name, is_app_path
 
 from ..ledger.backends import is_uri, open_backend, shown
 from ..ledger.errors import InvalidArgument, YieldstarError
+from ..ledger.values import OUTCOME_STATUSES
 from . import faults
 from .capabilities import BACKEND_NAMES, applicable_kinds, kinds_not_offered
 from .checker import check
@@ -482,7 +483,7 @@ class ChaosRun(HostFaults):
             self._tend()
             s = self.statuses()
             self.show_progress(admitter.admitted)
-            if sum(s.values()) and sum(n for st, n in s.items() if st not in ("completed", "failed")) == 0:
+            if sum(s.values()) and sum(n for st, n in s.items() if st not in OUTCOME_STATUSES) == 0:
                 return True
             time.sleep(0.25)
         return False

@@ -20,10 +20,19 @@ class ExecutionStatus(str, enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+        return self in TERMINAL_STATUSES
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The statuses an execution ends in (and may be purged in), in the order operators read them.
+#: Plain strings, so they compare with a record's status and serve as click choices as they are.
+TERMINAL_STATUSES: tuple[str, ...] = tuple(
+    s.value for s in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED))
+
+#: The terminal statuses a workflow's own delivery acknowledges; `cancelled` is an operator's.
+OUTCOME_STATUSES: tuple[str, ...] = (ExecutionStatus.COMPLETED.value, ExecutionStatus.FAILED.value)
 
 
 class DeliveryEnd(str, enum.Enum):
