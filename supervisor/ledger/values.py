@@ -70,12 +70,21 @@ class Claimed:
     input_json: Optional[str] = None
 
 
+def _member(enum_type, value):
+    """`value` as a member of the `str` Enum `enum_type` (which compares equal to the plain
+    string); a value the Enum does not know is kept as it is, so that reading never fails on it."""
+    return enum_type._value2member_map_.get(value, value)
+
+
 @dataclass(frozen=True)
 class ExecutionRecord:
+    """One execution as the ledger holds it (SPEC section 3); `status` is an `ExecutionStatus`,
+    equal to its plain string ("completed" == ExecutionStatus.COMPLETED)."""
+
     execution_id: str
     workflow: str
     input_json: str
-    status: str
+    status: ExecutionStatus
     token: int
     due_at: Optional[int]
     lease_expires_at: Optional[int]
@@ -84,6 +93,9 @@ class ExecutionRecord:
     error_json: Optional[str]
     created_at: int
     updated_at: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _member(ExecutionStatus, self.status))
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,8 @@ class LeaseRecord:
     """One delivery of an execution, from the lease history.
 
     `ended_by` is None while the lease is live. An expired lease reads `expired` until a later
-    claim supersedes it; either way `ended_at` is the lease's last expiry.
+    claim supersedes it; either way `ended_at` is the lease's last expiry. `outcome` is the
+    status an acknowledgement recorded (`suspended`, `completed`, `failed`), else None.
     """
 
     execution_id: str
@@ -111,8 +124,12 @@ class LeaseRecord:
     expires_at: int
     renewals: int
     ended_at: Optional[int]
-    ended_by: Optional[str]
-    outcome: Optional[str]
+    ended_by: Optional[DeliveryEnd]
+    outcome: Optional[ExecutionStatus]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ended_by", _member(DeliveryEnd, self.ended_by))
+        object.__setattr__(self, "outcome", _member(ExecutionStatus, self.outcome))
 
 
 @dataclass(frozen=True)
