@@ -5,7 +5,7 @@ It trusts nothing the supervisors think; it reads only
 - the ledger (`executions`, `lease_history`, `steps`, `effects`, `stores`, `store_receipts`,
   `starts`), read-only and from one snapshot, a SQLite file or a PostgreSQL database alike
   (`ledger_reads`: the same statements on both);
-- the step log and the external system's log that `worker.chaos_app` leaves in the work folder;
+- the step log and the external system's log that `worker.apps.chaos` leaves in the work folder;
 - the supervisors' logs (to count stale writes that were refused, and to know which deliveries
   their workers and they gave up on for want of heartbeats);
 - the harness's samples of how long each supervisor and worker waited for a CPU (`cpu_waits`),
@@ -70,7 +70,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from worker.chaos_app import digest
+from worker.apps.chaos import digest
 
 from ..ledger.errors import YieldstarError
 from ..ledger.values import OUTCOME_STATUSES

@@ -2,7 +2,7 @@
 
     harness (this process)                       supervisors, each its own process group
     +------------------------------------+      +----------------------------------------+
-    | admitter thread: admits the seeded |      | yieldstar supervise worker.chaos_app   |
+    | admitter thread: admits the seeded |      | yieldstar supervise worker.apps.chaos   |
     |   workload over the fault phase    |      |   +- worker  +- worker  +- worker ...  |
     | main loop, every 50 ms:            |      +----------------------------------------+
     |   tail steps.log: who is in a step |  SIGKILL / SIGSTOP / SIGCONT / SIGTERM, by pid
@@ -69,7 +69,7 @@ from typing import Callable, Optional
 
 import psutil
 
-from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
+from worker.apps.chaos import COUNTER, MAILBOX, STEP_LOG
 from worker.registry import check_app_name, is_app_path
 
 from ..ledger.backends import is_uri, open_backend, shown
