@@ -214,7 +214,7 @@ def test_a_spurious_wake_before_the_retry_time_does_not_run_the_step_early(backe
 
 
 def test_retry_policy_backs_off_then_raises_step_failed_into_the_workflow(backend, clock):
-    policy = {"maximum_attempts": 4, "initial_interval": 1, "backoff_coefficient": 3, "maximum_interval": 5}
+    policy = {"max_attempts": 4, "interval": 1, "backoff": 3, "max_interval": 5}
     admit(backend, "retry_policy", {"policy": policy, "catch": True})
 
     wakes = []
@@ -558,7 +558,7 @@ def test_run_workflow_completes_with_timers_and_retries_on_a_fake_clock(tmp_path
 
 
 def test_run_workflow_on_its_own_temporary_ledger():
-    record = run_workflow(sample.registry, "retry_policy", {"policy": {"maximum_attempts": 3}, "catch": True})
+    record = run_workflow(sample.registry, "retry_policy", {"policy": {"max_attempts": 3}, "catch": True})
 
     assert record.status == "completed"
     assert json.loads(record.result_json)["attempts"] == 3

@@ -268,7 +268,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         if isinstance(exc, RetryableError):
             policy = exc.policy
         info = error_info(exc)
-        if policy is not None and attempt < policy.maximum_attempts:
+        if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
             record = self._write(key, attempt, False, {"error": info, "retry_at": retry_at})
         else:
