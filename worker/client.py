@@ -31,7 +31,7 @@ import select
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, Union, cast
 
 from supervisor import open_backend
 from supervisor.ledger import arguments
@@ -46,6 +46,8 @@ from supervisor.ledger.values import TERMINAL_STATUSES, EffectState, ExecutionRe
 
 from .registry import Registry
 
+#: A ledger: a SQLite path (created when missing) or a postgresql:// URI, as `open_backend` takes.
+Target = Union[str, "os.PathLike[str]"]
 POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement it missed
 
 log = logging.getLogger("yieldstar.client")
@@ -55,7 +57,7 @@ _told_polling = False  # this process has logged that a client of it cannot list
 def outcome_of(record: ExecutionRecord) -> Any:
     """The decoded result of a terminal execution, or the exception its outcome raises."""
     if record.status == ExecutionStatus.COMPLETED:
-        return json.loads(record.result_json)
+        return json.loads(cast(str, record.result_json))  # a completed execution has a result
     error = json.loads(record.error_json) if record.error_json else {}
     if record.status == ExecutionStatus.CANCELLED:
         raise WorkflowCancelled(record.execution_id, error.get("message"))
@@ -81,7 +83,7 @@ class OutcomeWatch:
     caller reads the record itself after registering, so an outcome committed before
     registration is not missed either."""
 
-    def __init__(self, backend, poll_s: float = POLL_S, listen: bool = True):
+    def __init__(self, backend: Any, poll_s: float = POLL_S, listen: bool = True):
         self._backend = backend
         self._poll_s = poll_s
         self._listener = None  # without one, the slow poll alone finds outcomes
@@ -173,7 +175,7 @@ def _polling(exc: OSError, poll_s: float) -> None:
 class _Base:
     """What `Client` and `AsyncClient` share: the backend, the registry check, the watch."""
 
-    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
+    def __init__(self, target: Target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
         if registry is not None and not isinstance(registry, Registry):
             raise InvalidArgument(f"registry must be a worker.Registry, not {type(registry).__name__}")
         if not (arguments.finite(poll_s) and poll_s > 0):
@@ -238,7 +240,7 @@ def _found(execution_id: str, record: Optional[ExecutionRecord]) -> ExecutionRec
     return record
 
 
-def _timed_out(execution_id: str, record: Optional[ExecutionRecord], timeout: float) -> TimeoutError:
+def _timed_out(execution_id: str, record: Optional[ExecutionRecord], timeout: Optional[float]) -> TimeoutError:
     status = record.status if record is not None else "unknown"
     return TimeoutError(f"execution {execution_id!r} was not finished within {timeout} s (it is {status})")
 
@@ -335,7 +337,7 @@ class Client(_Base):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -395,14 +397,14 @@ class AsyncClient(_Base):
     Its ledger calls run on one thread of its own, so a database that is slow or busy never
     blocks the event loop; waiting for results costs no thread per waiter."""
 
-    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
+    def __init__(self, target: Target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
         super().__init__(target, registry=registry, poll_s=poll_s, listen=listen)
         # Imported here, as asyncio is below: a worker imports this module too, and has no use for it.
         import concurrent.futures
 
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yieldstar-client")
 
-    async def _call(self, fn: Callable, *args, **kwargs) -> Any:
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         # Imported here, where it is loaded already (this runs in its event loop): a worker
         # imports this module too, and asyncio would add about 40 ms to its start.
         import asyncio
@@ -432,5 +434,5 @@ class AsyncClient(_Base):
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
 from supervisor.ledger.errors import TRANSIENT_KINDS, WorkflowStuck
-from supervisor.ledger.values import TERMINAL_STATUSES
+from supervisor.ledger.values import TERMINAL_STATUSES, ExecutionRecord
 
 from .driver import run_delivery
 from .registry import Registry
@@ -40,8 +40,8 @@ class FakeClock:
 
 
 def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execution_id: str = "test-execution",
-                 backend=None, clock: Optional[FakeClock] = None, max_deliveries: int = 1000,
-                 lease_ms: int = 30_000):
+                 backend: Any = None, clock: Optional[FakeClock] = None, max_deliveries: int = 1000,
+                 lease_ms: int = 30_000) -> ExecutionRecord:
     """Admit `workflow` with `input` and deliver it until it is terminal; return its record.
 
     With no `backend`, a temporary SQLite file is used and removed afterwards. Deliveries that

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 
 class ExecutionStatus(str, enum.Enum):
@@ -70,7 +70,7 @@ class Claimed:
     input_json: Optional[str] = None
 
 
-def _member(enum_type, value):
+def _member(enum_type: type[enum.Enum], value: Any) -> Any:
     """`value` as a member of the `str` Enum `enum_type` (which compares equal to the plain
     string); a value the Enum does not know is kept as it is, so that reading never fails on it."""
     return enum_type._value2member_map_.get(value, value)
