@@ -26,6 +26,7 @@ from supervisor.ledger.errors import (
     ExecutionConflict,
     InvalidArgument,
     StepFailed,
+    UnknownEffect,
     UnknownExecution,
     WorkflowCancelled,
     WorkflowError,
@@ -50,6 +51,6 @@ __all__ = [
     # the client, and the values its calls return
     "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
     # the errors users catch
-    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect",
     "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "ReplayDiverged", "AppNotFound",
 ]

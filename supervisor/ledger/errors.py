@@ -4,6 +4,7 @@
     +-- InvalidArgument (a ValueError)  bad input; nothing was written
     |   +-- ExecutionConflict           an id admitted again with another workflow or input
     |   +-- UnknownExecution            no execution has that id
+    |   +-- UnknownEffect               a settle of an effect no execution has begun
     +-- WorkflowError                   a workflow or step ended without the value asked for
     |   +-- WorkflowFailed              `result()` of a failed execution
     |   +-- WorkflowCancelled           `result()` of a cancelled execution
@@ -63,6 +64,10 @@ class ExecutionConflict(InvalidArgument):
 
 class UnknownExecution(InvalidArgument):
     """Raised when an operation names an execution that was never admitted."""
+
+
+class UnknownEffect(InvalidArgument):
+    """Raised when an effect no execution has begun is settled without asking to create it."""
 
 
 class WorkflowError(YieldstarError):
