@@ -16,8 +16,9 @@
     +-- StorageError                    the ledger's storage failed a call (below)
 
 Both sides import them from here: the supervisor, and the `worker` package, whose public
-surface re-exports the ones users catch. An error private to one module (the chaos harness's,
-the child pool's) is defined beside its raiser and still derives from `YieldstarError`. The
+surface re-exports the ones users catch. An error of one part of the supervisor is defined beside
+its raiser and still derives from `YieldstarError` (the chaos harness's `ChaosInterrupted`, the
+child pool's `AppLoadFailed`, which belongs under `AppError` when the pool is next reworked). The
 exceptions that unwind a workflow in a child (`worker.unwinding`) derive from `BaseException`
 instead, so a workflow's own `except Exception` cannot swallow them.
 
