@@ -131,7 +131,7 @@ def workflow_rate(cluster: Cluster, n: int, supervisors: int = 1) -> tuple[float
     with open_backend(uri) as backend:
         for i in range(n):
             backend.executions.admit(f"w{i}", "noop3")
-    command = [sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.bench_app", "--concurrency",
+    command = [sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.apps.bench", "--concurrency",
                "4", "--until-idle", "--quiet"]
     meter = CpuMeter(cluster, uri, n)
     with tempfile.TemporaryFile("w+") as errors:  # a pipe nobody reads could fill and stop a supervisor

@@ -44,7 +44,7 @@ from benchlib import cpu_seconds, own_cpu_seconds, percentile, raw_commit_rate, 
 from supervisor import open_backend  # noqa: E402
 from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
 
-APP = "worker.bench_app"
+APP = "worker.apps.bench"
 
 
 def admitted(folder: str, name: str, n: int, workflow: str = "noop3") -> str:

@@ -34,7 +34,7 @@ from supervisor.chaos.capabilities import applicable_kinds
 from supervisor.chaos.workload import plan_workload
 from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
-from worker.chaos_app import COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
+from worker.apps.chaos import COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500
 
@@ -603,7 +603,7 @@ def test_a_disk_full_burst_fails_ledger_writes_until_it_ends(tmp_path):
 def test_a_slow_start_logs_the_import_of_the_app(tmp_path):
     log = tmp_path / "imports.log"
     env = dict(os.environ, **{IMPORT_DELAY_ENV: "300", IMPORT_LOG_ENV: str(log)})
-    child = subprocess.run([sys.executable, "-c", "import worker.chaos_app"], env=env, timeout=60)
+    child = subprocess.run([sys.executable, "-c", "import worker.apps.chaos"], env=env, timeout=60)
     assert child.returncode == 0
     (importing, pid, began), (imported, same_pid, ended) = [line.split() for line in log.read_text().splitlines()]
     assert (importing, imported) == ("importing", "imported") and pid == same_pid

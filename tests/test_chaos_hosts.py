@@ -33,7 +33,7 @@ from supervisor.cli import EXIT_INTERRUPTED
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.ledger.postgres import hosts as multihost
 from test_chaos import Ledger, fault, sound_history
-from worker.chaos_app import digest
+from worker.apps.chaos import digest
 
 HOST_KINDS = ("partition", "frozen_host", "server_restart")
 

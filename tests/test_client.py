@@ -16,7 +16,7 @@ import pytest
 
 from faults import TESTS, cli, dump_on_hang, ledger, query, supervisors, wait_until
 from supervisor import ExecutionConflict, open_backend
-from supervisor.ledger.errors import UnknownExecution
+from supervisor.ledger.errors import NoLedger, UnknownEffect, UnknownExecution
 from supervisor.ledger.sqlite.nudge import outcomes_dir
 from supervisor.ledger.values import SettleConflict
 from worker import AsyncClient, Client, Registry, WorkflowCancelled, WorkflowFailed
@@ -329,6 +329,26 @@ def test_settle_and_put_for_outside_systems(db):
         assert client.put("mailbox", {"n": 2}) == [{"n": 1}, {"n": 2}]
     with open_backend(db) as backend:
         assert json.loads(backend.stores.get("mailbox").state_json) == [{"n": 1}, {"n": 2}]
+
+
+@pytest.mark.timeout(30)
+def test_start_json_and_settle_json_record_the_text_as_given(db):
+    with Client(db) as client:
+        handle = client.start_json("cl.echo", '{"b":  1, "a": [2]}', id="as-given")
+        assert client.start_json("cl.echo", '{"a": [2], "b": 1}', id="as-given").execution_id == "as-given"
+        with pytest.raises(ExecutionConflict):
+            client.start_json("cl.echo", '{"a": [3]}', id="as-given")
+        with pytest.raises(UnknownEffect, match="pass create=True"):
+            client.settle_json("payment-2", '{"paid":  true}')
+        state = client.settle_json("payment-2", '{"paid":  true}', create=True)
+        assert handle.record().input_json == '{"b":  1, "a": [2]}' and state.result_json == '{"paid":  true}'
+
+
+@pytest.mark.timeout(30)
+def test_a_client_asked_not_to_create_finds_no_ledger_and_creates_none(tmp_path):
+    with pytest.raises(NoLedger):
+        Client(tmp_path / "ledger.db", create=False)
+    assert not (tmp_path / "ledger.db").exists()
 
 
 @pytest.mark.timeout(30)

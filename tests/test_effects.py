@@ -15,14 +15,15 @@ import sys
 
 import pytest
 
-import worker.demo_shop  # noqa: F401  registers the shop's "order" workflow
+import worker.apps.demo_shop  # noqa: F401  registers the shop's "order" workflow
 from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import LEASE_MS, ROOT, Interposed, World, cli_command, deliveries, result_of, step_rows, table
 from supervisor import Completed, InvalidArgument, LeaseLost, Suspended, open_backend
 from supervisor.ledger.sqlite.backend import wall_clock
 from supervisor.ledger.values import EffectState, SettleConflict
-from worker import Registry, default_registry, run_delivery
-from worker.demo_shop import PaymentProvider
+from worker import Registry, default_registry
+from worker.apps.demo_shop import PaymentProvider
+from worker.driver import run_delivery
 
 registry = Registry()
 requests: list[str] = []  # effect ids the "approval" workflow asked the outside world to work on

@@ -23,7 +23,8 @@ from faults import damage_table, fill_disk, tmpfs
 from supervisor import Completed, Retry, Suspended, open_backend
 from supervisor.ledger.arguments import identifier
 from supervisor.ledger.errors import StorageUnavailable
-from worker import Registry, run_delivery
+from worker import Registry
+from worker.driver import run_delivery
 from worker.derived_ids import derived_id
 from worker.testing import FakeClock, WorkflowStuck, run_workflow
 

@@ -17,7 +17,7 @@ def modules_imported_by(code: str) -> set[str]:
 
 
 def test_a_worker_process_imports_neither_the_async_client_nor_the_supervisor_side():
-    loaded = modules_imported_by("import worker.child, worker.bench_app")
+    loaded = modules_imported_by("import worker.child, worker.apps.bench")
     assert "worker.driver" in loaded and "supervisor.ledger.sqlite.backend" in loaded
     for module in ("asyncio", "concurrent.futures", "supervisor.dispatcher", "supervisor.cli", "click",
                    "multiprocessing"):  # its end of the pipe is worker.pipe
@@ -26,4 +26,4 @@ def test_a_worker_process_imports_neither_the_async_client_nor_the_supervisor_si
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="elsewhere the watch asks psutil")
 def test_a_worker_process_on_linux_watches_its_supervisor_without_psutil():
-    assert "psutil" not in modules_imported_by("import worker.child, worker.bench_app")
+    assert "psutil" not in modules_imported_by("import worker.child, worker.apps.bench")

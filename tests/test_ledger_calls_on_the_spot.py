@@ -180,7 +180,7 @@ def test_a_supervisor_on_sqlite_acknowledges_on_the_spot_unless_its_commits_sync
     with open_backend(db_path) as setup:
         for n in range(6):
             setup.executions.admit(f"e{n}", "noop3")
-    supervisor = Supervisor(str(db_path), "worker.bench_app", SupervisorConfig(concurrency=1, durability=durability))
+    supervisor = Supervisor(str(db_path), "worker.apps.bench", SupervisorConfig(concurrency=1, durability=durability))
     assert supervisor.run(until_idle=True) == 0
 
     assert supervisor.stats.completed == 6

@@ -20,7 +20,8 @@ from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import (LEASE_MS, NEIGHBOURS_APP, Interposed, deliveries, result_of, step_rows,
                      table)
 from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Suspended, open_backend
-from worker import Registry, StepFailed, run_delivery
+from worker import Registry, StepFailed
+from worker.driver import run_delivery
 
 registry = Registry()
 

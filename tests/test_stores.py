@@ -17,7 +17,8 @@ from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import LEASE_MS, Interposed, World, cli_command, deliveries, result_of, step_rows, table
 from supervisor import Completed, LeaseLost, Suspended, UnknownExecution, open_backend
 from supervisor.ledger.sqlite.backend import wall_clock
-from worker import Registry, run_delivery
+from worker import Registry
+from worker.driver import run_delivery
 
 registry = Registry()
 

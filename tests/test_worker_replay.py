@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend  # noqa: E402
 from tests import workflows_sample as sample  # noqa: E402
-from worker import run_delivery  # noqa: E402
+from worker.driver import run_delivery  # noqa: E402
 from worker.testing import FakeClock, WorkflowStuck, run_workflow  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
@@ -214,7 +214,7 @@ def test_a_spurious_wake_before_the_retry_time_does_not_run_the_step_early(backe
 
 
 def test_retry_policy_backs_off_then_raises_step_failed_into_the_workflow(backend, clock):
-    policy = {"maximum_attempts": 4, "initial_interval": 1, "backoff_coefficient": 3, "maximum_interval": 5}
+    policy = {"max_attempts": 4, "interval": 1, "backoff": 3, "max_interval": 5}
     admit(backend, "retry_policy", {"policy": policy, "catch": True})
 
     wakes = []
@@ -558,7 +558,7 @@ def test_run_workflow_completes_with_timers_and_retries_on_a_fake_clock(tmp_path
 
 
 def test_run_workflow_on_its_own_temporary_ledger():
-    record = run_workflow(sample.registry, "retry_policy", {"policy": {"maximum_attempts": 3}, "catch": True})
+    record = run_workflow(sample.registry, "retry_policy", {"policy": {"max_attempts": 3}, "catch": True})
 
     assert record.status == "completed"
     assert json.loads(record.result_json)["attempts"] == 3
@@ -569,6 +569,17 @@ def test_run_workflow_reports_a_failed_workflow_as_a_failed_record():
 
     assert record.status == "failed"
     assert json.loads(record.error_json)["type"] == "StepFailed"
+
+
+def test_run_workflow_returns_a_cancelled_record_as_terminal(tmp_path):
+    clock = FakeClock()
+    with open_backend(tmp_path / "ledger.db", clock=clock, redelivery_delay=lambda n: 1) as backend:
+        backend.executions.admit("test-execution", "forever", "null")
+        backend.executions.cancel("test-execution", reason="no longer wanted")
+        record = run_workflow(sample.registry, "forever", backend=backend, clock=clock, max_deliveries=20)
+
+    assert record.status == "cancelled"
+    assert json.loads(record.error_json)["message"] == "no longer wanted"
 
 
 def test_run_workflow_raises_workflow_stuck_for_a_workflow_that_never_ends():

@@ -7,16 +7,15 @@ import importlib.util
 import os
 import sys
 import traceback
-from typing import Any, Callable, Optional
+import types
+from typing import Any, Callable, Optional, TypeVar
 
 from supervisor.ledger.arguments import identifier
-from supervisor.ledger.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.errors import AppNotFound, InvalidArgument, YieldstarError
 
 WorkflowFunction = Callable[[Any, Any], Any]
-
-
-class AppNotFound(YieldstarError):
-    """Raised when an APP module name or .py path cannot be imported."""
+# What `@workflow` decorates: returned as it came, so a type checker keeps its own signature.
+W = TypeVar("W", bound=WorkflowFunction)
 
 
 class Registry:
@@ -25,10 +24,10 @@ class Registry:
     def __init__(self) -> None:
         self._workflows: dict[str, WorkflowFunction] = {}
 
-    def workflow(self, name: str) -> Callable[[WorkflowFunction], WorkflowFunction]:
+    def workflow(self, name: str) -> Callable[[W], W]:
         identifier("workflow name", name)
 
-        def register(fn: WorkflowFunction) -> WorkflowFunction:
+        def register(fn: W) -> W:
             if not callable(fn):
                 raise InvalidArgument(f"@workflow({name!r}) must decorate a function")
             known = self._workflows.get(name)
@@ -60,7 +59,7 @@ def _origin(fn: Callable) -> str:
 default_registry = Registry()
 
 
-def workflow(name: str) -> Callable[[WorkflowFunction], WorkflowFunction]:
+def workflow(name: str) -> Callable[[W], W]:
     """Register `f(ctx, input)` as the workflow called `name`."""
     return default_registry.workflow(name)
 
@@ -133,7 +132,7 @@ def _where(exc: BaseException) -> str:
     return f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
 
 
-def _import_path(path: str):
+def _import_path(path: str) -> types.ModuleType:
     path = os.path.abspath(path)
     _check_app_file(path)
     name = os.path.splitext(os.path.basename(path))[0]

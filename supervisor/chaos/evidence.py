@@ -1,6 +1,6 @@
 """Reading a chaos run's evidence outside the ledger: the step log, the external system's log,
 the supervisors' logs, the fault journal, the fleet journal and the lock holders' log (formats in
-`worker.chaos_app`, `faults.py` and `fleet.py`)."""
+`worker.apps.chaos`, `faults.py` and `fleet.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from worker.chaos_app import EXTERNAL, STEP_LOG
+from worker.apps.chaos import EXTERNAL, STEP_LOG
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ reaped, and stopped, with every exit judged and every orphaned worker accounted 
 Each supervisor has two properties besides its leniency: its clock skew (the environment
 variable `YIELDSTAR_CHAOS_CLOCK_SKEW_MS`, which the SQLite backend's default clock adds, and
 which its workers inherit) and its app's import delay (`YIELDSTAR_CHAOS_IMPORT_DELAY_MS`, read by
-`worker.chaos_app`). The fleet journal (`supervisors.jsonl`) records every start, with those
+`worker.apps.chaos`). The fleet journal (`supervisors.jsonl`) records every start, with those
 properties and the pid that the ledger's lease history names as the holder, and every exit: the
 checker needs both to set ledger times beside each other and to know who was alive when.
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
-from worker.chaos_app import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
+from worker.apps.chaos import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
 
 from . import faults
 from .watch import IMPORT_LOG

@@ -183,7 +183,7 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
                    " `ip`; leave out --db. 0: every supervisor on this machine.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Workers per supervisor.")
-@click.option("--app", default="worker.chaos_app", show_default=True,
+@click.option("--app", default="worker.apps.chaos", show_default=True,
               help="The workflows to run (a module name or a .py path): by default the built-in mixed workload,"
                    " whose evidence the checker reads; an app of your own defines chaos_workload(rng, count),"
                    " returning the (workflow name, input) pairs to admit, and gets the checks that need no"
