@@ -2,11 +2,11 @@
 
     supervisor process                                          child processes (pool)
     +-----------------------------------------------+          +-------------------------+
-    | dispatcher loop (main thread): owns all state |  ("run", id, token, expires, claimed_at, start)
+    | dispatcher loop (main thread): owns all state |  Run(lease, claimed_at, start)        |
     |   wait() on pipes, child sentinels, nudges,   |--------> | run_delivery            |
-    |   signals and the two ledger wake-ups         |  ("beat", expires)  /  ("alive",)      |
+    |   signals and the two ledger wake-ups         |  Beat(expires) / Alive()               |
     |   claim / beat / renew / settle as steps      |<-------- |   write_step(token) --+  |
-    |        | submit             ^ replies         |  ("done", id, token, outcome)     |  |
+    |        | submit             ^ replies         |  Done(id, token, outcome, ms)     |  |
     | ledger thread: claim_deliveries, acknowledge, |          | parent watch thread   |  |
     |   release, next_ready_at (own connection)     |          +-----------------------|--+
     | renewal thread: renew (own connection)        |                                  |

@@ -10,9 +10,9 @@ connection of the loop's own, when that cannot wait: the write lock is free, and
 syncs nothing; otherwise the thread makes them. See `ledger_calls`.) Every step takes the time
 as an argument.
 
-A delivery's life: claimed (a `claim_deliveries` reply) -> handed to an idle ready child (RUN; a child
+A delivery's life: claimed (a `claim_deliveries` reply) -> handed to an idle ready child (`Run`; a child
 found dead gets nothing, and the lease is released at once) -> renewed while its child answers
--> the child's DONE -> acknowledged or released (retried after a backoff while the database
+-> the child's `Done` -> acknowledged or released (retried after a backoff while the database
 fails, renewed meanwhile) -> settled. A renewal that finds the lease lost kills the child: it
 may be inside a step calling the outside world, and a stale delivery must not hold a slot. So
 does a lease that no renewal has confirmed for a whole lease length (the database cut off or
@@ -27,7 +27,7 @@ import selectors
 import time
 from typing import Callable, Optional
 
-from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
+from worker.protocol import AppNotLoaded, Alive, Beat, Done, FromChild, LedgerNotOpened, Ready, Run
 
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.contract import DueListener
@@ -256,7 +256,7 @@ class DispatchLoop:
         child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
         child.delivery = delivery
-        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at, start)):
+        if child.send(Run(lease, delivery.claimed_at, start)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.delivery = None
@@ -406,7 +406,7 @@ class DispatchLoop:
                     self.replace(child)
                 continue
             delivery = child.delivery
-            if not child.send((BEAT, delivery.lease.expires_at if delivery else None)):
+            if not child.send(Beat(delivery.lease.expires_at if delivery else None)):
                 continue  # its death shows on its sentinel
             if now - child.last_answer > limit:
                 # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
@@ -497,41 +497,47 @@ class DispatchLoop:
             self.child_died(child)  # its end of the pipe closed: it exited or was killed
             return
         child.last_answer = now
-        if message[0] == ALIVE:
-            return
-        if not child.ready:
-            self.started(child, message)
-            return
-        if message[0] != DONE:
-            log.error("unexpected message from worker pid %d: %r", child.pid, message[:1])
-            return
-        self.done(child, message, now)
+        match message:
+            case Alive():
+                pass
+            case _ if not child.ready:
+                self.started(child, message)
+            case Done():
+                self.done(child, message, now)
+            case _:
+                log.error("unexpected message from worker pid %d: %r", child.pid, message)
 
-    def done(self, child: Child, message: tuple, now: float) -> None:
+    def done(self, child: Child, report: Done, now: float) -> None:
         """A child's report that it finished its delivery."""
-        _, execution_id, token, outcome, ms = message
         delivery = child.delivery
         child.delivery = None
         self.claim_wanted = True
-        if delivery is None or delivery.lease.token != token or delivery.lease.execution_id != execution_id:
-            log.error("worker pid %d reported %s token %s, which it was not running", child.pid, execution_id, token)
+        if delivery is None or delivery.lease.token != report.token or \
+                delivery.lease.execution_id != report.execution_id:
+            log.error("worker pid %d reported %s token %s, which it was not running", child.pid, report.execution_id,
+                      report.token)
             return
-        delivery.ms = ms
-        self.end(delivery, outcome, now)
+        delivery.ms = report.ms
+        self.end(delivery, report.outcome, now)
 
-    def started(self, child: Child, message: tuple) -> None:
+    def started(self, child: Child, message: FromChild) -> None:
         """A child's first message: it loaded the app and may take deliveries, or it could not."""
-        error = self.pool.load_error(message)
-        if message[0] == READY and message[3] is not None:
-            self.fatal = self.fatal or LedgerUnusable(error)
-            return
-        if error is None:
-            log.info("worker %d is ready: it loaded the app in %.1f s", child.pid, time.monotonic() - child.launched)
-            child.ready, child.start_deadline = True, None
-            self.ever_ready = True
-            self.start_deaths = 0
-            self.claim_wanted = True
-            return
+        match message:
+            case Ready():
+                log.info("worker %d is ready: it loaded the app in %.1f s", child.pid,
+                         time.monotonic() - child.launched)
+                child.ready, child.start_deadline = True, None
+                self.ever_ready = True
+                self.start_deaths = 0
+                self.claim_wanted = True
+                return
+            case LedgerNotOpened():  # the ledger, not the app: the message says what to do
+                self.fatal = self.fatal or LedgerUnusable(message.error)
+                return
+            case AppNotLoaded():
+                error = message.error  # "cannot load app APP: CAUSE", then the child's traceback
+            case _:
+                error = f"a worker process sent {message!r} before reporting that it loaded the app"
         if not self.ever_ready:
             raise AppLoadFailed(error)
         # The app no longer loads (edited on disk?). A replacement would fail alike: run on with
@@ -547,7 +553,7 @@ class DispatchLoop:
         try:
             while child.ready and child.delivery is not None and child.conn.poll(0):
                 message = child.conn.recv()
-                if message[0] == DONE:
+                if isinstance(message, Done):
                     self.done(child, message, time.monotonic())
         except (EOFError, OSError):
             pass

@@ -22,7 +22,7 @@ from supervisor.ledger.values import LeaseLost
 from supervisor.ledger_calls import Call, LedgerCalls, Reply, Wakeup
 from supervisor.loop import DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
-from worker.protocol import ALIVE, DONE, RUN
+from worker.protocol import Alive, Done, Run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,8 +58,8 @@ def handed(end: Connection) -> list[str]:
     out = []
     while end.poll(0):
         message = end.recv()
-        if message[0] == RUN:
-            out.append(message[1])
+        if isinstance(message, Run):
+            out.append(message.lease.execution_id)
     return out
 
 
@@ -109,7 +109,7 @@ def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_repo
     """The worker's report (its write was refused: lost) came before the renewal that found the
     lease lost was read: the report settles the delivery, and the worker, idle, is kept."""
     worker, end, delivery = running(loop, ledger, db)
-    end.send((DONE, "e1", delivery.lease.token, LeaseLost(), 5))
+    end.send(Done("e1", delivery.lease.token, LeaseLost(), 5))
     renewal_found_lost(loop, delivery)
     assert any(child is worker for child in loop.pool.children), "a worker that had reported was killed"
     assert worker.delivery is None and not delivery.lost
@@ -120,7 +120,7 @@ def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loo
     """Only an answer to a heartbeat is waiting: the worker is still inside the delivery, and
     is killed and replaced so that it stops at once."""
     worker, end, delivery = running(loop, ledger, db)
-    end.send((ALIVE,))
+    end.send(Alive())
     renewal_found_lost(loop, delivery)
     assert not any(child is worker for child in loop.pool.children)
     assert delivery.lost and loop.stats.lost == 1
