@@ -19,8 +19,8 @@ from faults import APP, admit, db, ledger, wait_until
 from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
 from supervisor.ledger.values import LeaseLost
-from supervisor.ledger_calls import Call, LedgerCalls, Reply, Wakeup
-from supervisor.loop import DispatchLoop
+from supervisor.ledger_calls import CALLS, LedgerCalls, Renew, Reply, Wakeup
+from supervisor.loop import ON_REPLY, DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
 from worker.protocol import Alive, Done, Run
 
@@ -102,7 +102,7 @@ def running(loop, ledger, db) -> tuple:
 
 
 def renewal_found_lost(loop, delivery) -> None:
-    loop.on_renew(Reply(Call("renew", (delivery.lease,), about=delivery), LeaseLost()), time.monotonic())
+    loop.on_renewed(Reply(Renew(delivery.lease, 30_000, about=delivery), LeaseLost()), time.monotonic())
 
 
 def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, db, ledger):
@@ -124,3 +124,8 @@ def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loo
     renewal_found_lost(loop, delivery)
     assert not any(child is worker for child in loop.pool.children)
     assert delivery.lost and loop.stats.lost == 1
+
+
+def test_every_kind_of_ledger_call_has_a_handler_for_its_reply():
+    assert set(ON_REPLY) == set(CALLS)
+    assert all(handler.__qualname__.startswith("DispatchLoop.on_") for handler in ON_REPLY.values())
