@@ -1,6 +1,6 @@
 """The pool of child processes that run deliveries: started once, reused, replaced when they die.
 
-Each child is a fresh interpreter (`python -m worker.child`), started by fork-and-exec, which is
+Each child is a fresh interpreter (`python -m worker._runtime.child`), started by fork-and-exec, which is
 safe beside the supervisor's threads (a bare fork could copy a lock another thread holds), and
 which, unlike multiprocessing's `spawn`, never re-imports the supervisor's `__main__`. The child
 gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
@@ -19,18 +19,25 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
-from worker.protocol import EXIT_CODES, AppNotLoaded, Exit, FromChild, ToChild
+from worker._runtime.protocol import EXIT_CODES, AppNotLoaded, Exit, FromChild, ToChild
 
 from .ledger.backends import anywhere
 from .ledger.errors import YieldstarError
 from .ledger.values import ExecutionLease
 
 log = logging.getLogger("yieldstar.supervisor")
+
+CHILD_MODULE = "worker._runtime.child"  # what a child process runs
+
+
+def is_worker_command(command: Sequence[str]) -> bool:
+    """Whether a process's command line (`psutil.Process.cmdline()`) is a pool child's."""
+    return CHILD_MODULE in command
 
 
 class ChildProcess:
@@ -210,7 +217,7 @@ class Pool:
             "sys_path": [p for p in sys.path if p],
         }
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "worker.child", json.dumps(settings)],
+            popen = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, json.dumps(settings)],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()

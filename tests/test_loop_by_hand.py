@@ -22,7 +22,7 @@ from supervisor.ledger.values import LeaseLost
 from supervisor.ledger_calls import CALLS, LedgerCalls, Renew, Reply, Wakeup
 from supervisor.loop import ON_REPLY, DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
-from worker.protocol import Alive, Done, Run
+from worker._runtime.protocol import Alive, Done, Run
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The child's end of the supervisor's pipe (`worker.pipe.Pipe`) speaks the framing of the
+"""The child's end of the supervisor's pipe (`worker._runtime.pipe.Pipe`) speaks the framing of the
 multiprocessing `Connection` at the supervisor's end: messages of any size both ways, poll and
 end of pipe as a Connection reports them."""
 
@@ -17,8 +17,8 @@ import pytest
 
 from faults import wait_until
 from supervisor.ledger.values import Completed, ExecutionLease, Retry
-from worker.pipe import Pipe
-from worker.protocol import Alive, AppNotLoaded, Beat, Done, Exit, LedgerNotOpened, Ready, Run
+from worker._runtime.pipe import Pipe
+from worker._runtime.protocol import Alive, AppNotLoaded, Beat, Done, Exit, LedgerNotOpened, Ready, Run
 
 pytestmark = pytest.mark.timeout(60)
 

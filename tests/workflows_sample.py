@@ -22,7 +22,7 @@ import itertools
 from typing import Any, Callable
 
 from worker import Registry, RetryableError, RetryPolicy, StepFailed
-from worker.unwinding import Suspend
+from worker._runtime.unwinding import Suspend
 
 registry = Registry()
 workflow = registry.workflow

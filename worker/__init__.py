@@ -17,10 +17,11 @@ for their results, and the child processes' replay driver, fenced writes and par
 
 from .client import AsyncClient, AsyncHandle, Client, Handle, WorkflowCancelled, WorkflowFailed
 from .context import WorkflowContext
-from .driver import run_delivery
-from .registry import AppNotFound, Registry, default_registry, load_app, workflow
+from ._runtime.driver import run_delivery
+from ._runtime.loading import load_app
+from .registry import AppNotFound, Registry, default_registry, workflow
 from .retry import RetryableError, RetryPolicy, StepFailed
-from .unwinding import ReplayDiverged
+from ._runtime.unwinding import ReplayDiverged
 
 __all__ = [
     "Client", "AsyncClient", "Handle", "AsyncHandle", "WorkflowFailed", "WorkflowCancelled",

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
 from supervisor.ledger.errors import TRANSIENT_KINDS, YieldstarError
 
-from .driver import run_delivery
+from ._runtime.driver import run_delivery
 from .registry import Registry
 
 

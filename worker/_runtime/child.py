@@ -27,7 +27,7 @@ from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
 from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready
-from .registry import describe_load_failure, load_app
+from .loading import describe_load_failure, load_app
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
@@ -95,7 +95,7 @@ def _open_ledger(conn, db_path: str, durability: str):
 
 
 def main(argv: list[str]) -> None:
-    """`python -m worker.child SETTINGS_JSON`, as the supervisor's pool starts it."""
+    """`python -m worker._runtime.child SETTINGS_JSON`, as the supervisor's pool starts it."""
     settings = json.loads(argv[1])
     for entry in reversed(settings["sys_path"]):
         if entry not in sys.path:
