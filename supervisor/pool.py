@@ -1,8 +1,11 @@
 """The pool of child processes that run deliveries: started once, reused, replaced when they die.
 
-Each child is a fresh interpreter (`python -m worker._runtime.child`), started by fork-and-exec, which is
-safe beside the supervisor's threads (a bare fork could copy a lock another thread holds), and
-which, unlike multiprocessing's `spawn`, never re-imports the supervisor's `__main__`. The child
+Each child is a fresh interpreter (`python .../worker/_runtime/boot.py`), started by
+fork-and-exec, which is safe beside the supervisor's threads (a bare fork could copy a lock
+another thread holds), and which, unlike multiprocessing's `spawn`, never re-imports the
+supervisor's `__main__`. It is started by the path of its first file, not with `-m`, so that a
+`worker.py` or `supervisor.py` in its working folder (often the app's) cannot take the place of
+yieldstar's packages (see `worker._runtime.boot`). The child
 gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
 and then runs one delivery at a time. Nothing here waits for a child to load the app: the
 dispatcher reads each child's first report (`Ready`, or why not) like any other message, beating the children that are
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
+from worker._runtime import protocol
 from worker._runtime.protocol import EXIT_CODES, AppNotLoaded, Exit, FromChild, ToChild
 
 from .ledger.backends import anywhere
@@ -32,12 +36,13 @@ from .ledger.values import ExecutionLease
 
 log = logging.getLogger("yieldstar.supervisor")
 
-CHILD_MODULE = "worker._runtime.child"  # what a child process runs
+# What a child process runs, by its path.
+BOOT = os.path.join(os.path.dirname(os.path.abspath(protocol.__file__)), "boot.py")
 
 
 def is_worker_command(command: Sequence[str]) -> bool:
     """Whether a process's command line (`psutil.Process.cmdline()`) is a pool child's."""
-    return CHILD_MODULE in command
+    return BOOT in command[1:2]
 
 
 class ChildProcess:
@@ -217,7 +222,7 @@ class Pool:
             "sys_path": [p for p in sys.path if p],
         }
         try:
-            popen = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, json.dumps(settings)],
+            popen = subprocess.Popen([sys.executable, BOOT, json.dumps(settings)],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()

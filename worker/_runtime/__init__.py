@@ -1,5 +1,7 @@
 """What runs inside a worker process and that an application never imports.
 
+    the first code           boot.py          run by its path: yieldstar's packages imported
+                                              before anything of the app's folder
     the child process        child.py         load the app once (loading.py), open the ledger,
                                               then serve deliveries over the pipe
     the pipe                 pipe.py          the child's end: framed pickles, as a

@@ -95,8 +95,10 @@ def _open_ledger(conn, db_path: str, durability: str):
 
 
 def main(argv: list[str]) -> None:
-    """`python -m worker._runtime.child SETTINGS_JSON`, as the supervisor's pool starts it."""
+    """Serve as `boot` was asked to: `argv` is `[.../boot.py, SETTINGS_JSON]`."""
     settings = json.loads(argv[1])
+    # After yieldstar's own packages were imported (this module's imports): the app's folder
+    # comes first for the app's imports, and cannot take their place.
     for entry in reversed(settings["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -104,5 +106,3 @@ def main(argv: list[str]) -> None:
                settings["parent_pid"], settings["heartbeat_s"], settings["misses"])
 
 
-if __name__ == "__main__":
-    main(sys.argv)

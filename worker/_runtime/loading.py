@@ -2,7 +2,9 @@
 
 The supervisor checks an APP name before it starts any process (`check_app_name`); each child
 imports the app once, at start (`load_app`), and reports a failure in one line
-(`describe_load_failure`).
+(`describe_load_failure`). A child imports yieldstar's own packages before the app (`boot`): a
+file of the app's called `worker.py` or `supervisor.py` never takes their place, and an app that
+imports one under that name is told so, the file named (`_hidden_by_runtime`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 import os
 import sys
 import traceback
+import types
 
 from supervisor.ledger.errors import InvalidArgument, YieldstarError
 
@@ -36,7 +39,12 @@ def load_app(app: str) -> Registry:
         if isinstance(exc, ModuleNotFoundError) and exc.name is not None and (app + ".").startswith(exc.name + "."):
             raise AppNotFound(f"no module named {exc.name!r}: a module name is imported from the current"
                               " folder or the Python path; a file needs a path ending in .py") from exc
-        raise AppNotFound(f"{type(exc).__name__}: {exc}{_where(exc)}") from exc
+        raise AppNotFound(f"{type(exc).__name__}: {exc}{_where(exc)}{_hidden_by_runtime(exc, app)}") from exc
+    except AttributeError as exc:
+        hidden = _hidden_by_runtime(exc, app)
+        if not hidden:
+            raise
+        raise AppNotFound(f"{type(exc).__name__}: {exc}{_where(exc)}{hidden}") from exc
     own = getattr(module, "registry", None)
     return own if isinstance(own, Registry) else default_registry
 
@@ -84,6 +92,32 @@ def _where(exc: BaseException) -> str:
     if not frames or os.path.abspath(frames[-1].filename) == os.path.abspath(__file__):
         return ""
     return f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
+
+
+# The top-level packages of the runtime: imported before the app, so an app's own file of one of
+# these names is never imported under it.
+RUNTIME_PACKAGES = ("supervisor", "worker")
+
+
+def _hidden_by_runtime(exc: ImportError | AttributeError, app: str) -> str:
+    """`: FILE cannot be imported as NAME, ...` when `exc` is the app missing something of a
+    module named like one of yieldstar's packages, and the app's folder (or one on the path)
+    holds a file of that name: the app meant its own file, and got yieldstar's package. Else ""."""
+    if isinstance(exc, ImportError):
+        name = exc.name or ""
+    else:
+        name = exc.obj.__name__ if isinstance(getattr(exc, "obj", None), types.ModuleType) else ""
+    package = name.partition(".")[0]
+    if package not in RUNTIME_PACKAGES:
+        return ""
+    ours = os.path.dirname(os.path.abspath(sys.modules[package].__file__ or ""))
+    folders = [os.path.dirname(os.path.abspath(app))] if is_app_path(app) else []
+    for folder in folders + [os.path.abspath(entry or os.curdir) for entry in sys.path]:
+        for own in (os.path.join(folder, package + ".py"), os.path.join(folder, package, "__init__.py")):
+            if os.path.isfile(own) and os.path.dirname(own) != ours:
+                return (f": {own} cannot be imported as {package!r}, which is yieldstar's own package;"
+                        " rename it")
+    return ""
 
 
 def _import_path(path: str):
