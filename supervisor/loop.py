@@ -10,7 +10,7 @@ connection of the loop's own, when that cannot wait: the write lock is free, and
 syncs nothing; otherwise the thread makes them. See `ledger_calls`.) Every step takes the time
 as an argument.
 
-A delivery's life: claimed (a `claim_deliveries` reply) -> handed to an idle ready child (`Run`; a child
+A delivery's life: claimed (a `Claim`'s reply) -> handed to an idle ready child (`Run`; a child
 found dead gets nothing, and the lease is released at once) -> renewed while its child answers
 -> the child's `Done` -> acknowledged or released (retried after a backoff while the database
 fails, renewed meanwhile) -> settled. A renewal that finds the lease lost kills the child: it
