@@ -41,7 +41,7 @@ from benchlib import RAW_INSERT, open_raw  # noqa: E402
 
 from supervisor import Completed, HeapRecord, Suspended, open_backend  # noqa: E402
 from worker import Registry  # noqa: E402
-from worker.driver import run_delivery  # noqa: E402
+from worker._runtime.driver import run_delivery  # noqa: E402
 
 TARGET_OVERHEAD = 0.30
 LEASE_MS = 3_600_000

@@ -34,6 +34,7 @@ import psutil
 import pytest
 
 from supervisor import open_backend
+from supervisor.pool import is_worker_command
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -126,10 +127,10 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 
 def is_worker(process: psutil.Process) -> bool:
-    """A pool child (`python -m worker.child`), as opposed to any helper process."""
+    """A pool child, as opposed to any helper process (or a multiprocessing child)."""
     try:
-        command = " ".join(process.cmdline())
-        return "worker.child" in command or "spawn_main" in command
+        command = process.cmdline()
+        return is_worker_command(command) or "spawn_main" in " ".join(command)
     except psutil.Error:
         return False
 

@@ -23,7 +23,7 @@ import pytest
 
 from faults import query
 from supervisor import Completed, ExecutionLease, Failed, Retry, Suspended, open_backend
-from worker.driver import run_delivery
+from worker._runtime.driver import run_delivery
 from worker.testing import FakeClock
 
 TESTS = Path(__file__).resolve().parent

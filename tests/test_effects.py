@@ -23,7 +23,7 @@ from supervisor.ledger.sqlite.backend import wall_clock
 from supervisor.ledger.values import EffectState, SettleConflict
 from worker import Registry, default_registry
 from worker.apps.demo_shop import PaymentProvider
-from worker.driver import run_delivery
+from worker._runtime.driver import run_delivery
 
 registry = Registry()
 requests: list[str] = []  # effect ids the "approval" workflow asked the outside world to work on

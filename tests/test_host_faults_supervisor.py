@@ -179,7 +179,7 @@ def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(db, ledge
 
     from faults import APP
     from supervisor.dispatcher import Stats
-    from supervisor.ledger_calls import Call, LedgerCalls, Reply, Wakeup
+    from supervisor.ledger_calls import Claim, LedgerCalls, Reply, Wakeup
     from supervisor.loop import DispatchLoop
     from supervisor.pool import Child, ChildProcess, Pool
 
@@ -197,8 +197,8 @@ def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(db, ledge
     try:
         (claimed,) = ledger.executions.claim_deliveries(limit=1, duration=config.lease_ms)
         loop.claiming, loop.promised = 1, 1  # as `claim` leaves them: one claim in flight, for one worker
-        claim = Call("claim_deliveries", kwargs={"limit": 1, "duration": config.lease_ms}, about=time.monotonic())
-        loop.on_claim_deliveries(Reply(claim, [claimed]), time.monotonic())
+        claim = Claim(1, config.lease_ms, about=time.monotonic())
+        loop.on_claimed(Reply(claim, [claimed]), time.monotonic())
         assert (loop.claiming, loop.promised) == (0, 0)
         assert dead.pid not in [c.pid for c in pool.children]  # replaced by a fresh worker
 

@@ -24,8 +24,8 @@ from supervisor import Completed, Retry, Suspended, open_backend
 from supervisor.ledger.arguments import identifier
 from supervisor.ledger.errors import StorageUnavailable
 from worker import Registry
-from worker.driver import run_delivery
-from worker.derived_ids import derived_id
+from worker._runtime.driver import run_delivery
+from worker._runtime.derived_ids import derived_id
 from worker.testing import FakeClock, WorkflowStuck, run_workflow
 
 pytestmark = pytest.mark.timeout(30)

@@ -17,13 +17,13 @@ def modules_imported_by(code: str) -> set[str]:
 
 
 def test_a_worker_process_imports_neither_the_async_client_nor_the_supervisor_side():
-    loaded = modules_imported_by("import worker.child, worker.apps.bench")
-    assert "worker.driver" in loaded and "supervisor.ledger.sqlite.backend" in loaded
+    loaded = modules_imported_by("import worker._runtime.child, worker.apps.bench")
+    assert "worker._runtime.driver" in loaded and "supervisor.ledger.sqlite.backend" in loaded
     for module in ("asyncio", "concurrent.futures", "supervisor.dispatcher", "supervisor.cli", "click",
-                   "multiprocessing"):  # its end of the pipe is worker.pipe
+                   "multiprocessing"):  # its end of the pipe is worker._runtime.pipe
         assert module not in loaded, module
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="elsewhere the watch asks psutil")
 def test_a_worker_process_on_linux_watches_its_supervisor_without_psutil():
-    assert "psutil" not in modules_imported_by("import worker.child, worker.apps.bench")
+    assert "psutil" not in modules_imported_by("import worker._runtime.child, worker.apps.bench")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Suspended, open_backend
-from supervisor.ledger_calls import Call, LedgerCalls
+from supervisor.ledger_calls import Acknowledge, Claim, LedgerCalls, NextReadyAt
 
 LEASE_MS = 30_000
 
@@ -223,12 +223,12 @@ def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transa
 
     executions.acknowledge, executions.acknowledge_and_claim_deliveries = slow_acknowledge, counted_batch
     try:
-        calls.submit(Call("acknowledge", (leases[0], Completed("0"))))
+        calls.submit(Acknowledge(leases[0], Completed("0")))
         assert first_call_started.wait(10)
         for lease in leases[1:]:
-            calls.submit(Call("acknowledge", (lease, Completed("1"))))
-        calls.submit(Call("claim_deliveries", kwargs={"limit": 1, "duration": LEASE_MS}))
-        calls.submit(Call("claim_deliveries", kwargs={"limit": 3, "duration": LEASE_MS}))
+            calls.submit(Acknowledge(lease, Completed("1")))
+        calls.submit(Claim(1, LEASE_MS))
+        calls.submit(Claim(3, LEASE_MS))
         release.set()
         replies = replies_of(calls, 6)
     finally:
@@ -253,8 +253,8 @@ def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(db_path,
     real_batch = calls.backend.executions.acknowledge_and_claim_deliveries
     calls.backend.executions.acknowledge_and_claim_deliveries = lambda *a, **k: batches.append(a) or real_batch(*a, **k)
     try:
-        calls.submit(Call("claim_deliveries", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
-        calls.submit(Call("claim_deliveries", kwargs={"limit": 1, "duration": LEASE_MS, "now": clock.now}))
+        calls.submit(Claim(1, LEASE_MS, now=clock.now))
+        calls.submit(Claim(1, LEASE_MS, now=clock.now))
         replies = replies_of(calls, 2)
     finally:
         assert calls.close()
@@ -274,8 +274,8 @@ def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_pat
         real_batch(a, **k)
     try:
         for lease in leases:
-            calls.submit(Call("acknowledge", (lease, Suspended())))
-        calls.submit(Call("claim_deliveries", kwargs={"limit": 3, "duration": LEASE_MS}))
+            calls.submit(Acknowledge(lease, Suspended()))
+        calls.submit(Claim(3, LEASE_MS))
         assert calls.pending == 4
         calls.flush()
         replies = replies_of(calls, 4)
@@ -293,8 +293,8 @@ def test_a_timed_call_brings_the_ledgers_time_read_on_the_ledger_thread(db_path,
         setup.executions.admit("later", "w", now=clock.now + 5_000)
     calls = LedgerCalls(open_backend(db_path, clock=clock), "test-timed")
     try:
-        calls.submit(Call("next_ready_at", timed=True))
-        calls.submit(Call("next_ready_at"))
+        calls.submit(NextReadyAt(timed=True))
+        calls.submit(NextReadyAt())
         timed, untimed = replies_of(calls, 2)
     finally:
         assert calls.close()

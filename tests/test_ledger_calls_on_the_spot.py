@@ -15,7 +15,7 @@ from supervisor import Completed, LeaseLost, open_backend
 from supervisor.ledger.errors import LedgerGone
 from supervisor import ledger_calls
 from supervisor.dispatcher import Supervisor, SupervisorConfig
-from supervisor.ledger_calls import Call, LedgerCalls
+from supervisor.ledger_calls import Acknowledge, Claim, LedgerCalls
 
 from test_ledger_batch import LEASE_MS, replies_of
 from test_sqlite_busy import WRITE_LOCK, Holder
@@ -69,8 +69,8 @@ def calls(db_path):
 
 def submit_endings_and_a_claim(calls: LedgerCalls, leases) -> None:
     for lease in leases:
-        calls.submit(Call("acknowledge", (lease, Completed("1"))))
-    calls.submit(Call("claim_deliveries", kwargs={"limit": 2, "duration": LEASE_MS}))
+        calls.submit(Acknowledge(lease, Completed("1")))
+    calls.submit(Claim(2, LEASE_MS))
 
 
 def statuses(db_path) -> list[str]:
@@ -120,10 +120,10 @@ def test_calls_flushed_while_the_thread_has_calls_in_hand_go_to_the_thread_after
     first, second = claimed
     holder = Holder(db_path, WRITE_LOCK)
     try:
-        calls.submit(Call("acknowledge", (first, Completed("1"))))
+        calls.submit(Acknowledge(first, Completed("1")))
         calls.flush()  # busy: to the thread, which now waits for the lock
-        calls.submit(Call("acknowledge", (second, Completed("2"))))
-        calls.submit(Call("acknowledge", (first, Completed("3"))))
+        calls.submit(Acknowledge(second, Completed("2")))
+        calls.submit(Acknowledge(first, Completed("3")))
         calls.flush()  # the thread has a call in hand: these queue behind it, in order
     finally:
         holder.release()
@@ -137,7 +137,7 @@ def test_calls_flushed_while_the_thread_has_calls_in_hand_go_to_the_thread_after
 
 def test_a_storage_error_on_the_spot_is_a_reply_as_on_the_thread(db_path, claimed, calls):
     os.rename(db_path, f"{db_path}.moved")  # the ledger is gone: every write must be refused
-    calls.submit(Call("acknowledge", (claimed[0], Completed("1"))))
+    calls.submit(Acknowledge(claimed[0], Completed("1")))
     calls.flush()
 
     (reply,) = calls.replies()
@@ -149,11 +149,11 @@ def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_threa
     calls = calls_on_the_spot(db_path, inline_slow_s=0.0)  # every call is "slow"
     first, second = claimed
     try:
-        calls.submit(Call("acknowledge", (first, Completed("1"))))
+        calls.submit(Acknowledge(first, Completed("1")))
         calls.flush()
         assert [reply.value for reply in calls.replies()] == [Completed("1")]
 
-        calls.submit(Call("acknowledge", (second, Completed("2"))))
+        calls.submit(Acknowledge(second, Completed("2")))
         calls.flush()
         assert [reply.value for reply in replies_of(calls, 1)] == [Completed("2")]
     finally:
@@ -173,7 +173,7 @@ def test_a_supervisor_on_sqlite_acknowledges_on_the_spot_unless_its_commits_sync
     real = LedgerCalls._make
 
     def counted(self, batch, backend=None):
-        made.extend((call.method, backend is not None) for call in batch)
+        made.extend((call.name, backend is not None) for call in batch)
         return real(self, batch, backend)
 
     monkeypatch.setattr(LedgerCalls, "_make", counted)

@@ -19,10 +19,10 @@ from faults import APP, admit, db, ledger, wait_until
 from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
 from supervisor.ledger.values import LeaseLost
-from supervisor.ledger_calls import Call, LedgerCalls, Reply, Wakeup
-from supervisor.loop import DispatchLoop
+from supervisor.ledger_calls import CALLS, LedgerCalls, Renew, Reply, Wakeup
+from supervisor.loop import ON_REPLY, DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
-from worker.protocol import ALIVE, DONE, RUN
+from worker._runtime.protocol import Alive, Done, Run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,8 +58,8 @@ def handed(end: Connection) -> list[str]:
     out = []
     while end.poll(0):
         message = end.recv()
-        if message[0] == RUN:
-            out.append(message[1])
+        if isinstance(message, Run):
+            out.append(message.lease.execution_id)
     return out
 
 
@@ -102,14 +102,14 @@ def running(loop, ledger, db) -> tuple:
 
 
 def renewal_found_lost(loop, delivery) -> None:
-    loop.on_renew(Reply(Call("renew", (delivery.lease,), about=delivery), LeaseLost()), time.monotonic())
+    loop.on_renewed(Reply(Renew(delivery.lease, 30_000, about=delivery), LeaseLost()), time.monotonic())
 
 
 def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, db, ledger):
     """The worker's report (its write was refused: lost) came before the renewal that found the
     lease lost was read: the report settles the delivery, and the worker, idle, is kept."""
     worker, end, delivery = running(loop, ledger, db)
-    end.send((DONE, "e1", delivery.lease.token, LeaseLost(), 5))
+    end.send(Done("e1", delivery.lease.token, LeaseLost(), 5))
     renewal_found_lost(loop, delivery)
     assert any(child is worker for child in loop.pool.children), "a worker that had reported was killed"
     assert worker.delivery is None and not delivery.lost
@@ -120,7 +120,12 @@ def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loo
     """Only an answer to a heartbeat is waiting: the worker is still inside the delivery, and
     is killed and replaced so that it stops at once."""
     worker, end, delivery = running(loop, ledger, db)
-    end.send((ALIVE,))
+    end.send(Alive())
     renewal_found_lost(loop, delivery)
     assert not any(child is worker for child in loop.pool.children)
     assert delivery.lost and loop.stats.lost == 1
+
+
+def test_every_kind_of_ledger_call_has_a_handler_for_its_reply():
+    assert set(ON_REPLY) == set(CALLS)
+    assert all(handler.__qualname__.startswith("DispatchLoop.on_") for handler in ON_REPLY.values())

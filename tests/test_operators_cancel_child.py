@@ -15,7 +15,7 @@ from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import result_of
 from supervisor import Completed, LeaseLost, Suspended
 from worker import Registry, StepFailed
-from worker.driver import run_delivery
+from worker._runtime.driver import run_delivery
 
 registry = Registry()
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from faults import wait_until
-from worker.parent_watch import process_start
+from worker._runtime.parent_watch import process_start
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,7 @@ from holders import (LEASE_MS, NEIGHBOURS_APP, Interposed, deliveries, result_of
                      table)
 from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Suspended, open_backend
 from worker import Registry, StepFailed
-from worker.driver import run_delivery
+from worker._runtime.driver import run_delivery
 
 registry = Registry()
 

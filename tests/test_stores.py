@@ -18,7 +18,7 @@ from holders import LEASE_MS, Interposed, World, cli_command, deliveries, result
 from supervisor import Completed, LeaseLost, Suspended, UnknownExecution, open_backend
 from supervisor.ledger.sqlite.backend import wall_clock
 from worker import Registry
-from worker.driver import run_delivery
+from worker._runtime.driver import run_delivery
 
 registry = Registry()
 

@@ -16,7 +16,7 @@ from faults import (TESTS, admit, db, dump_on_hang, freeze, freeze_group, ledger
                     thaw_group, wait_gone, wait_until)
 from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Retry, Suspended, open_backend
 from worker import Registry, RetryableError, StepFailed
-from worker.driver import run_delivery
+from worker._runtime.driver import run_delivery
 from worker.testing import FakeClock, run_workflow
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")

@@ -1,4 +1,4 @@
-"""The child's end of the supervisor's pipe (`worker.pipe.Pipe`) speaks the framing of the
+"""The child's end of the supervisor's pipe (`worker._runtime.pipe.Pipe`) speaks the framing of the
 multiprocessing `Connection` at the supervisor's end: messages of any size both ways, poll and
 end of pipe as a Connection reports them."""
 
@@ -17,7 +17,8 @@ import pytest
 
 from faults import wait_until
 from supervisor.ledger.values import Completed, ExecutionLease, Retry
-from worker.pipe import Pipe
+from worker._runtime.pipe import Pipe
+from worker._runtime.protocol import Alive, AppNotLoaded, Beat, Done, Exit, LedgerNotOpened, Ready, Run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,14 +36,17 @@ def ends():
 
 
 MESSAGES = [
-    ("run", "e1", 3, 1_700_000_000_000, None, ("wf", '{"a": 1}')),
-    ("done", "e1", 3, Completed('{"ok": true}'), 12),
-    ("done", "e2", 1, Retry("x" * 100_000), 0),  # larger than one write
+    Run(ExecutionLease("e1", 3, 1_700_000_000_000), 1_699_999_970_000, ("wf", '{"a": 1}')),
+    Done("e1", 3, Completed('{"ok": true}'), 12),
+    Done("e2", 1, Retry("x" * 100_000), 0),  # larger than one write
     (ExecutionLease("e3", 7, 42), "é" * 20_000),
+    Beat(None), Exit(), Alive(), Ready(123), AppNotLoaded(123, "cannot load app x: y"),
+    LedgerNotOpened(123, "corrupt", "corrupt"),
 ]
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=["run", "done", "large", "unicode"])
+@pytest.mark.parametrize("message", MESSAGES, ids=["run", "done", "large", "unicode", "beat", "exit", "alive", "ready",
+                                                   "app-not-loaded", "ledger-not-opened"])
 def test_messages_cross_both_ways_unchanged(ends, message):
     supervisor, child = ends
     supervisor.send(message)
@@ -53,7 +57,7 @@ def test_messages_cross_both_ways_unchanged(ends, message):
 
 def test_a_message_larger_than_the_socket_buffer_arrives_whole_while_it_is_read(ends):
     supervisor, child = ends
-    message = ("done", "big", 1, Completed('"' + "y" * 3_000_000 + '"'), 1)
+    message = Done("big", 1, Completed('"' + "y" * 3_000_000 + '"'), 1)
     sender = threading.Thread(target=child.send, args=(message,))
     sender.start()  # blocks until the other end reads: a write of 3 MB does not fit in the buffer
     assert supervisor.recv() == message
@@ -73,7 +77,7 @@ def unread(end: Pipe) -> int:
 
 def test_a_message_that_arrives_in_parts_is_read_whole_and_one_cut_short_is_the_end(ends):
     supervisor, child = ends
-    message = ("run", "parts", 1, 0, None, ("wf", "z" * 10_000))
+    message = Run(ExecutionLease("parts", 1, 0), 0, ("wf", "z" * 10_000))
     data = framed(message)
     got = []
     reader = threading.Thread(target=lambda: got.append(child.recv()))
@@ -94,10 +98,10 @@ def test_a_message_that_arrives_in_parts_is_read_whole_and_one_cut_short_is_the_
 def test_poll_says_whether_a_message_or_the_end_of_the_pipe_is_waiting(ends):
     supervisor, child = ends
     assert not child.poll(0) and not child.poll(0.01)
-    supervisor.send(("beat", None))
-    supervisor.send(("beat", 5))
+    supervisor.send(Beat(None))
+    supervisor.send(Beat(5))
     assert child.poll(0)
-    assert [child.recv(), child.recv()] == [("beat", None), ("beat", 5)]
+    assert [child.recv(), child.recv()] == [Beat(None), Beat(5)]
     assert not child.poll(0)
     supervisor.close()
     assert child.poll(0)  # the end shows as readable, as in a Connection

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 from tests import workflows_sample as sample  # noqa: E402
 from worker import AppNotFound, Registry, default_registry  # noqa: E402
-from worker.registry import load_app  # noqa: E402
+from worker._runtime.loading import load_app  # noqa: E402
 from worker.testing import run_workflow  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)

@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend  # noqa: E402
 from tests import workflows_sample as sample  # noqa: E402
-from worker.driver import run_delivery  # noqa: E402
+from worker._runtime.driver import run_delivery  # noqa: E402
 from worker.testing import FakeClock, WorkflowStuck, run_workflow  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)

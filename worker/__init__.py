@@ -15,8 +15,8 @@ starts workflows and waits for their results, and the errors they catch.
         receipt = client.start(order, {"order_id": 42}, id="order-42").result(timeout=30)
 
 The names in `__all__` are the public surface; `worker.testing` runs workflows in-process for
-their authors' tests. The other modules of this package are the child processes' internals (the
-replay driver, fenced writes, the pipe and the parent watch) and may change without notice; the
+their authors' tests. The child processes' internals (the replay driver, fenced writes, the pipe
+and its messages, the parent watch) are in `worker._runtime` and may change without notice; the
 sample apps are in `worker.apps`. Every error is defined in `supervisor.ledger.errors`, which both
 sides import; the ones users catch are re-exported here.
 """
@@ -41,7 +41,7 @@ from .context import WorkflowContext
 from .registry import Registry, default_registry, workflow
 from .retry import RetryableError, RetryPolicy
 from .stores import StoreHandle
-from .unwinding import ReplayDiverged
+from ._runtime.unwinding import ReplayDiverged
 
 __all__ = [
     # the SDK: registering workflows, what they receive, retries

@@ -27,13 +27,13 @@ from supervisor.ledger.arguments import finite, identifier
 from supervisor.ledger.errors import InvalidArgument, StepFailed, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
-from .derived_ids import derived_id
+from ._runtime.derived_ids import derived_id
 from .effects import EffectsMixin
-from .fenced import FencedWriter
+from ._runtime.fenced import FencedWriter
 from .retry import RetryableError, RetryPolicy
 from .starts import StartsMixin
 from .stores import StoresMixin
-from .unwinding import ReplayDiverged, StopDelivery, Suspend
+from ._runtime.unwinding import ReplayDiverged, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
 

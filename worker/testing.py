@@ -22,7 +22,7 @@ from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_back
 from supervisor.ledger.errors import TRANSIENT_KINDS, WorkflowStuck
 from supervisor.ledger.values import TERMINAL_STATUSES, ExecutionRecord
 
-from .driver import run_delivery
+from ._runtime.driver import run_delivery
 from .registry import Registry
 
 

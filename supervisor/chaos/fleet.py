@@ -31,6 +31,8 @@ import psutil
 
 from worker.apps.chaos import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
 
+from ..pool import is_worker_command
+
 from . import faults
 from .watch import IMPORT_LOG
 
@@ -75,7 +77,7 @@ class SupervisorHandle:
         found = []
         for child in children:
             try:
-                if "worker.child" in " ".join(child.cmdline()) and faults.alive(child):
+                if is_worker_command(child.cmdline()) and faults.alive(child):
                     found.append(child)
                     self.workers_seen.setdefault(child.pid, child)
             except psutil.Error:

@@ -70,7 +70,7 @@ from typing import Callable, Optional
 import psutil
 
 from worker.apps.chaos import COUNTER, MAILBOX, STEP_LOG
-from worker.registry import check_app_name, is_app_path
+from worker._runtime.loading import check_app_name, is_app_path
 
 from ..ledger.backends import is_uri, open_backend, shown
 from ..ledger.errors import InvalidArgument, YieldstarError

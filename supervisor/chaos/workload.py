@@ -108,8 +108,8 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
 
 def app_workload(app: str, rng: random.Random, count: int, window_s: float) -> list[Admission]:
     """The workload an app of the user's defines (`chaos_workload(rng, count)`), admitted evenly
-    over `window_s` seconds. The app is imported as a supervisor imports it (`worker.registry`)."""
-    from worker.registry import is_app_path, load_app
+    over `window_s` seconds. The app is imported as a supervisor imports it (`worker._runtime.loading`)."""
+    from worker._runtime.loading import is_app_path, load_app
 
     load_app(app)
     module = (sys.modules[os.path.splitext(os.path.basename(app))[0]] if is_app_path(app)

@@ -19,7 +19,7 @@ Both sides import them from here: the supervisor, and the `worker` package, whos
 surface re-exports the ones users catch. An error of one part of the supervisor is defined beside
 its raiser and still derives from `YieldstarError` (the chaos harness's `ChaosInterrupted`, the
 child pool's `AppLoadFailed`, which belongs under `AppError` when the pool is next reworked). The
-exceptions that unwind a workflow in a child (`worker.unwinding`) derive from `BaseException`
+exceptions that unwind a workflow in a child (`worker._runtime.unwinding`) derive from `BaseException`
 instead, so a workflow's own `except Exception` cannot swallow them.
 
 A lost lease is *not* among them: at the ledger level it is a normal reply (`LeaseLost`), because

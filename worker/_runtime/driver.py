@@ -39,10 +39,10 @@ from typing import Callable, NamedTuple, Optional
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
-from .async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
-from .context import WorkflowContext, error_info
+from ..async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
+from ..context import WorkflowContext, error_info
+from ..registry import Registry
 from .fenced import FencedWriter, always
-from .registry import Registry
 from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
 
 

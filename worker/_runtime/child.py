@@ -21,13 +21,13 @@ import traceback
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
 from supervisor.ledger.sqlite import socket_folder
-from supervisor.ledger.values import ExecutionLease, Retry
+from supervisor.ledger.values import Retry
 
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
-from .protocol import DONE, EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, READY
-from .registry import describe_load_failure, load_app
+from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready
+from .loading import describe_load_failure, load_app
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
@@ -52,28 +52,27 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         registry = load_app(app)
     except BaseException as exc:
         # The first line is the whole story for the operator; the traceback follows for --verbose.
-        conn.send((READY, os.getpid(), f"cannot load app {app}: {describe_load_failure(exc)}\n"
-                   + traceback.format_exc(), None))
+        conn.send(AppNotLoaded(os.getpid(), f"cannot load app {app}: {describe_load_failure(exc)}\n"
+                               + traceback.format_exc()))
         os._exit(EXIT_APP_FAILED)
     backend = _open_ledger(conn, db_path, durability)
     watch.start()
-    watch.send((READY, os.getpid(), None, None))
+    watch.send(Ready(os.getpid()))
 
     while True:
-        message = watch.next_task()
-        if message is None:
+        task = watch.next_task()
+        if task is None:
             break
-        _, execution_id, token, expires_at, claimed_at, start = message
-        lease = ExecutionLease(execution_id, token, expires_at)
+        lease = task.lease
         started = time.monotonic()
         try:
-            outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=claimed_at,
-                                   start=start)
+            outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=task.claimed_at,
+                                   start=task.start)
         except StorageError as exc:
             outcome = storage_retry(exc)
         except Exception:
             outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
-        watch.send((DONE, execution_id, token, outcome, int((time.monotonic() - started) * 1000)))
+        watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000)))
     backend.close()
     os._exit(EXIT_OK)
 
@@ -89,15 +88,17 @@ def _open_ledger(conn, db_path: str, durability: str):
             return open_backend(db_path, durability=durability)
         except StorageError as exc:
             if not exc.transient:
-                conn.send((READY, os.getpid(), str(exc), exc.kind))
+                conn.send(LedgerNotOpened(os.getpid(), str(exc), exc.kind))
                 os._exit(EXIT_LEDGER_UNUSABLE)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
 
 def main(argv: list[str]) -> None:
-    """`python -m worker.child SETTINGS_JSON`, as the supervisor's pool starts it."""
+    """Serve as `boot` was asked to: `argv` is `[.../boot.py, SETTINGS_JSON]`."""
     settings = json.loads(argv[1])
+    # After yieldstar's own packages were imported (this module's imports): the app's folder
+    # comes first for the app's imports, and cannot take their place.
     for entry in reversed(settings["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -105,5 +106,3 @@ def main(argv: list[str]) -> None:
                settings["parent_pid"], settings["heartbeat_s"], settings["misses"])
 
 
-if __name__ == "__main__":
-    main(sys.argv)

@@ -32,9 +32,10 @@ import threading
 import time
 from typing import NoReturn, Optional
 
-from .protocol import ALIVE, BEAT, EXIT, EXIT_PARENT_GONE, RUN
+from .protocol import EXIT_PARENT_GONE, Alive, Beat, Exit, FromChild, Run, ToChild
 
 PR_SET_PDEATHSIG = 1
+ALIVE = Alive()  # every answer to a beat is the same one
 log = logging.getLogger("yieldstar.worker")
 
 
@@ -85,7 +86,7 @@ class ParentWatch:
         self._limit = heartbeat_s * misses
         self._check_every = heartbeat_s / 2
         self._reading = threading.Lock()  # held by the thread reading the pipe
-        self._tasks: collections.deque = collections.deque()  # RUN and EXIT messages not yet taken
+        self._tasks: collections.deque[Run | Exit] = collections.deque()  # not yet taken
         self._send_lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._gone = False
@@ -105,34 +106,35 @@ class ParentWatch:
             return False
         return True
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: FromChild) -> None:
         with self._send_lock:
             self._conn.send(message)
 
-    def next_task(self) -> Optional[tuple]:
-        """The next RUN message from the supervisor, or None when it says EXIT; waits for it,
+    def next_task(self) -> Optional[Run]:
+        """The next `Run` from the supervisor, or None when it says `Exit`; waits for it,
         answering heartbeats meanwhile."""
         with self._reading:
             while not self._tasks:
                 self._take(self._receive())
             message = self._tasks.popleft()
-        return None if message[0] == EXIT else message
+        return message if isinstance(message, Run) else None
 
-    def _receive(self) -> tuple:
+    def _receive(self) -> ToChild:
         try:
             return self._conn.recv()
         except (EOFError, OSError):
             self._leave("pipe closed")
 
-    def _take(self, message: tuple) -> None:
+    def _take(self, message: ToChild) -> None:
         self._last_beat = time.monotonic()
-        if message[0] == BEAT:
-            try:
-                self.send((ALIVE,))
-            except OSError:
-                self._leave("pipe closed")
-        elif message[0] in (RUN, EXIT):
-            self._tasks.append(message)
+        match message:
+            case Beat():
+                try:
+                    self.send(ALIVE)
+                except OSError:
+                    self._leave("pipe closed")
+            case Run() | Exit():
+                self._tasks.append(message)
 
     def _parent_alive(self) -> bool:
         return os.getppid() == self._parent_pid and process_start(self._parent_pid) == self._parent_started
