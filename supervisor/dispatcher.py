@@ -50,14 +50,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from worker._runtime.loading import check_app_name
-from worker.registry import AppNotFound
 
 from .ledger import arguments
 from .ledger.backends import open_backend, shown
-from .ledger.errors import InvalidArgument, LedgerUnusable, StorageError
+from .ledger.errors import AppLoadFailed, AppNotFound, InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import INLINE_SLOW_S, LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
-from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
+from .pool import MAX_CONCURRENCY, Pool
 
 log = logging.getLogger("yieldstar.supervisor")
 

@@ -29,11 +29,11 @@ from typing import Callable, Optional
 
 from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild, LedgerNotOpened, Ready, Run
 
-from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
+from .ledger.errors import TRANSIENT_KINDS, AppLoadFailed, DiedWhileStarting, LedgerUnusable, StorageError
 from .ledger.contract import DueListener
 from .ledger.values import LeaseLost, Renewed, Retry
 from .ledger_calls import Acknowledge, Call, Claim, Ended, LedgerCalls, NextReadyAt, Release, Renew, Reply, Wakeup
-from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
+from .pool import START_ATTEMPTS, Child, Delivery, Pool, describe_exit
 
 log = logging.getLogger("yieldstar.supervisor")
 

@@ -31,7 +31,7 @@ from worker._runtime import protocol
 from worker._runtime.protocol import EXIT_CODES, AppNotLoaded, Exit, FromChild, ToChild
 
 from .ledger.backends import anywhere
-from .ledger.errors import YieldstarError
+from .ledger.errors import AppLoadFailed, DiedWhileStarting
 from .ledger.values import ExecutionLease
 
 log = logging.getLogger("yieldstar.supervisor")
@@ -87,22 +87,6 @@ class ChildProcess:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
-
-
-class AppLoadFailed(YieldstarError):
-    """Raised when a child process cannot import the user's app.
-
-    The message's first line says what failed ("cannot load app APP: CAUSE"); the lines after
-    it, if any, are the child's traceback, kept apart in `details` so that the command line can
-    print one line, and the whole of it only when asked (`supervise --verbose`)."""
-
-    def __init__(self, text: str):
-        summary, _, self.details = text.partition("\n")
-        super().__init__(summary)
-
-
-class DiedWhileStarting(AppLoadFailed):
-    """Raised when child processes keep ending before they report whether they loaded the app."""
 
 
 # Workers killed while starting are started again; this many such deaths in a row per worker,

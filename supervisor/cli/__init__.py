@@ -256,7 +256,7 @@ class _DbOption(click.Option):
 @click.version_option(package_name="yieldstar", prog_name="yieldstar", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context, db: str) -> None:
-    """Yieldstar: durable workflows on one host, with execution leases and fencing tokens."""
+    """Yieldstar: durable workflows with execution leases and fencing tokens, on SQLite or PostgreSQL."""
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
 

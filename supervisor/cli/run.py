@@ -47,7 +47,7 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
     place twice a second below the log lines."""
     from ..dispatcher import Supervisor, SupervisorConfig
-    from ..pool import AppLoadFailed
+    from ..ledger.errors import AppLoadFailed
 
     config = SupervisorConfig(
         concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,

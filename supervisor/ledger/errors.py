@@ -12,13 +12,14 @@
     |   +-- WorkflowStuck               an in-process test run can make no progress
     +-- AppError                        the user's app cannot be found or loaded
     |   +-- AppNotFound                 the APP module or file cannot be imported
+    |   +-- AppLoadFailed               a worker process cannot import the app
+    |       +-- DiedWhileStarting       worker processes keep dying before they say
     +-- LedgerInUse                     a restore refused while processes use the ledger
     +-- StorageError                    the ledger's storage failed a call (below)
 
 Both sides import them from here: the supervisor, and the `worker` package, whose public
 surface re-exports the ones users catch. An error of one part of the supervisor is defined beside
-its raiser and still derives from `YieldstarError` (the chaos harness's `ChaosInterrupted`, the
-child pool's `AppLoadFailed`, which belongs under `AppError` when the pool is next reworked). The
+its raiser and still derives from `YieldstarError` (the chaos harness's `ChaosInterrupted`). The
 exceptions that unwind a workflow in a child (`worker._runtime.unwinding`) derive from `BaseException`
 instead, so a workflow's own `except Exception` cannot swallow them.
 
@@ -122,6 +123,22 @@ class AppError(YieldstarError):
 
 class AppNotFound(AppError):
     """Raised when an APP module name or .py path cannot be imported."""
+
+
+class AppLoadFailed(AppError):
+    """Raised when a child process cannot import the user's app.
+
+    The message's first line says what failed ("cannot load app APP: CAUSE"); the lines after
+    it, if any, are the child's traceback, kept apart in `details` so that the command line can
+    print one line, and the whole of it only when asked (`supervise --verbose`)."""
+
+    def __init__(self, text: str):
+        summary, _, self.details = text.partition("\n")
+        super().__init__(summary)
+
+
+class DiedWhileStarting(AppLoadFailed):
+    """Raised when child processes keep ending before they report whether they loaded the app."""
 
 
 class LedgerInUse(YieldstarError):
