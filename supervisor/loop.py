@@ -50,6 +50,10 @@ FILE_CHECK_S = 1.0
 TOP_UP_RETRY_S = 1.0
 
 
+# What the log says when a delivery is lost (the chaos checker counts these lines: `chaos.evidence`).
+LOST_LINE = "execution %s token %d: %s; killing worker pid %d so that it stops at once"
+RENEWAL_FOUND_LOST = "the lease is lost"
+
 class DispatchLoop:
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
     seconds) as an argument and none blocks: waiting happens in `wait` alone."""
@@ -305,7 +309,7 @@ class DispatchLoop:
             # The ledger set the new expiry after the call was sent: it lasts at least this long.
             delivery.held_until = max(delivery.held_until, delivery.renew_sent_at + self.cfg.lease_ms / 1000)
             return
-        self.lose(delivery, "the lease is lost", now)
+        self.lose(delivery, RENEWAL_FOUND_LOST, now)
 
     def stop_unconfirmed(self, now: float) -> None:
         """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
@@ -348,8 +352,7 @@ class DispatchLoop:
             return
         delivery.lost = True
         self.stats.lost += 1
-        log.warning("execution %s token %d: %s; killing worker pid %d so that it stops at once",
-                    delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+        log.warning(LOST_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
         child.delivery = None
         self.replace(child)
 

@@ -762,3 +762,16 @@ def dump_on_hang():
     faulthandler.dump_traceback_later(235, exit=False)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+def test_the_checker_counts_the_renewals_that_found_a_lease_lost_as_the_loop_logs_them(tmp_path):
+    from supervisor.chaos.evidence import read_refusals
+    from supervisor.loop import LOST_LINE, RENEWAL_FOUND_LOST
+
+    os.makedirs(tmp_path / "logs")
+    lines = [LOST_LINE % ("e-1", 7, RENEWAL_FOUND_LOST, 4242),
+             LOST_LINE % ("e-2", 3, "its delivery ended in the ledger (cancelled)", 4243)]
+    (tmp_path / "logs" / "supervisor-002.log").write_text(
+        "".join(f"2026-12-05 07:00:00,000 WARNING supervisor: {line}\n" for line in lines))
+    found, tracebacks = read_refusals(str(tmp_path))
+    assert found == [("renewals", "e-1", 7, 2)] and tracebacks == 0

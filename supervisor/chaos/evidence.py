@@ -14,6 +14,8 @@ from typing import Iterator, Optional
 
 from worker.apps.chaos import EXTERNAL, STEP_LOG
 
+from ..loop import RENEWAL_FOUND_LOST
+
 
 @dataclass(frozen=True)
 class LogLine:
@@ -69,7 +71,7 @@ def read_external(folder: str) -> tuple[dict, Counter, dict]:
 REFUSALS = [
     # what the log line says, how to find the execution and token in it
     ("worker_writes", re.compile(r"execution (\S+) token (\d+): write of .* refused")),
-    ("renewals", re.compile(r"execution (\S+) token (\d+): renewal found the lease lost")),
+    ("renewals", re.compile(r"execution (\S+) token (\d+): " + re.escape(RENEWAL_FOUND_LOST) + ";")),
     ("deliveries_lost", re.compile(r"delivery execution=(\S+) token=(\d+) outcome=lost")),
 ]
 
