@@ -319,6 +319,15 @@ def admit(db, execution_id: str, workflow: str, input: Any = None) -> None:
         backend.executions.admit(execution_id, workflow, json.dumps(input))
 
 
+def no_two_live_leases(history) -> None:
+    """Tokens strictly increase, and each claim starts no earlier than the previous lease ended."""
+    tokens = [h.token for h in history]
+    assert tokens == sorted(set(tokens)), tokens
+    for before, after in zip(history, history[1:]):
+        assert before.ended_at is not None, before
+        assert after.claimed_at >= before.ended_at, (before, after)
+
+
 def max_overlap(intervals: Iterable[tuple[int, int]]) -> int:
     """The most half-open intervals `[start, end)` that overlap at any instant."""
     points = []

@@ -2,7 +2,7 @@
 folder, listening on a Unix socket only (`listen_addresses=''`, socket owner-only), removed
 afterwards.
 
-A cluster for several hosts (`supervisor.ledger.postgres.hosts`) also listens on TCP, on the
+A cluster for several hosts (`supervisor.chaos.netns`) also listens on TCP, on the
 addresses it is given and no other: each must be a literal address of one interface (the
 database's end of a test's veth pair), never a wildcard, and clients from the `trusted_networks`
 given with them connect without a password (`pg_hba.conf`, `trust`). The Unix socket stays.

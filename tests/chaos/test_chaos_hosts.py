@@ -1,13 +1,13 @@
 """`yieldstar chaos --hosts N`: supervisors in network namespaces on the run's own PostgreSQL
 server, with partitions, frozen hosts, server restarts and hosts' skewed wall clocks (issue 14).
 
-The fast tests hand the checker a small ledger (as tests/test_chaos.py does) with a fleet journal
+The fast tests hand the checker a small ledger (as tests/chaos/test_chaos.py does) with a fleet journal
 of hosts and the journal of a host fault, and show which lost leases a partition, a frozen host
 or a server restart explains, and that one of another host, or over before the lease was at
 risk, explains nothing; and that the per-host figures and the takeover time after a partition
 come out of them. The slow test is a short real run on three hosts with every kind: it needs root
 and `ip` (skipped with a message otherwise; under `CI=true` that skip is a failure, as in
-tests/test_hosts_partition.py).
+tests/chaos/test_hosts_partition.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from supervisor.chaos.takeovers import _spread
 from supervisor.chaos.watch import StepWatcher
 from supervisor.cli import EXIT_INTERRUPTED
 from supervisor.ledger.errors import InvalidArgument
-from supervisor.ledger.postgres import hosts as multihost
+from supervisor.chaos import netns as multihost
 from test_chaos import Ledger, fault, sound_history
 from worker.chaos_app import digest
 

@@ -1,7 +1,7 @@
 """Two hosts on one PostgreSQL server, one of whose wall clocks is 30 s wrong (issue 14, SPEC
 section 7: the server's clock is the only clock that decides).
 
-Each host is a Linux network namespace (`supervisor.ledger.postgres.hosts`) running a real
+Each host is a Linux network namespace (`supervisor.chaos.netns`) running a real
 `yieldstar supervise`. Host B's supervisor, and so its workers, run with a wall clock really
 shifted (`supervisor.chaos.wall_clock`: an LD_PRELOAD library under libc's `clock_gettime`,
 `gettimeofday` and `time`, so every library in those processes reads the wrong time, not only
@@ -33,7 +33,7 @@ from faults import (SupervisorProcess, admit, dump_on_hang, query, read_log, ste
 from supervisor import open_backend
 from supervisor.chaos import wall_clock
 from test_hosts_partition import LEASE_MS, REDELIVERY_MS, hosts, outcomes, start_on  # the supervisors' timings too
-from test_supervisor import no_two_live_leases
+from faults import no_two_live_leases
 from test_wall_clock import needs_the_shim
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dump_on_hang")]

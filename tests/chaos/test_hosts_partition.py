@@ -1,7 +1,7 @@
 """Two hosts on one PostgreSQL server, and a network partition (issue 14, SPEC section 7).
 
 Each host is a Linux network namespace joined to the server by a veth pair
-(`supervisor.ledger.postgres.hosts`), and runs a real `yieldstar supervise` inside it that
+(`supervisor.chaos.netns`), and runs a real `yieldstar supervise` inside it that
 reaches the database over TCP at the server's address on its own veth. Host A holds two
 executions mid-delivery: one inside a step (`sv.hold`), one whose steps are all recorded
 (`sv.finish_late`), let go right after the cut so that its acknowledgement leaves on the dead
@@ -31,8 +31,8 @@ import pytest
 from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_on_hang, gone, needs, read_log,
                     step_tokens, supervisors, wait_until)
 from supervisor import open_backend
-from supervisor.ledger.postgres import hosts as multihost
-from test_supervisor import no_two_live_leases
+from supervisor.chaos import netns as multihost
+from faults import no_two_live_leases
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("dump_on_hang")]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import APP, ROOT, admit, cli, db, dump_on_hang, ledger, supervisors, wait_gone, wait_until
+from faults import APP, ROOT, TESTS, admit, cli, db, dump_on_hang, ledger, supervisors, wait_gone, wait_until
 from supervisor import open_backend
 from supervisor.ledger.sqlite.nudge import nudge_dir
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
 __all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
-BROKEN = Path(__file__).resolve().parent / "apps" / "broken"
+BROKEN = TESTS / "apps" / "broken"
 
 
 def yieldstar(*args: str, cwd=ROOT, env: dict | None = None, input: str | None = None,

@@ -9,9 +9,9 @@ Only ```console blocks are replayed; a ```text block (the `top` screen, a superv
 in another terminal) is a capture that is not. When an output changes on purpose, rewrite the
 document's outputs from a new run with
 
-    .venv/bin/python tests/test_docs_operators.py --update
+    .venv/bin/python tests/docs/test_docs_operators.py --update
 
-(README.md's operator session is replayed the same way by tests/test_readme.py.)
+(README.md's operator session is replayed the same way by tests/docs/test_readme.py.)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from click.testing import CliRunner
 from supervisor import open_backend
 from supervisor.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPERATORS = ROOT / "docs" / "operators.md"
 
 CONSOLE_BLOCK = re.compile(r"```console\n(.*?)```", re.S)
@@ -230,7 +230,7 @@ def test_the_operators_guide_shows_the_real_output_of_every_command(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_the_top_screen_shown_has_the_labels_of_a_real_one(tmp_path):
-    """The screen in the guide is a capture from a terminal (tests/test_top.py drives `top` in
+    """The screen in the guide is a capture from a terminal (tests/cli/test_top.py drives `top` in
     one); its headings and column labels are those `top` prints now."""
     text = OPERATORS.read_text()
     screen = re.search(r"```text\n(yieldstar top .*?)```", text, re.S)

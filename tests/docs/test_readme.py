@@ -1,6 +1,6 @@
 """The README's quickstart works as written: its app runs under a supervisor, its unit test
 passes, and its operator commands print what the README shows (replayed as
-tests/test_docs_operators.py replays docs/operators.md)."""
+tests/docs/test_docs_operators.py replays docs/operators.md)."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from test_docs_operators import code_block as block_of
 
 from supervisor import open_backend
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
 
 
 def code_block(first_line: str) -> str:
@@ -169,5 +169,5 @@ def update() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python tests/test_readme.py --update  (rewrites the outputs of the README's operator commands)")
+        sys.exit("usage: python tests/docs/test_readme.py --update  (rewrites the outputs of the README's operator commands)")
     update()

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
 __all__ = ["dump_on_hang"]  # a fixture imported from faults
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to mount a tmpfs or to chown a file)")
 
 # Forks N openers of one path, releases them together (they all wait for EOF on one pipe), and

@@ -17,7 +17,7 @@ import pytest
 from faults import APP, cli, needs, wait_until
 from supervisor import Completed, LeaseLost, Released, Renewed, open_backend
 from supervisor.ledger.errors import LedgerGone
-from supervisor.ledger.postgres.cluster import Cluster, available
+from supervisor.chaos.cluster import Cluster, available
 from supervisor.ledger.tables.epochs import EPOCH_SPAN, token_epoch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -28,7 +28,7 @@ from faults import dump_on_hang, query, step_tokens, supervisors, wait_until
 from supervisor import Completed, LeaseLost, open_backend
 from supervisor.ledger.errors import StorageBusy, StorageError, StorageUnavailable
 from supervisor.ledger.postgres import notify
-from test_supervisor import no_two_live_leases
+from faults import no_two_live_leases
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("dump_on_hang")]
 

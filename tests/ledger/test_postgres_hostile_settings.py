@@ -5,7 +5,7 @@ with: `idle_session_timeout` (the server ends a session idle for longer), `state
 `default_transaction_read_only`. The ledger's sessions set what they need themselves, so none of
 them changes what the runtime does; and every SQLSTATE that means the session or the server went
 away or refuses is a storage error of the right kind. (A session the server ended while it was
-idle is replaced before the next call: tests/test_postgres_connection.py.)
+idle is replaced before the next call: tests/ledger/test_postgres_connection.py.)
 """
 
 from __future__ import annotations

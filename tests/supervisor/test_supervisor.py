@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, dump_on_hang, is_worker, ledger,
-                    max_overlap, process_tree, read_log, step_tokens, supervisors, wait_until)
+                    max_overlap, no_two_live_leases, process_tree, read_log, step_tokens, supervisors, wait_until)
 from supervisor import ExecutionRecord, HeapRecord
 from supervisor.dispatcher import Supervisor, SupervisorConfig
 from supervisor.ledger.sqlite.nudge import nudge_dir
@@ -39,15 +39,6 @@ def db(each_backend):
 
 def completed(ledger, *execution_ids: str) -> bool:
     return all(ledger.executions.get(e).status == "completed" for e in execution_ids)
-
-
-def no_two_live_leases(history) -> None:
-    """Tokens strictly increase, and each claim starts no earlier than the previous lease ended."""
-    tokens = [h.token for h in history]
-    assert tokens == sorted(set(tokens)), tokens
-    for before, after in zip(history, history[1:]):
-        assert before.ended_at is not None, before
-        assert after.claimed_at >= before.ended_at, (before, after)
 
 
 # -- the RFC's dispatcher tests -------------------------------------------------------------------
