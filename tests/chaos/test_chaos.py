@@ -100,13 +100,6 @@ class Ledger:
 
 
 @pytest.fixture
-def ledger(tmp_path, clock):
-    made = Ledger(tmp_path, clock)
-    yield made
-    made.backend.close()
-
-
-@pytest.fixture
 def any_ledger(tmp_path, clock, each_backend):
     """A hand-made ledger on each backend in turn."""
     made = Ledger(tmp_path, clock, each_backend)
@@ -183,47 +176,49 @@ def test_a_stale_acknowledgement_is_caught(any_ledger):
     assert "token 1" in violation.detail and "final token is 2" in violation.detail
 
 
-def test_an_outcome_produced_by_an_older_holder_is_caught(ledger):
-    sound_history(ledger)
-    ledger.sql("UPDATE executions SET result_json = json_set(result_json, '$.token', 1) WHERE execution_id = 'e1'")
-    assert "outcome_token" in kinds(ledger.check())
+def test_an_outcome_produced_by_an_older_holder_is_caught(chaos_ledger):
+    sound_history(chaos_ledger)
+    chaos_ledger.sql("UPDATE executions SET result_json = json_set(result_json, '$.token', 1)"
+                     " WHERE execution_id = 'e1'")
+    assert "outcome_token" in kinds(chaos_ledger.check())
 
 
-def test_a_duplicated_effect_is_caught(ledger):
-    sound_history(ledger)
+def test_a_duplicated_effect_is_caught(chaos_ledger):
+    sound_history(chaos_ledger)
     effect_id = "e1/pay"
-    ledger.backend.effects.begin(effect_id)
-    ledger.backend.effects.settle(effect_id, json.dumps({"effect_id": effect_id, "receipt": "r1"}))
-    path = external_shard(ledger.folder, effect_id)
+    chaos_ledger.backend.effects.begin(effect_id)
+    chaos_ledger.backend.effects.settle(effect_id, json.dumps({"effect_id": effect_id, "receipt": "r1"}))
+    path = external_shard(chaos_ledger.folder, effect_id)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as f:  # the external system ran it twice: an idempotency key was not honoured
         f.write(f"execute {effect_id} r1 4242 1 1\n")
         f.write(f"execute {effect_id} r2 4243 2 2\n")
-    result = ledger.check()
+    result = chaos_ledger.check()
     assert kinds(result) == {"effect_executed_twice"}
     assert result.figures["effects"]["max_executions_per_id"] == 2
 
 
-def test_a_step_record_written_by_a_stale_holder_is_caught(ledger):
-    ledger.admit("e1", [["run", "a", 0]])
-    assert ledger.claim().token == 1
-    ledger.clock.advance(LEASE + 5_000)
-    second = ledger.claim()
+def test_a_step_record_written_by_a_stale_holder_is_caught(chaos_ledger):
+    chaos_ledger.admit("e1", [["run", "a", 0]])
+    assert chaos_ledger.claim().token == 1
+    chaos_ledger.clock.advance(LEASE + 5_000)
+    second = chaos_ledger.claim()
     # Token 2 found no record of step a and ran it...
-    ledger.log("begin", "e1", 2, 4243, "a", ledger.clock.now * 1_000_000)
+    chaos_ledger.log("begin", "e1", 2, 4243, "a", chaos_ledger.clock.now * 1_000_000)
     # ...but the record was written under token 1 after token 2's claim (forged: the fence refuses it).
     value = {"token": 1, "pid": 4242, "nonce": "late"}
-    ledger.sql("INSERT INTO steps VALUES ('e1', 'a', 1, 1, ?, 1, ?)", json.dumps({"value": value}), ledger.clock.now)
-    ledger.log("end", "e1", 1, 4242, "a", ledger.clock.now * 1_000_000, "late")
-    ledger.complete(second, {"a": digest(value)})
-    assert "stale_step_write" in kinds(ledger.check())
+    chaos_ledger.sql("INSERT INTO steps VALUES ('e1', 'a', 1, 1, ?, 1, ?)", json.dumps({"value": value}),
+                     chaos_ledger.clock.now)
+    chaos_ledger.log("end", "e1", 1, 4242, "a", chaos_ledger.clock.now * 1_000_000, "late")
+    chaos_ledger.complete(second, {"a": digest(value)})
+    assert "stale_step_write" in kinds(chaos_ledger.check())
 
 
-def test_a_step_record_changed_after_it_was_seen_is_caught(ledger):
-    sound_history(ledger)
-    ledger.sql("UPDATE steps SET step_response_json = json_set(step_response_json, '$.value.nonce', 'other')"
+def test_a_step_record_changed_after_it_was_seen_is_caught(chaos_ledger):
+    sound_history(chaos_ledger)
+    chaos_ledger.sql("UPDATE steps SET step_response_json = json_set(step_response_json, '$.value.nonce', 'other')"
                " WHERE execution_id = 'e1' AND step_key = 'a'")
-    assert {"step_value_changed", "step_value_unexplained"} <= kinds(ledger.check())
+    assert {"step_value_changed", "step_value_unexplained"} <= kinds(chaos_ledger.check())
 
 
 def test_lost_store_updates_and_stuck_executions_are_caught(any_ledger):
@@ -231,7 +226,8 @@ def test_lost_store_updates_and_stuck_executions_are_caught(any_ledger):
     ledger.backend.stores.get_or_create(COUNTER, "0")
     ledger.admit("e1", [["inc", "i"]])
     lease = ledger.claim()
-    receipt = ledger.backend.stores.change(COUNTER, execution_id="e1", step_key="i", change=lambda n: (n + 1, n + 1))
+    receipt = ledger.backend.stores.change(COUNTER, execution_id="e1", step_key="i",
+                                                 change=lambda n: (n + 1, n + 1))
     ledger.step(lease, "i", json.loads(receipt.result_json))
     ledger.complete(lease, {"i": digest(1)})
     ledger.admit("e2", [["run", "a", 0]])  # never delivered: stuck
@@ -252,8 +248,10 @@ def fail(ledger: Ledger, eid: str, plan: list, error: str, *, fail_on_purpose: b
                                                                     "fail": fail_on_purpose}))
     lease = ledger.claim()
     for key, step_error in (() if not plan or plan[0][0] != "retry" else [(plan[0][1], plan[0])]):
-        ledger.backend.heap.write_step(lease, step_key=key, step_attempt=1, done=True, step_response_json=json.dumps(
-            {"error": {"type": "RetryableError", "message": f"flaky step {key} (token 1)"}, "retry_at": None}))
+        ledger.backend.heap.write_step(lease, step_key=key, step_attempt=1, done=True,
+                                             step_response_json=json.dumps({"error": {
+                                                 "type": "RetryableError", "message": f"flaky step {key} (token 1)"},
+                                                 "retry_at": None}))
     assert ledger.backend.executions.acknowledge(lease, Failed(error)).status == "failed"
 
 
@@ -265,23 +263,24 @@ def planned_failures(ledger: Ledger) -> None:
         "ChaosFailure", "step 'r' failed after 3 attempt(s): RetryableError: flaky step r (token 1) (token 1)"))
 
 
-def test_planned_failures_are_not_infrastructure_failures(ledger):
-    planned_failures(ledger)
-    result = ledger.check()
+def test_planned_failures_are_not_infrastructure_failures(chaos_ledger):
+    planned_failures(chaos_ledger)
+    result = chaos_ledger.check()
     assert result.violations == []
     assert result.figures["failures"] == {"failed": 2, "planned": 2, "step_errors": 1}
 
 
-def test_an_execution_failed_by_the_storage_is_caught(ledger):
-    planned_failures(ledger)
+def test_an_execution_failed_by_the_storage_is_caught(chaos_ledger):
+    planned_failures(chaos_ledger)
     # A full disk reported as the workflow's outcome, in each of the shapes it can take.
-    fail(ledger, "s1", [["run", "a", 0]], error_json("StorageUnavailable", "database or disk is full"))
-    fail(ledger, "s2", [["run", "a", 0]], error_json("OperationalError", "disk I/O error"))
-    fail(ledger, "s3", [["inc", "i"]], error_json("ChaosFailure", "step 'i' failed after 1 attempt(s):"
+    fail(chaos_ledger, "s1", [["run", "a", 0]], error_json("StorageUnavailable", "database or disk is full"))
+    fail(chaos_ledger, "s2", [["run", "a", 0]], error_json("OperationalError", "disk I/O error"))
+    fail(chaos_ledger, "s3", [["inc", "i"]], error_json("ChaosFailure", "step 'i' failed after 1 attempt(s):"
                                                   " StorageBusy: database is locked (token 1)"))
-    fail(ledger, "s4", [["run", "a", 0]], error_json("ChaosFailure", "deliberate failure (token 1)"))  # not asked for
-    fail(ledger, "s5", [["run", "a", 0]], error_json("ReplayDiverged", "the workflow took another path"))
-    result = ledger.check()
+    # not asked for:
+    fail(chaos_ledger, "s4", [["run", "a", 0]], error_json("ChaosFailure", "deliberate failure (token 1)"))
+    fail(chaos_ledger, "s5", [["run", "a", 0]], error_json("ReplayDiverged", "the workflow took another path"))
+    result = chaos_ledger.check()
     assert kinds(result) == {"failed_by_infrastructure", "outcome_token"}  # s1, s2, s5 name no token either
     found = [v for v in result.violations if v.kind == "failed_by_infrastructure"]
     assert sorted(v.execution_id for v in found) == ["s1", "s2", "s3", "s4", "s5"]
@@ -289,13 +288,15 @@ def test_an_execution_failed_by_the_storage_is_caught(ledger):
     assert result.figures["failures"]["planned"] == 2
 
 
-def test_a_storage_error_recorded_as_a_step_error_is_caught(ledger):
-    ledger.admit("e1", [["effect", "pay", 0, 0]])
-    lease = ledger.claim()
-    ledger.backend.heap.write_step(lease, step_key="pay", step_attempt=1, done=False, step_response_json=json.dumps(
-        {"error": {"type": "StorageUnavailable", "message": "database or disk is full"}, "retry_at": 1}))
-    ledger.complete(lease, {})
-    result = ledger.check()
+def test_a_storage_error_recorded_as_a_step_error_is_caught(chaos_ledger):
+    chaos_ledger.admit("e1", [["effect", "pay", 0, 0]])
+    lease = chaos_ledger.claim()
+    chaos_ledger.backend.heap.write_step(lease, step_key="pay", step_attempt=1, done=False,
+                                         step_response_json=json.dumps({"error": {
+                                             "type": "StorageUnavailable", "message": "database or disk is full"},
+                                             "retry_at": 1}))
+    chaos_ledger.complete(lease, {})
+    result = chaos_ledger.check()
     assert kinds(result) == {"failed_by_infrastructure"}
     assert "step pay attempt 1 recorded StorageUnavailable" in result.violations[0].detail
 
@@ -332,63 +333,63 @@ def takeover(ledger: Ledger):
     return ledger.check()
 
 
-def test_a_lease_lost_by_a_live_holder_is_caught(ledger):
-    result = takeover(ledger)
+def test_a_lease_lost_by_a_live_holder_is_caught(chaos_ledger):
+    result = takeover(chaos_ledger)
     assert kinds(result) == {"superseded_while_alive"}
     assert "token 1 of supervisor 1" in result.violations[0].detail
     assert result.figures["takeovers"]["unexplained"] == 1
 
 
-def test_a_lease_lost_to_a_killed_or_frozen_worker_is_explained(ledger):
-    fault(ledger, "kill_child", 1_000_300, step={"execution_id": "e1", "token": 1, "key": "a", "pid": 4242})
-    result = takeover(ledger)
+def test_a_lease_lost_to_a_killed_or_frozen_worker_is_explained(chaos_ledger):
+    fault(chaos_ledger, "kill_child", 1_000_300, step={"execution_id": "e1", "token": 1, "key": "a", "pid": 4242})
+    result = takeover(chaos_ledger)
     assert result.violations == []
     assert result.figures["takeovers"]["explained"]["worker_fault"] == 1
 
 
-def test_a_worker_frozen_just_before_it_was_handed_the_delivery_explains_the_takeover(ledger):
-    fault(ledger, "freeze_child", 1_000_000 - 900, seconds=3)  # still frozen at the claim
-    assert takeover(ledger).violations == []
+def test_a_worker_frozen_just_before_it_was_handed_the_delivery_explains_the_takeover(chaos_ledger):
+    fault(chaos_ledger, "freeze_child", 1_000_000 - 900, seconds=3)  # still frozen at the claim
+    assert takeover(chaos_ledger).violations == []
 
 
-def test_a_worker_frozen_just_after_it_moved_on_from_the_step_the_journal_names_explains_the_takeover(ledger):
+def test_a_worker_frozen_just_after_it_moved_on_from_the_step_the_journal_names_explains_the_takeover(chaos_ledger):
     # The injector saw the worker on another execution's step; the signal landed once it had
     # been handed e1 (the step log shows only this worker on e1).
-    fault(ledger, "freeze_child", 1_000_005, seconds=3, step={"execution_id": "e0", "token": 1, "key": "k2",
+    fault(chaos_ledger, "freeze_child", 1_000_005, seconds=3, step={"execution_id": "e0", "token": 1, "key": "k2",
                                                              "pid": 4242})
-    assert takeover(ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
+    assert takeover(chaos_ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
 
 
-def test_a_worker_thawed_before_the_claim_explains_nothing(ledger):
-    fault(ledger, "freeze_child", 1_000_000 - 3_900, seconds=3)
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+def test_a_worker_thawed_before_the_claim_explains_nothing(chaos_ledger):
+    fault(chaos_ledger, "freeze_child", 1_000_000 - 3_900, seconds=3)
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
-def test_a_worker_fault_between_steps_explains_only_its_own_delivery(ledger):
-    fault(ledger, "freeze_child", 1_000_300, worker_pid=5151, seconds=3)  # the step log says 4242 ran it
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+def test_a_worker_fault_between_steps_explains_only_its_own_delivery(chaos_ledger):
+    fault(chaos_ledger, "freeze_child", 1_000_300, worker_pid=5151, seconds=3)  # the step log says 4242 ran it
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
-def test_a_lease_lost_to_its_frozen_or_killed_supervisor_is_explained(ledger):
-    fault(ledger, "freeze_supervisor", 1_000_800, seconds=2.5)
-    assert takeover(ledger).figures["takeovers"]["explained"]["holder_frozen"] == 1
+def test_a_lease_lost_to_its_frozen_or_killed_supervisor_is_explained(chaos_ledger):
+    fault(chaos_ledger, "freeze_supervisor", 1_000_800, seconds=2.5)
+    assert takeover(chaos_ledger).figures["takeovers"]["explained"]["holder_frozen"] == 1
 
 
-def test_a_supervisor_killed_after_its_lease_was_lost_explains_nothing(ledger):
-    fault(ledger, "kill_supervisor", 1_003_000)
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+def test_a_supervisor_killed_after_its_lease_was_lost_explains_nothing(chaos_ledger):
+    fault(chaos_ledger, "kill_supervisor", 1_003_000)
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
-def test_a_lock_held_past_the_lease_explains_the_lost_lease(ledger):
-    hold_lock(ledger, 1_000_200, 1_001_700)
-    result = takeover(ledger)
+def test_a_lock_held_past_the_lease_explains_the_lost_lease(chaos_ledger):
+    hold_lock(chaos_ledger, 1_000_200, 1_001_700)
+    result = takeover(chaos_ledger)
     assert result.violations == []
     assert result.figures["takeovers"]["explained"]["stall"] == 1
 
 
-def test_a_lock_shorter_than_the_lease_explains_nothing(ledger):
-    hold_lock(ledger, 1_000_200, 1_000_900)  # 700 ms: the lease had 800 ms left after it
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+def test_a_lock_shorter_than_the_lease_explains_nothing(chaos_ledger):
+    hold_lock(chaos_ledger, 1_000_200, 1_000_900)  # 700 ms: the lease had 800 ms left after it
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
 def effect_step(ledger: Ledger, eid: str, key: str, effect_id: str, receipt: str) -> None:
@@ -408,31 +409,31 @@ def effect_step(ledger: Ledger, eid: str, key: str, effect_id: str, receipt: str
     ledger.complete(lease, {key: digest(kept)})
 
 
-def test_a_session_killed_as_the_claim_committed_explains_a_lease_never_renewed(ledger):
+def test_a_session_killed_as_the_claim_committed_explains_a_lease_never_renewed(chaos_ledger):
     # Its holder may have been told the claim failed: it never knew it held the lease.
-    fault(ledger, "connection_kill", 1_000_000 + 120)
-    result = takeover(ledger)
+    fault(chaos_ledger, "connection_kill", 1_000_000 + 120)
+    result = takeover(chaos_ledger)
     assert result.violations == []
     assert result.figures["takeovers"]["explained"]["claim_unanswered"] == 1
 
 
-def test_a_session_killed_later_in_the_delivery_explains_nothing(ledger):
-    fault(ledger, "connection_kill", 1_000_000 + 900)  # the call it met was retried on a new connection
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+def test_a_session_killed_later_in_the_delivery_explains_nothing(chaos_ledger):
+    fault(chaos_ledger, "connection_kill", 1_000_000 + 900)  # the call it met was retried on a new connection
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
-def test_a_late_kill_of_a_slow_started_worker_that_ran_the_delivery_explains_the_takeover(ledger):
+def test_a_late_kill_of_a_slow_started_worker_that_ran_the_delivery_explains_the_takeover(chaos_ledger):
     # The harness saw worker 4242 still loading the app; by the time its SIGKILL landed, the
     # worker had loaded it and run step a of the delivery (the step log says so): killed mid-delivery.
-    fault(ledger, "slow_start", 1_000_000 - 3_000, supervisor=7, replacement=1,
+    fault(chaos_ledger, "slow_start", 1_000_000 - 3_000, supervisor=7, replacement=1,
           workers_killed=[{"pid": 4242, "at_ms": 1_000_000 - 100, "importing_for_ms": 3_800}])
-    assert takeover(ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
+    assert takeover(chaos_ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
 
 
-def test_a_slow_started_worker_killed_while_another_ran_the_delivery_explains_nothing(ledger):
-    fault(ledger, "slow_start", 1_000_000 - 3_000, supervisor=7, replacement=1,
+def test_a_slow_started_worker_killed_while_another_ran_the_delivery_explains_nothing(chaos_ledger):
+    fault(chaos_ledger, "slow_start", 1_000_000 - 3_000, supervisor=7, replacement=1,
           workers_killed=[{"pid": 5151, "at_ms": 1_000_000 - 100, "importing_for_ms": 3_800}])
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
 def cpu_waits(ledger: Ledger, pid: int, waits: list) -> None:
@@ -448,43 +449,43 @@ def waiting(share: int, start: int = 1_000_000, end: int = 1_001_500) -> list:
     return [(start + 100 * k, 5 + share * k) for k in range((end - start) // 100 + 1)]
 
 
-def test_a_lease_lost_by_a_holder_kept_off_the_cpu_is_explained_by_starvation(ledger):
+def test_a_lease_lost_by_a_holder_kept_off_the_cpu_is_explained_by_starvation(chaos_ledger):
     # 90 ms of every 100 waiting for a CPU, by the kernel's count: 1,260 ms of the lease for
     # certain (a wait counted in the first interval may have begun before it), 600 would do.
-    cpu_waits(ledger, os.getpid(), waiting(90))
-    result = takeover(ledger)
+    cpu_waits(chaos_ledger, os.getpid(), waiting(90))
+    result = takeover(chaos_ledger)
     assert result.violations == []
     assert result.figures["takeovers"]["explained"]["holder_starved"] == 1
     assert result.figures["takeovers"]["cpu_waits_sampled"]
 
 
-def test_a_lease_lost_by_a_holder_that_got_the_cpu_is_still_caught(ledger):
-    cpu_waits(ledger, os.getpid(), waiting(20))  # 280 ms of waiting: it could have renewed
-    cpu_waits(ledger, 4343, waiting(95))  # another process starved: not the holder's evidence
-    result = takeover(ledger)
+def test_a_lease_lost_by_a_holder_that_got_the_cpu_is_still_caught(chaos_ledger):
+    cpu_waits(chaos_ledger, os.getpid(), waiting(20))  # 280 ms of waiting: it could have renewed
+    cpu_waits(chaos_ledger, 4343, waiting(95))  # another process starved: not the holder's evidence
+    result = takeover(chaos_ledger)
     assert kinds(result) == {"superseded_while_alive"}
     assert "having waited for a CPU for 280 ms or more (600 would excuse it)" in result.violations[0].detail
     assert result.figures["takeovers"]["explained"]["holder_starved"] == 0
 
 
-def test_a_supervisor_starved_just_before_its_last_renewal_explains_the_worker_that_left_it(ledger):
+def test_a_supervisor_starved_just_before_its_last_renewal_explains_the_worker_that_left_it(chaos_ledger):
     # Kept off the CPU for 0.8 s up to 400 ms into the lease, the supervisor beat none of its
     # workers; the worker left for want of heartbeats, and the lease was left to expire.
-    cpu_waits(ledger, os.getpid(), waiting(90, 999_600, 1_000_400))
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}  # 270 ms of it after the renewal: not enough
-    with open(os.path.join(ledger.folder, "logs", "supervisor-001.log"), "a") as f:
+    cpu_waits(chaos_ledger, os.getpid(), waiting(90, 999_600, 1_000_400))
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}  # 270 ms of it after the renewal: not enough
+    with open(os.path.join(chaos_ledger.folder, "logs", "supervisor-001.log"), "a") as f:
         f.write(f"2026-12-05 03:31:30,194 yieldstar[{os.getpid()}] execution e1 token 1: worker pid 4242 lost its"
                 " supervisor (exit code 4) mid-delivery; its lease is left to expire\n")
-    result = ledger.check()
+    result = chaos_ledger.check()
     assert result.violations == []
     assert result.figures["takeovers"]["explained"]["holder_starved"] == 1
 
 
-def test_a_wait_that_may_have_begun_before_the_lease_explains_nothing(ledger):
+def test_a_wait_that_may_have_begun_before_the_lease_explains_nothing(chaos_ledger):
     # The kernel counts a wait when it ends: 1,400 ms counted at 1_000_100 may all have been
     # waited before the claim, and the holder never waited again.
-    cpu_waits(ledger, os.getpid(), [(999_900, 0), (1_000_100, 1_400), (1_001_500, 1_400)])
-    assert kinds(takeover(ledger)) == {"superseded_while_alive"}
+    cpu_waits(chaos_ledger, os.getpid(), [(999_900, 0), (1_000_100, 1_400), (1_001_500, 1_400)])
+    assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
 
 
 def test_the_harness_journals_how_long_each_thread_waited_for_a_cpu(tmp_path):
@@ -499,19 +500,19 @@ def test_the_harness_journals_how_long_each_thread_waited_for_a_cpu(tmp_path):
     assert abs(at_ms - time.time_ns() // 1_000_000) < 60_000
 
 
-def test_effect_ids_of_one_execution_each_pass(ledger):
-    effect_step(ledger, "cust", "7/charge", "cust/7/charge", "r1")
-    effect_step(ledger, "cust/7", "charge", "cust%2F7/charge", "r2")
-    result = ledger.check()
+def test_effect_ids_of_one_execution_each_pass(chaos_ledger):
+    effect_step(chaos_ledger, "cust", "7/charge", "cust/7/charge", "r1")
+    effect_step(chaos_ledger, "cust/7", "charge", "cust%2F7/charge", "r2")
+    result = chaos_ledger.check()
     assert result.violations == [] and result.ok
     assert result.figures["effects"]["owners_checked"] == 2
 
 
-def test_an_effect_id_shared_by_two_executions_is_caught(ledger):
+def test_an_effect_id_shared_by_two_executions_is_caught(chaos_ledger):
     # The encoding `execution/key` maps both to one id: the provider charged once, for two customers.
-    effect_step(ledger, "cust", "7/charge", "cust/7/charge", "r1")
-    effect_step(ledger, "cust/7", "charge", "cust/7/charge", "r2")
-    result = ledger.check()
+    effect_step(chaos_ledger, "cust", "7/charge", "cust/7/charge", "r1")
+    effect_step(chaos_ledger, "cust/7", "charge", "cust/7/charge", "r2")
+    result = chaos_ledger.check()
     assert kinds(result) == {"effect_id_shared"}
     assert "('cust', '7/charge'), ('cust/7', 'charge')" in result.violations[0].detail
 
@@ -527,12 +528,12 @@ def start_step(ledger: Ledger, eid: str, key: str, child: str, child_plan: list)
         ledger.complete(ledger.claim(), {})
 
 
-def test_a_start_id_shared_by_two_executions_is_caught(ledger):
-    start_step(ledger, "cust", "7/ship", "cust/7/ship", [])
-    start_step(ledger, "cust/7", "ship", "cust%2F7/ship", [["run", "k1", 0]])
-    assert ledger.check().violations == []
-    start_step(ledger, "cust/8", "ship", "cust/7/ship", [["inc", "k1"]])  # handed cust's child
-    result = ledger.check()
+def test_a_start_id_shared_by_two_executions_is_caught(chaos_ledger):
+    start_step(chaos_ledger, "cust", "7/ship", "cust/7/ship", [])
+    start_step(chaos_ledger, "cust/7", "ship", "cust%2F7/ship", [["run", "k1", 0]])
+    assert chaos_ledger.check().violations == []
+    start_step(chaos_ledger, "cust/8", "ship", "cust/7/ship", [["inc", "k1"]])  # handed cust's child
+    result = chaos_ledger.check()
     assert kinds(result) == {"start_id_shared"}
     details = sorted(v.detail for v in result.violations)
     assert details == ["child cust/7/ship was started by 2 steps: [('cust', '7/ship'), ('cust/8', 'ship')]",
@@ -557,14 +558,14 @@ def skewed_redelivery(ledger: Ledger, first_skew: int, second_skew: int, *, jour
     return ledger.check()
 
 
-def test_ledger_times_of_skewed_clocks_are_compared_in_true_time(ledger):
-    result = skewed_redelivery(ledger, 400, -400)
+def test_ledger_times_of_skewed_clocks_are_compared_in_true_time(chaos_ledger):
+    result = skewed_redelivery(chaos_ledger, 400, -400)
     assert result.violations == [] and result.ok  # raw, token 2's claim is 650 ms before token 1's end
 
 
-def test_a_claim_before_the_previous_delivery_ended_is_caught_across_clocks(ledger):
+def test_a_claim_before_the_previous_delivery_ended_is_caught_across_clocks(chaos_ledger):
     # The same ledger, but the clocks were true: token 2 was claimed before token 1 was acknowledged.
-    assert {"token_sequence", "lease_overlap"} <= kinds(skewed_redelivery(ledger, 400, -400, journal=(0, 0)))
+    assert {"token_sequence", "lease_overlap"} <= kinds(skewed_redelivery(chaos_ledger, 400, -400, journal=(0, 0)))
 
 
 def test_a_disk_full_burst_fails_ledger_writes_until_it_ends(tmp_path):
@@ -755,10 +756,3 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     assert survivors == []
 
 
-@pytest.fixture
-def dump_on_hang():
-    import faulthandler
-
-    faulthandler.dump_traceback_later(235, exit=False)
-    yield
-    faulthandler.cancel_dump_traceback_later()

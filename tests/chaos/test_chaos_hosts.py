@@ -38,13 +38,6 @@ from worker.chaos_app import digest
 HOST_KINDS = ("partition", "frozen_host", "server_restart")
 
 
-@pytest.fixture
-def ledger(tmp_path, clock):
-    made = Ledger(tmp_path, clock)
-    yield made
-    made.backend.close()
-
-
 def host_fleet(ledger: Ledger, *supervisors: tuple) -> None:
     """The fleet journal and config.json of a `--hosts` run: `(number, pid, host, wall_skew_ms)`."""
     with open(os.path.join(ledger.folder, "supervisors.jsonl"), "w") as f:
@@ -74,9 +67,9 @@ def kinds(result) -> set:
     return {v.kind for v in result.violations}
 
 
-def test_a_lease_lost_while_its_host_was_cut_off_is_explained_and_timed(ledger):
-    host_fault(ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
-    result = taken_over(ledger)
+def test_a_lease_lost_while_its_host_was_cut_off_is_explained_and_timed(chaos_ledger):
+    host_fault(chaos_ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
+    result = taken_over(chaos_ledger)
     assert result.violations == [] and result.ok
     takeovers = result.figures["takeovers"]
     assert takeovers["explained"]["holder_partitioned"] == 1
@@ -89,76 +82,76 @@ def test_a_lease_lost_while_its_host_was_cut_off_is_explained_and_timed(ledger):
     assert "after a partition: median 6300 ms, p99 6300 ms" in lines
 
 
-def test_a_partition_of_another_host_or_one_healed_long_before_explains_nothing(ledger):
-    host_fault(ledger, "partition", 1_000_200, [2], seconds=2.0, healed_ms=1_002_200)  # the claimer's host
-    host_fault(ledger, "partition", 990_000, [1], seconds=1.0, healed_ms=991_000)  # over before the claim
-    assert kinds(taken_over(ledger)) == {"superseded_while_alive"}
+def test_a_partition_of_another_host_or_one_healed_long_before_explains_nothing(chaos_ledger):
+    host_fault(chaos_ledger, "partition", 1_000_200, [2], seconds=2.0, healed_ms=1_002_200)  # the claimer's host
+    host_fault(chaos_ledger, "partition", 990_000, [1], seconds=1.0, healed_ms=991_000)  # over before the claim
+    assert kinds(taken_over(chaos_ledger)) == {"superseded_while_alive"}
 
 
 @pytest.mark.parametrize("kind, params", [("partition", {"seconds": 2.0, "healed_ms": 1_002_900}),
                                           ("frozen_host", {"seconds": 2.0, "processes": 3})])
-def test_a_host_fault_after_the_renewal_that_was_due_explains_nothing(ledger, kind, params):
+def test_a_host_fault_after_the_renewal_that_was_due_explains_nothing(chaos_ledger, kind, params):
     # Renewed (claimed) at 1_000_000, due again at 1_000_300: a cut or a freeze at 1_000_900 came
     # too late to stop that renewal; the lease was lost to something else.
-    host_fault(ledger, kind, 1_000_900, [1], **params)
-    assert kinds(taken_over(ledger)) == {"superseded_while_alive"}
+    host_fault(chaos_ledger, kind, 1_000_900, [1], **params)
+    assert kinds(taken_over(chaos_ledger)) == {"superseded_while_alive"}
 
 
-def test_a_worker_killed_on_a_host_that_was_cut_off_later_is_a_worker_fault(ledger):
-    fault(ledger, "kill_child", 1_000_100, step={"execution_id": "e1", "token": 1, "key": "a", "pid": 4242})
-    host_fault(ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
-    result = taken_over(ledger)
+def test_a_worker_killed_on_a_host_that_was_cut_off_later_is_a_worker_fault(chaos_ledger):
+    fault(chaos_ledger, "kill_child", 1_000_100, step={"execution_id": "e1", "token": 1, "key": "a", "pid": 4242})
+    host_fault(chaos_ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
+    result = taken_over(chaos_ledger)
     assert result.figures["takeovers"]["explained"]["worker_fault"] == 1
     assert result.figures["hosts"][0]["lost_to_partition"] == 0
 
 
-def test_a_lease_lost_while_its_host_was_frozen_is_explained(ledger):
-    host_fault(ledger, "frozen_host", 999_900, [1], seconds=2.5, processes=4)
-    result = taken_over(ledger)
+def test_a_lease_lost_while_its_host_was_frozen_is_explained(chaos_ledger):
+    host_fault(chaos_ledger, "frozen_host", 999_900, [1], seconds=2.5, processes=4)
+    result = taken_over(chaos_ledger)
     assert result.violations == []
     assert result.figures["takeovers"]["explained"]["host_frozen"] == 1
     assert result.figures["hosts"][0]["lost_to_freeze"] == 1
 
 
-def test_a_server_down_past_the_lease_explains_a_lost_lease_and_a_short_restart_does_not(ledger):
-    host_fault(ledger, "server_restart", 1_000_100, [], began_ms=1_000_100, stopped_ms=1_000_300,
+def test_a_server_down_past_the_lease_explains_a_lost_lease_and_a_short_restart_does_not(chaos_ledger):
+    host_fault(chaos_ledger, "server_restart", 1_000_100, [], began_ms=1_000_100, stopped_ms=1_000_300,
                started_ms=1_001_400)
-    assert taken_over(ledger).figures["takeovers"]["explained"]["server_down"] == 1
+    assert taken_over(chaos_ledger).figures["takeovers"]["explained"]["server_down"] == 1
 
 
-def test_a_short_server_restart_early_in_the_lease_explains_nothing(ledger):
+def test_a_short_server_restart_early_in_the_lease_explains_nothing(chaos_ledger):
     # Down 100 ms, 600 ms after the claim (no session of its claim killed), then two renewal
     # intervals to reconnect: the renewal due at 1_000_300 had 1_200 ms to come.
-    host_fault(ledger, "server_restart", 1_000_600, [], began_ms=1_000_600, stopped_ms=1_000_650,
+    host_fault(chaos_ledger, "server_restart", 1_000_600, [], began_ms=1_000_600, stopped_ms=1_000_650,
                started_ms=1_000_700)
-    assert kinds(taken_over(ledger)) == {"superseded_while_alive"}
+    assert kinds(taken_over(chaos_ledger)) == {"superseded_while_alive"}
 
 
-def test_stale_operations_of_a_cut_off_host_are_counted_after_healing(ledger):
-    host_fault(ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
-    os.makedirs(os.path.join(ledger.folder, "logs"), exist_ok=True)
-    with open(os.path.join(ledger.folder, "logs", "supervisor-001.log"), "w") as f:
+def test_stale_operations_of_a_cut_off_host_are_counted_after_healing(chaos_ledger):
+    host_fault(chaos_ledger, "partition", 1_000_200, [1], seconds=2.0, healed_ms=1_002_200)
+    os.makedirs(os.path.join(chaos_ledger.folder, "logs"), exist_ok=True)
+    with open(os.path.join(chaos_ledger.folder, "logs", "supervisor-001.log"), "w") as f:
         f.write("worker 4242: execution e1 token 1: write of step b refused: the lease is lost\n"
                 "delivery execution=e1 token=1 outcome=lost\n")
-    hosts = taken_over(ledger).figures["hosts"]
+    hosts = taken_over(chaos_ledger).figures["hosts"]
     assert hosts[0]["stale_refused_after_partition"] == 2 and hosts[1]["stale_refused_after_partition"] == 0
 
 
-def test_a_hosts_skewed_wall_clock_moves_only_the_step_logs_times(ledger):
+def test_a_hosts_skewed_wall_clock_moves_only_the_step_logs_times(chaos_ledger):
     # Host 1's wall clock runs 20 s ahead: its step log times are 20 s ahead, its ledger times are
     # the server's. The timer check takes the log's times back by the wall skew, not the ledger's.
-    ledger.admit("e1", [["sleep", "t", 0]])
-    lease = ledger.claim()
-    until = ledger.clock.now + 500
-    ledger.backend.heap.write_step(lease, step_key="t", step_attempt=1, done=True,
+    chaos_ledger.admit("e1", [["sleep", "t", 0]])
+    lease = chaos_ledger.claim()
+    until = chaos_ledger.clock.now + 500
+    chaos_ledger.backend.heap.write_step(lease, step_key="t", step_attempt=1, done=True,
                                    step_response_json=json.dumps({"until": until}))
-    ledger.clock.advance(600)
-    ledger.log("saw", "e1", 1, 4242, "t", (ledger.clock.now + 20_000) * 1_000_000, digest(None))
-    ledger.sql("UPDATE lease_history SET holder = 'h:112'")
-    host_fleet(ledger, (2, 112, 1, 20_000))
-    assert "timer_early" not in kinds(ledger.check())
-    host_fleet(ledger, (2, 112, 1, 20_700))  # had the clock run 20.7 s ahead, the timer fired early
-    assert "timer_early" in kinds(ledger.check())
+    chaos_ledger.clock.advance(600)
+    chaos_ledger.log("saw", "e1", 1, 4242, "t", (chaos_ledger.clock.now + 20_000) * 1_000_000, digest(None))
+    chaos_ledger.sql("UPDATE lease_history SET holder = 'h:112'")
+    host_fleet(chaos_ledger, (2, 112, 1, 20_000))
+    assert "timer_early" not in kinds(chaos_ledger.check())
+    host_fleet(chaos_ledger, (2, 112, 1, 20_700))  # had the clock run 20.7 s ahead, the timer fired early
+    assert "timer_early" in kinds(chaos_ledger.check())
 
 
 def test_the_step_watcher_reads_a_skewed_hosts_lines_on_its_clock(tmp_path):
@@ -270,15 +263,6 @@ def test_a_short_chaos_run_on_three_hosts_loses_nothing(tmp_path, dump_on_hang):
     assert survivors == []  # every supervisor and worker ran in the work folder
     assert os.path.getsize(harness["dump"]) > 0
     print(summary)
-
-
-@pytest.fixture
-def dump_on_hang():
-    import faulthandler
-
-    faulthandler.dump_traceback_later(145, exit=False)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.mark.slow

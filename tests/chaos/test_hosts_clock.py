@@ -28,18 +28,12 @@ from typing import Optional
 
 import pytest
 
-from faults import (SupervisorProcess, admit, dump_on_hang, query, read_log, step_tokens, supervisors, wait_gone,
-                    wait_until)
+from faults import SupervisorProcess, admit, no_two_live_leases, query, read_log, step_tokens, wait_gone, wait_until
 from supervisor import open_backend
 from supervisor.chaos import wall_clock
-from test_hosts_partition import LEASE_MS, REDELIVERY_MS, hosts, outcomes, start_on  # the supervisors' timings too
-from faults import no_two_live_leases
-from test_wall_clock import needs_the_shim
+from test_hosts_partition import LEASE_MS, REDELIVERY_MS, outcomes  # the supervisors' timings too
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dump_on_hang")]
-
-# fixtures imported (the last one autouse)
-__all__ = ["dump_on_hang", "supervisors", "hosts", "start_on", "needs_the_shim"]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dump_on_hang", "needs_the_shim")]
 
 SKEW_MS = 30_000
 # How late, by the server's clock, a takeover may come after the lease and the redelivery delay

@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from faults import (APP, HEARTBEAT_MS, POLL_MS, SupervisorProcess, admit, dump_on_hang, gone, needs, read_log,
-                    step_tokens, supervisors, wait_until)
+from faults import admit, gone, no_two_live_leases, read_log, step_tokens, wait_until
 from supervisor import open_backend
-from supervisor.chaos import netns as multihost
-from faults import no_two_live_leases
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("dump_on_hang")]
-
-__all__ = ["dump_on_hang", "supervisors"]  # fixtures imported from faults
 
 LEASE_MS = 3000
 RENEW_MS = 500
@@ -44,34 +38,6 @@ REDELIVERY_MS = 1000  # the ledger's redelivery delay after an unacknowledged de
 # A write on a cut link waits for its TCP retransmissions; `tcp_user_timeout` (10 s,
 # supervisor/ledger/postgres/connection.py) ends it as a storage error after that.
 TCP_USER_TIMEOUT_S = 10
-
-
-@pytest.fixture
-def hosts():
-    needs(multihost.available(), "multi-host tests")
-    with multihost.Hosts(2) as made:
-        yield made
-
-
-@pytest.fixture
-def start_on(hosts, supervisors, tmp_path):
-    """Start `yieldstar supervise` inside a host's namespace (with `env`, if given), on the
-    database as that host reaches it; the `supervisors` fixture kills what is left of it (before
-    the hosts go)."""
-    def start(host: multihost.Host, uri: str, *, concurrency: int = 2, env=None) -> SupervisorProcess:
-        args = [sys.executable, "-m", "supervisor.cli", "--db", host.uri(uri), "supervise", APP,
-                "--concurrency", str(concurrency), "--lease-ms", str(LEASE_MS), "--renew-ms", str(RENEW_MS),
-                "--heartbeat-ms", str(HEARTBEAT_MS), "--poll-ms", str(POLL_MS)]
-        log_path = tmp_path / f"host-{host.index}-supervisor.log"
-        with open(log_path, "wb") as log:
-            popen = host.popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                               start_new_session=True, env=env)
-        process = SupervisorProcess(popen, log_path, concurrency)
-        supervisors.started.append(process)
-        process.wait_ready()
-        assert set(process.workers()) <= set(host.pids()), "a worker runs outside its host's namespace"
-        return process
-    return start
 
 
 def outcomes(ledger, execution_id: str) -> list[tuple[int, str, str]]:

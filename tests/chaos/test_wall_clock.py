@@ -12,11 +12,10 @@ import time
 
 import pytest
 
-from faults import needs
 from supervisor.chaos import wall_clock
 from supervisor.chaos.wall_clock import OFFSET_VARIABLE, WallClockShimError, shifted_env
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("needs_the_shim")]
 
 # The wall clock is stepped or slewed by NTP now and then: readings taken around a child's may
 # disagree with it by that much, beyond the offset.
@@ -27,11 +26,6 @@ import json, time
 print(json.dumps({"time": time.time_ns(), "monotonic": time.monotonic_ns(),
                   "tai": time.clock_gettime_ns(time.CLOCK_TAI), "boottime": time.clock_gettime_ns(time.CLOCK_BOOTTIME)}))
 """
-
-
-@pytest.fixture(autouse=True)
-def needs_the_shim():
-    needs(wall_clock.available(), "wall-clock tests")
 
 
 def read_clocks(env: dict) -> tuple[dict, dict, dict]:

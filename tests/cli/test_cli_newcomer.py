@@ -27,13 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from faults import APP, ROOT, TESTS, admit, cli, db, dump_on_hang, ledger, supervisors, wait_gone, wait_until
+from faults import APP, ROOT, TESTS, admit, cli, wait_gone, wait_until
 from supervisor import open_backend
 from supervisor.ledger.sqlite.nudge import nudge_dir
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
-
-__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
 BROKEN = TESTS / "apps" / "broken"
 
@@ -94,7 +92,8 @@ def test_an_app_that_cannot_be_loaded_is_one_line_naming_it_exit_2_and_creates_n
 @pytest.mark.timeout(60)
 def test_supervise_verbose_adds_the_traceback_of_an_app_that_cannot_be_loaded(tmp_path):
     db = tmp_path / "ledger.db"
-    result = yieldstar("--db", str(db), "supervise", "tests/apps/broken/raises.py", "--concurrency", "1", "--verbose")
+    result = yieldstar("--db", str(db), "supervise", "tests/apps/broken/raises.py", "--concurrency", "1",
+                       "--verbose")
     assert result.returncode == 2
     assert "Traceback (most recent call last)" in result.stderr and 'raise RuntimeError("SHOP_API_KEY' in result.stderr
     assert result.stderr.splitlines()[-1] == ("yieldstar: cannot load app tests/apps/broken/raises.py:"
@@ -124,8 +123,10 @@ def test_the_ledger_is_created_only_once_a_worker_has_loaded_the_app_and_the_fir
 def test_start_reads_its_input_from_a_file_or_stdin(tmp_path):
     db = tmp_path / "ledger.db"
     (tmp_path / "order.json").write_text('{"order_id": 42, "items": ["tea"]}\n')
-    assert cli(db, "start", "shop.order", "--id", "from-file", "--input", f"@{tmp_path / 'order.json'}").returncode == 0
-    piped = yieldstar("--db", str(db), "start", "shop.order", "--id", "from-stdin", "--input", "-", input="[1, 2]")
+    from_file = cli(db, "start", "shop.order", "--id", "from-file", "--input", f"@{tmp_path / 'order.json'}")
+    assert from_file.returncode == 0
+    piped = yieldstar("--db", str(db), "start", "shop.order", "--id", "from-stdin", "--input", "-",
+                      input="[1, 2]")
     assert piped.returncode == 0, piped.stderr
     with open_backend(db) as backend:
         assert json.loads(backend.executions.get("from-file").input_json) == {"order_id": 42, "items": ["tea"]}
@@ -279,9 +280,9 @@ def _stale_socket(path: Path) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_a_starting_supervisor_removes_the_sockets_of_dead_supervisors(db, tmp_path, supervisors):
-    killed = supervisors.start(db, concurrency=1)
-    folder = Path(nudge_dir(str(db)))
+def test_a_starting_supervisor_removes_the_sockets_of_dead_supervisors(sqlite_path, tmp_path, supervisors):
+    killed = supervisors.start(sqlite_path, concurrency=1)
+    folder = Path(nudge_dir(str(sqlite_path)))
     dead_socket = folder / f"{killed.pid}.sock"
     assert dead_socket.exists()
     pids = [killed.pid, *killed.workers()]
@@ -292,10 +293,10 @@ def test_a_starting_supervisor_removes_the_sockets_of_dead_supervisors(db, tmp_p
         _stale_socket(folder / f"{4_000_000 + n}.sock")
     (folder / "not-ours.txt").write_text("left alone")
 
-    survivor = supervisors.start(db, concurrency=1)
+    survivor = supervisors.start(sqlite_path, concurrency=1)
     live_socket = folder / f"{survivor.pid}.sock"
     assert sorted(p.name for p in folder.iterdir()) == sorted([live_socket.name, "not-ours.txt"])
-    assert cli(db, "start", "sv.noop3", "--id", "after").returncode == 0  # and it is still nudged
+    assert cli(sqlite_path, "start", "sv.noop3", "--id", "after").returncode == 0  # and it is still nudged
     survivor.wait_log("delivery execution=after token=1 outcome=completed")
 
 
@@ -400,11 +401,11 @@ class Terminal:
 
 
 @pytest.mark.timeout(90)
-def test_supervise_shows_a_live_status_line_on_a_terminal_and_plain_log_lines_above_it(db, tmp_path):
+def test_supervise_shows_a_live_status_line_on_a_terminal_and_plain_log_lines_above_it(sqlite_path, tmp_path):
     for i in range(3):
-        admit(db, f"quick-{i}", "sv.noop3")
+        admit(sqlite_path, f"quick-{i}", "sv.noop3")
     terminal = Terminal()
-    supervisor = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", str(db), "supervise", APP,
+    supervisor = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", str(sqlite_path), "supervise", APP,
                                    "--concurrency", "2", "--poll-ms", "100"], cwd=tmp_path,
                                   stdin=subprocess.DEVNULL, stdout=terminal.slave, stderr=terminal.slave,
                                   start_new_session=True)
@@ -435,9 +436,9 @@ def test_supervise_shows_a_live_status_line_on_a_terminal_and_plain_log_lines_ab
 
 
 @pytest.mark.timeout(60)
-def test_supervise_writes_plain_log_lines_when_not_on_a_terminal(db, supervisors):
-    admit(db, "quick", "sv.noop3")
-    supervisor = supervisors.start(db, concurrency=1)
+def test_supervise_writes_plain_log_lines_when_not_on_a_terminal(sqlite_path, supervisors):
+    admit(sqlite_path, "quick", "sv.noop3")
+    supervisor = supervisors.start(sqlite_path, concurrency=1)
     supervisor.wait_log("delivery execution=quick token=1 outcome=completed")
     assert "\r" not in supervisor.log() and "claimed " not in supervisor.log()
 

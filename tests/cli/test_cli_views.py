@@ -19,7 +19,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from faults import ROOT, supervisors, wait_until
+from faults import ROOT, wait_until
 
 from supervisor import Completed, ExecutionRecord, Failed, Suspended, open_backend
 from supervisor.cli.show import describe_wait
@@ -32,8 +32,6 @@ from supervisor.humane import (
 )
 from supervisor.metrics import exposition
 from supervisor.ledger.values import LedgerStats, WaitReason
-
-__all__ = ["supervisors"]  # a fixture imported from faults
 
 MIN = 60_000
 HOUR = 60 * MIN

@@ -11,15 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from faults import ROOT, cli, supervisors, wait_until
+from faults import ROOT, cli, wait_until
 from rich.console import Console
 
 from supervisor import ExecutionRecord, open_backend
 from supervisor.ledger.errors import StorageBusy
 from supervisor.top import deliveries_per_second, render, run
 from supervisor.ledger.values import LedgerStats, LiveLease
-
-__all__ = ["supervisors"]  # a fixture imported from faults
 
 NOW = 1_796_240_403_000
 

@@ -30,12 +30,14 @@ import termios
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from click.testing import CliRunner
 
 from supervisor import open_backend
 from supervisor.cli import main
+from supervisor.ledger.values import LiveLease
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATORS = ROOT / "docs" / "operators.md"
@@ -285,28 +287,50 @@ def update() -> None:
 def live_screens(folder: Path, socket: Path) -> tuple[str, str]:
     """In tmux: `yieldstar supervise shop.py` until it holds report-1's lease and order-3 is
     done, then `yieldstar top`; both screens as they are then. The supervisor is stopped after."""
+    from faults import wait_until  # tests/ is on sys.path: pytest puts it there for conftest.py, --update by hand
     def tmux(*args: str) -> str:
         return subprocess.run(["tmux", "-S", str(socket), *args], check=True, capture_output=True, text=True).stdout
 
     def screen(name: str) -> str:
         return "\n".join(line.rstrip() for line in tmux("capture-pane", "-p", "-J", "-t", name).split("\n")).strip() + "\n"
 
+    def running() -> bool:
+        return subprocess.run(["tmux", "-S", str(socket), "has-session", "-t", "supervise"],
+                              capture_output=True).returncode == 0
+
+    def report_lease(backend) -> Optional[LiveLease]:
+        leases = backend.executions.stats().live_leases
+        return leases[0] if [lease.execution_id for lease in leases] == ["report-1"] else None
+
+    def into_the_slow_step(backend) -> bool:
+        """report-1's lease held for 2 s by the ledger's clock, and not yet renewed."""
+        lease = report_lease(backend)
+        assert lease is None or lease.renewals == 0, f"report-1's lease was renewed before the screens: {lease}"
+        return lease is not None and backend.clock() - lease.claimed_at >= 2000
+
+    def top_has_a_rate() -> bool:
+        """`top` has read twice: its counts row shows a rate of deliveries, not "-"."""
+        lines = screen("top").splitlines()
+        rows = [lines[i + 1].split() for i, line in enumerate(lines[:-1]) if "DELIVERIES/S" in line]
+        return bool(rows) and len(rows[0]) > 6 and rows[0][6] != "-"
+
     cli = shlex.join([sys.executable, "-m", "supervisor.cli"])
     tmux("new-session", "-d", "-x", "160", "-y", "20", "-s", "supervise", "-c", str(folder),
          f"env -u YIELDSTAR_DB {cli} supervise shop.py")
     try:
         with open_backend(folder / "yieldstar.db") as backend:
-            deadline = time.monotonic() + 60
-            while not ([lease.execution_id for lease in backend.executions.stats().live_leases] == ["report-1"]
-                       and backend.executions.get("order-3").status == "completed"):
-                assert time.monotonic() < deadline, screen("supervise")
-                time.sleep(0.1)
-        time.sleep(2)  # a renewal-free moment into the slow step
-        tmux("new-session", "-d", "-x", "110", "-y", "18", "-s", "top", "-c", str(folder), f"env -u YIELDSTAR_DB {cli} top")
-        time.sleep(2.5)  # two readings: a rate of deliveries
-        top, supervisor = screen("top"), screen("supervise")
-        tmux("send-keys", "-t", "supervise", "C-c")
-        time.sleep(12)  # the grace period, then the slow step is killed and its lease released
+            wait_until(lambda: report_lease(backend) and backend.executions.get("order-3").status == "completed",
+                       timeout=60, interval=0.1, message="report-1 running and order-3 done")
+            wait_until(lambda: into_the_slow_step(backend), timeout=60, interval=0.1,
+                       message="a renewal-free moment into the slow step")
+            tmux("new-session", "-d", "-x", "110", "-y", "18", "-s", "top", "-c", str(folder),
+                 f"env -u YIELDSTAR_DB {cli} top")
+            wait_until(top_has_a_rate, timeout=30, interval=0.1, message="two readings of top: a rate of deliveries")
+            top, supervisor = screen("top"), screen("supervise")
+            tmux("send-keys", "-t", "supervise", "C-c")
+            # The grace period, then the slow step is killed, its lease released and the supervisor gone.
+            wait_until(lambda: not running() and report_lease(backend) is None, timeout=60, interval=0.1,
+                       message="the supervisor stopped and report-1's lease released")
     finally:
         tmux("kill-server")
     return top, supervisor
@@ -315,4 +339,5 @@ def live_screens(folder: Path, socket: Path) -> tuple[str, str]:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
         sys.exit(__doc__)
+    sys.path.insert(0, str(ROOT / "tests"))  # where pytest finds faults.py, beside the suite's conftest.py
     update()

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from faults import cli, supervisors, wait_until  # noqa: F401 - supervisors is a fixture
+from faults import cli, wait_until
 from supervisor import Completed, LeaseLost, open_backend
 from supervisor.ledger.tables.epochs import EPOCH_SPAN, token_epoch
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import cli, dump_on_hang, fill_disk, tmpfs
+from faults import cli, fill_disk, tmpfs
 from supervisor import open_backend
 from supervisor.ledger import errors
 from supervisor.ledger.sqlite import connection
@@ -31,8 +31,6 @@ from supervisor.ledger.sqlite import backend as sqlite_backend
 from supervisor.ledger.sqlite.schema import SCHEMA_VERSION, tables_at
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
-
-__all__ = ["dump_on_hang"]  # a fixture imported from faults
 
 ROOT = Path(__file__).resolve().parents[2]
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to mount a tmpfs or to chown a file)")

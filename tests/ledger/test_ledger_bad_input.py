@@ -9,12 +9,6 @@ from supervisor import Completed, ExecutionLease, Failed, Suspended, open_backen
 LEASE_MS = 30_000
 
 
-@pytest.fixture
-def db_path(each_backend):
-    """Every test runs on both backends."""
-    return each_backend
-
-
 class NotAnOutcome:
     status = "completed"
     result_json = "1"
@@ -148,15 +142,16 @@ CASES = {
 
 
 @pytest.mark.parametrize("argument, call", list(CASES.values()), ids=list(CASES))
-def test_bad_argument_raises_value_error_naming_it_and_writes_nothing(leased, db_path, db_snapshot, argument, call):
+def test_bad_argument_raises_value_error_naming_it_and_writes_nothing(
+        leased, each_backend, db_snapshot, argument, call):
     backend, lease = leased
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     with pytest.raises(ValueError) as raised:
         call(backend, lease)
 
     assert argument in str(raised.value)
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
     # The ledger still works, and the lease is still current.
     assert backend.executions.renew(lease, duration=LEASE_MS).status == "renewed"
 
@@ -190,14 +185,14 @@ OPEN_CASES = {
 
 @pytest.mark.parametrize("argument, call", list(OPEN_CASES.values()), ids=list(OPEN_CASES))
 def test_bad_open_backend_argument_raises_value_error_naming_it_and_writes_nothing(
-        leased, db_path, clock, db_snapshot, argument, call):
-    before = db_snapshot(db_path)
+        leased, each_backend, clock, db_snapshot, argument, call):
+    before = db_snapshot(each_backend)
 
     with pytest.raises(ValueError) as raised:
-        call(db_path, clock)
+        call(each_backend, clock)
 
     assert argument in str(raised.value)
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
 @pytest.mark.parametrize("argument, call", list(OPEN_CASES.values()), ids=list(OPEN_CASES))
@@ -212,26 +207,27 @@ def test_bad_open_backend_argument_creates_no_file(tmp_path, clock, argument, ca
 
 
 @pytest.mark.parametrize("reading", [1.5, "1000", None, True])
-def test_a_clock_reading_that_is_not_an_int_raises_value_error_naming_the_clock(leased, db_path, db_snapshot, reading):
-    before = db_snapshot(db_path)
-    with open_backend(db_path, clock=lambda: reading) as backend:
+def test_a_clock_reading_that_is_not_an_int_raises_value_error_naming_the_clock(
+        leased, each_backend, db_snapshot, reading):
+    before = db_snapshot(each_backend)
+    with open_backend(each_backend, clock=lambda: reading) as backend:
         with pytest.raises(ValueError, match="clock"):
             backend.executions.admit("order-43", "charge")
         with pytest.raises(ValueError, match="clock"):
             backend.executions.claim_due(limit=5, duration=LEASE_MS)
         # An explicit now does not consult the clock.
         assert backend.executions.get("order-42", now=0).status == "running"
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
-def test_a_lease_for_an_unknown_execution_is_lost_not_an_error(leased, db_path, db_snapshot):
+def test_a_lease_for_an_unknown_execution_is_lost_not_an_error(leased, each_backend, db_snapshot):
     backend, lease = leased
     ghost = ExecutionLease("nobody", 1, lease.expires_at)
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     assert backend.executions.renew(ghost, duration=LEASE_MS).status == "lost"
     assert backend.executions.release(ghost).status == "lost"
     assert backend.executions.acknowledge(ghost, Completed("1")).status == "lost"
     assert backend.heap.write_step(ghost, step_key="s", step_attempt=0, done=True,
                                    step_response_json="1").status == "lost"
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before

@@ -17,11 +17,6 @@ from supervisor.ledger_calls import Call, LedgerCalls
 LEASE_MS = 30_000
 
 
-@pytest.fixture
-def db_path(each_backend):
-    return each_backend
-
-
 def admitted_and_claimed(backend, clock, *ids) -> list[ExecutionLease]:
     for execution_id in ids:
         backend.executions.admit(execution_id, "w")
@@ -155,7 +150,8 @@ def test_a_batch_of_more_acknowledgements_than_one_statement_takes_fences_each_b
     ("a token beyond 64 bits", "lease must hold a str execution_id and a 64-bit int token"),
     ("an int id", "lease must hold a str execution_id"),
 ])
-def test_bad_input_to_a_batch_is_a_value_error_and_changes_nothing(backend, clock, db_path, db_snapshot, bad, message):
+def test_bad_input_to_a_batch_is_a_value_error_and_changes_nothing(
+        backend, clock, each_backend, db_snapshot, bad, message):
     one, two, three = admitted_and_claimed(backend, clock, "one", "two", "three")
     backend.executions.admit("waiting", "w")
     good = [(one, Completed("1")), (two, Suspended())]
@@ -171,10 +167,10 @@ def test_bad_input_to_a_batch_is_a_value_error_and_changes_nothing(backend, cloc
                                    LEASE_MS),
         "an int id": (good + [(ExecutionLease(3, three.token, three.expires_at), Completed("3"))], 1, LEASE_MS),
     }[bad]
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
     with pytest.raises(ValueError, match=re.escape(message)):
         backend.executions.acknowledge_and_claim(acknowledgements, limit=limit, duration=duration)
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
 def test_a_claim_limit_beyond_32_bits_claims_every_due_execution(backend, clock):
@@ -201,12 +197,12 @@ def replies_of(calls: LedgerCalls, count: int, timeout: float = 10.0) -> list:
     return replies
 
 
-def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transaction(db_path):
-    with open_backend(db_path) as setup:
+def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transaction(each_backend):
+    with open_backend(each_backend) as setup:
         for n in range(5):
             setup.executions.admit(f"e{n}", "w")
         leases = setup.executions.claim_due(limit=4, duration=LEASE_MS)
-    calls = LedgerCalls(open_backend(db_path), "test-batches")
+    calls = LedgerCalls(open_backend(each_backend), "test-batches")
     executions = calls.backend.executions
     batches, release = [], threading.Event()
     first_call_started = threading.Event()
@@ -241,14 +237,14 @@ def test_the_ledger_thread_makes_what_is_queued_behind_a_slow_call_in_one_transa
     first_claim, second_claim = replies[4].value, replies[5].value
     assert len(first_claim) == 1 and second_claim == []  # each claim gets leases up to its own limit
     assert first_claim[0].lease.execution_id == "e4"
-    with open_backend(db_path) as check:
+    with open_backend(each_backend) as check:
         assert [check.executions.get(f"e{n}").status for n in range(5)] == ["completed"] * 4 + ["running"]
 
 
-def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(db_path, clock):
-    with open_backend(db_path, clock=clock) as setup:
+def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(each_backend, clock):
+    with open_backend(each_backend, clock=clock) as setup:
         setup.executions.admit("e", "w")
-    calls = LedgerCalls(open_backend(db_path, clock=clock), "test-batches")
+    calls = LedgerCalls(open_backend(each_backend, clock=clock), "test-batches")
     batches = []
     real_batch = calls.backend.executions.acknowledge_and_claim_deliveries
     calls.backend.executions.acknowledge_and_claim_deliveries = lambda *a, **k: batches.append(a) or real_batch(*a, **k)
@@ -262,12 +258,12 @@ def test_the_ledger_thread_never_batches_a_call_made_as_of_a_given_time(db_path,
     assert [len(reply.value) for reply in replies] == [1, 0]
 
 
-def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_path):
-    with open_backend(db_path) as setup:
+def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(each_backend):
+    with open_backend(each_backend) as setup:
         for n in range(4):
             setup.executions.admit(f"e{n}", "w")
         leases = setup.executions.claim_due(limit=3, duration=LEASE_MS)
-    calls = LedgerCalls(open_backend(db_path), "test-batches", gathering=True)
+    calls = LedgerCalls(open_backend(each_backend), "test-batches", gathering=True)
     batches = []
     real_batch = calls.backend.executions.acknowledge_and_claim_deliveries
     calls.backend.executions.acknowledge_and_claim_deliveries = lambda a, **k: batches.append((len(a), k["limit"])) or \
@@ -286,12 +282,12 @@ def test_calls_gathered_in_one_turn_of_the_loop_reach_the_thread_together(db_pat
     assert [claimed.lease.execution_id for claimed in replies[3].value] == ["e3"]
 
 
-def test_a_timed_call_brings_the_ledgers_time_read_on_the_ledger_thread(db_path, clock):
+def test_a_timed_call_brings_the_ledgers_time_read_on_the_ledger_thread(each_backend, clock):
     # The supervisor's loop never reads the ledger's clock itself: on PostgreSQL that is a round
     # trip, which must not hold up its heartbeats. A timed call brings the time with its reply.
-    with open_backend(db_path, clock=clock) as setup:
+    with open_backend(each_backend, clock=clock) as setup:
         setup.executions.admit("later", "w", now=clock.now + 5_000)
-    calls = LedgerCalls(open_backend(db_path, clock=clock), "test-timed")
+    calls = LedgerCalls(open_backend(each_backend, clock=clock), "test-timed")
     try:
         calls.submit(Call("next_ready_at", timed=True))
         calls.submit(Call("next_ready_at"))

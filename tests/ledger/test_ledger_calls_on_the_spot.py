@@ -43,9 +43,9 @@ METHODS = ("acknowledge", "claim_deliveries", "acknowledge_and_claim_deliveries"
 
 
 @pytest.fixture
-def claimed(db_path):
+def claimed(sqlite_path):
     """Four admitted executions, two of them claimed: (leases of the two)."""
-    with open_backend(db_path) as setup:
+    with open_backend(sqlite_path) as setup:
         for n in range(4):
             setup.executions.admit(f"e{n}", "w")
         return setup.executions.claim_due(limit=2, duration=LEASE_MS)
@@ -61,8 +61,8 @@ def calls_on_the_spot(db_path, **options) -> LedgerCalls:
 
 
 @pytest.fixture
-def calls(db_path):
-    made = calls_on_the_spot(db_path)
+def calls(sqlite_path):
+    made = calls_on_the_spot(sqlite_path)
     yield made
     assert made.close()
 
@@ -79,7 +79,7 @@ def statuses(db_path) -> list[str]:
 
 
 def test_what_one_turn_gathers_is_made_on_the_spot_in_one_transaction_with_its_replies_ready_at_once(
-        db_path, claimed, calls):
+        sqlite_path, claimed, calls):
     submit_endings_and_a_claim(calls, claimed)
     calls.flush()
 
@@ -89,19 +89,19 @@ def test_what_one_turn_gathers_is_made_on_the_spot_in_one_transaction_with_its_r
     assert [reply.value for reply in replies[:2]] == [Completed("1")] * 2
     assert [c.lease.execution_id for c in replies[2].value] == ["e2", "e3"]
     assert calls.pending == 0
-    assert statuses(db_path) == ["completed", "completed", "running", "running"]
+    assert statuses(sqlite_path) == ["completed", "completed", "running", "running"]
 
 
 def test_a_held_write_lock_sends_the_calls_to_the_thread_at_once_which_makes_them_once_it_is_free(
-        db_path, claimed, calls):
-    holder = Holder(db_path, WRITE_LOCK)
+        sqlite_path, claimed, calls):
+    holder = Holder(sqlite_path, WRITE_LOCK)
     try:
         submit_endings_and_a_claim(calls, claimed)
         began = time.monotonic()
         calls.flush()
         flushed_in = time.monotonic() - began
         assert not calls.has_replies()
-        assert statuses(db_path) == ["running", "running", "admitted", "admitted"]
+        assert statuses(sqlite_path) == ["running", "running", "admitted", "admitted"]
     finally:
         holder.release()
     holder.released_at()
@@ -113,12 +113,12 @@ def test_a_held_write_lock_sends_the_calls_to_the_thread_at_once_which_makes_the
     assert calls.on_thread.made == ["acknowledge_and_claim_deliveries"]
     assert [reply.value for reply in replies[:2]] == [Completed("1")] * 2
     assert [c.lease.execution_id for c in replies[2].value] == ["e2", "e3"]
-    assert statuses(db_path) == ["completed", "completed", "running", "running"]
+    assert statuses(sqlite_path) == ["completed", "completed", "running", "running"]
 
 
-def test_calls_flushed_while_the_thread_has_calls_in_hand_go_to_the_thread_after_them(db_path, claimed, calls):
+def test_calls_flushed_while_the_thread_has_calls_in_hand_go_to_the_thread_after_them(sqlite_path, claimed, calls):
     first, second = claimed
-    holder = Holder(db_path, WRITE_LOCK)
+    holder = Holder(sqlite_path, WRITE_LOCK)
     try:
         calls.submit(Call("acknowledge", (first, Completed("1"))))
         calls.flush()  # busy: to the thread, which now waits for the lock
@@ -131,12 +131,12 @@ def test_calls_flushed_while_the_thread_has_calls_in_hand_go_to_the_thread_after
 
     assert calls.on_spot.made == ["acknowledge"]  # only the first flush was tried on the spot
     assert [reply.value for reply in replies] == [Completed("1"), Completed("2"), LeaseLost()]
-    with open_backend(db_path) as check:
+    with open_backend(sqlite_path) as check:
         assert check.executions.get("e0").result_json == "1"
 
 
-def test_a_storage_error_on_the_spot_is_a_reply_as_on_the_thread(db_path, claimed, calls):
-    os.rename(db_path, f"{db_path}.moved")  # the ledger is gone: every write must be refused
+def test_a_storage_error_on_the_spot_is_a_reply_as_on_the_thread(sqlite_path, claimed, calls):
+    os.rename(sqlite_path, f"{sqlite_path}.moved")  # the ledger is gone: every write must be refused
     calls.submit(Call("acknowledge", (claimed[0], Completed("1"))))
     calls.flush()
 
@@ -145,8 +145,8 @@ def test_a_storage_error_on_the_spot_is_a_reply_as_on_the_thread(db_path, claime
     assert calls.on_thread.made == []
 
 
-def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_thread(db_path, claimed, caplog):
-    calls = calls_on_the_spot(db_path, inline_slow_s=0.0)  # every call is "slow"
+def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_thread(sqlite_path, claimed, caplog):
+    calls = calls_on_the_spot(sqlite_path, inline_slow_s=0.0)  # every call is "slow"
     first, second = claimed
     try:
         calls.submit(Call("acknowledge", (first, Completed("1"))))
@@ -166,7 +166,7 @@ def test_a_slow_flush_on_the_spot_sends_the_calls_of_the_next_while_to_the_threa
 
 @pytest.mark.parametrize("durability, on_the_spot", [("normal", True), ("full", False)])
 def test_a_supervisor_on_sqlite_acknowledges_on_the_spot_unless_its_commits_sync(
-        db_path, monkeypatch, durability, on_the_spot):
+        sqlite_path, monkeypatch, durability, on_the_spot):
     # A commit with durability "full" waits for the disk: the loop must not make it itself. One
     # worker, idle while its delivery is acknowledged: nothing else writes to take the lock.
     made = []
@@ -177,10 +177,11 @@ def test_a_supervisor_on_sqlite_acknowledges_on_the_spot_unless_its_commits_sync
         return real(self, batch, backend)
 
     monkeypatch.setattr(LedgerCalls, "_make", counted)
-    with open_backend(db_path) as setup:
+    with open_backend(sqlite_path) as setup:
         for n in range(6):
             setup.executions.admit(f"e{n}", "noop3")
-    supervisor = Supervisor(str(db_path), "worker.bench_app", SupervisorConfig(concurrency=1, durability=durability))
+    supervisor = Supervisor(str(sqlite_path), "worker.bench_app",
+                            SupervisorConfig(concurrency=1, durability=durability))
     assert supervisor.run(until_idle=True) == 0
 
     assert supervisor.stats.completed == 6

@@ -1,6 +1,6 @@
 """The ledger contract (SPEC section 3, RFC 002's conformance and fencing tables).
 
-Every backend implementation must pass this module, and every test runs on each: `db_path` is
+Every backend implementation must pass this module, and every test runs on each: `each_backend` is
 a SQLite file or the URI of a fresh PostgreSQL database (a throwaway server, see
 `tests/pgcluster.py`). Times come from the injected fake clock
 (`clock` fixture) or an explicit `now=`; nothing here waits on real time except the
@@ -9,8 +9,6 @@ two-dispatcher race, which releases two threads at one barrier.
 
 from __future__ import annotations
 
-import os
-import stat
 import threading
 
 import pytest
@@ -33,12 +31,6 @@ from supervisor import (
 LEASE_MS = 30_000
 
 
-@pytest.fixture
-def db_path(each_backend):
-    """The ledger every test of this module runs against, once on each backend."""
-    return each_backend
-
-
 def default_delay(n: int) -> int:
     """The redelivery delay SPEC section 3 prescribes when none is given."""
     return min(1000 * 2 ** (n - 1), 300_000)
@@ -58,9 +50,9 @@ def nothing_claimable(backend, *, now=None) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_two_dispatchers_claim_concurrently_exactly_one_receives_a_lease(db_path, clock):
+def test_two_dispatchers_claim_concurrently_exactly_one_receives_a_lease(each_backend, clock):
     rounds = 40
-    with open_backend(db_path, clock=clock) as first, open_backend(db_path, clock=clock) as second:
+    with open_backend(each_backend, clock=clock) as first, open_backend(each_backend, clock=clock) as second:
         barrier = threading.Barrier(3, timeout=10)  # the two dispatchers and this thread
         results: dict[str, list] = {"first": [], "second": []}
 
@@ -141,8 +133,8 @@ def test_lease_expires_before_any_acknowledgement_status_returns_to_admitted(bac
     assert record.unacknowledged_deliveries == 1
 
 
-def test_renewal_keeps_the_lease_past_its_original_expiry_delivery_completes_with_one_claim(db_path, clock):
-    with open_backend(db_path, clock=clock) as holder, open_backend(db_path, clock=clock) as rival:
+def test_renewal_keeps_the_lease_past_its_original_expiry_delivery_completes_with_one_claim(each_backend, clock):
+    with open_backend(each_backend, clock=clock) as holder, open_backend(each_backend, clock=clock) as rival:
         holder.executions.admit("order-42", "charge")
         lease = claim_one(holder, duration=100)
         original_expiry = lease.expires_at
@@ -166,18 +158,18 @@ def test_renewal_keeps_the_lease_past_its_original_expiry_delivery_completes_wit
         assert rival.executions.history("order-42")[0].renewals == 10
 
 
-def test_renewal_uses_a_stale_token_returns_lost(backend, clock, db_path, db_snapshot):
+def test_renewal_uses_a_stale_token_returns_lost(backend, clock, each_backend, db_snapshot):
     backend.executions.admit("order-42", "charge")
     stale = claim_one(backend, duration=100)
     clock.now = stale.expires_at + default_delay(1)
     current = claim_one(backend, duration=100)
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     reply = backend.executions.renew(stale, duration=10_000)
 
     assert reply == LeaseLost()
     assert reply.status == "lost"
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
     assert backend.executions.get("order-42").lease_expires_at == current.expires_at
 
 
@@ -239,7 +231,7 @@ def reclaimed(backend, clock, *, duration=100):
 
 
 def test_stale_holder_writes_a_heap_step_after_a_reclaim_returns_lost_and_current_records_unchanged(
-        backend, clock, db_path, db_snapshot):
+        backend, clock, each_backend, db_snapshot):
     backend.executions.admit("order-42", "charge")
     stale = claim_one(backend, duration=100)
     assert backend.heap.write_step(stale, step_key="load", step_attempt=0, done=True,
@@ -248,7 +240,7 @@ def test_stale_holder_writes_a_heap_step_after_a_reclaim_returns_lost_and_curren
     current = claim_one(backend)
     charged = backend.heap.write_step(current, step_key="charge", step_attempt=0, done=True,
                                       step_response_json='"ch_current"')
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     replies = [
         backend.heap.write_step(stale, step_key="charge", step_attempt=0, done=True,
@@ -260,7 +252,7 @@ def test_stale_holder_writes_a_heap_step_after_a_reclaim_returns_lost_and_curren
     ]
 
     assert replies == [LeaseLost()] * 3
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
     assert backend.heap.read_step("order-42", "charge") == charged
     assert backend.heap.read_step("order-42", "refund") is None
     assert [s.step_key for s in backend.heap.steps("order-42")] == ["load", "charge"]
@@ -270,16 +262,16 @@ def test_stale_holder_writes_a_heap_step_after_a_reclaim_returns_lost_and_curren
                          ids=["suspended", "completed", "failed"])
 @pytest.mark.parametrize("current_state", ["running", "completed"])
 def test_stale_holder_acknowledges_after_a_reclaim_returns_lost_status_and_outcome_unchanged(
-        backend, clock, db_path, db_snapshot, outcome, current_state):
+        backend, clock, each_backend, db_snapshot, outcome, current_state):
     stale, current = reclaimed(backend, clock)
     if current_state == "completed":
         assert backend.executions.acknowledge(current, Completed('"paid"')) == Completed('"paid"')
     before_record = backend.executions.get("order-42")
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     assert backend.executions.acknowledge(stale, outcome) == LeaseLost()
 
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
     assert backend.executions.get("order-42") == before_record
     assert before_record.status == current_state
     if current_state == "running":
@@ -287,14 +279,14 @@ def test_stale_holder_acknowledges_after_a_reclaim_returns_lost_status_and_outco
 
 
 def test_holder_pauses_past_expiry_another_claims_and_every_fenced_write_from_the_first_returns_lost(
-        db_path, clock, db_snapshot):
-    with open_backend(db_path, clock=clock) as paused, open_backend(db_path, clock=clock) as other:
+        each_backend, clock, db_snapshot):
+    with open_backend(each_backend, clock=clock) as paused, open_backend(each_backend, clock=clock) as other:
         paused.executions.admit("order-42", "charge")
         lease = claim_one(paused, duration=100)
         clock.now = lease.expires_at + default_delay(1)  # paused: no renewal
         current = claim_one(other)
         other.heap.write_step(current, step_key="charge", step_attempt=0, done=True, step_response_json='"ch_2"')
-        before = db_snapshot(db_path)
+        before = db_snapshot(each_backend)
 
         replies = [
             paused.heap.write_step(lease, step_key="charge", step_attempt=0, done=True, step_response_json='"ch_1"'),
@@ -308,26 +300,26 @@ def test_holder_pauses_past_expiry_another_claims_and_every_fenced_write_from_th
 
         assert replies == [LeaseLost()] * len(replies)
         assert all(reply.status == "lost" for reply in replies)
-        assert db_snapshot(db_path) == before
+        assert db_snapshot(each_backend) == before
         record = other.executions.get("order-42")
         assert (record.status, record.token, record.lease_expires_at) == ("running", 2, current.expires_at)
 
 
 def test_current_holder_rewrites_an_existing_step_record_succeeds_and_recorded_value_is_unchanged(
-        backend, db_path, db_snapshot):
+        backend, each_backend, db_snapshot):
     backend.executions.admit("order-42", "charge")
     lease = claim_one(backend)
     first = backend.heap.write_step(lease, step_key="charge", step_attempt=0, done=True,
                                     step_response_json='{"charge": "ch_1"}')
     assert first == HeapRecord("order-42", "charge", 0, True, '{"charge": "ch_1"}')
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     again = backend.heap.write_step(lease, step_key="charge", step_attempt=0, done=False,
                                     step_response_json='{"charge": "ch_2"}')
 
     assert again == first  # the caller continues with the recorded value
     assert again.status == "written"
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
 @pytest.mark.parametrize("current_acknowledges", ["suspended", "completed"])
@@ -370,9 +362,9 @@ def test_release_increments_unacknowledged_deliveries_by_one(backend, clock):
         clock.advance(default_delay(n))
 
 
-def test_repeated_releases_each_wait_a_nonzero_nondecreasing_delay(db_path, clock):
+def test_repeated_releases_each_wait_a_nonzero_nondecreasing_delay(each_backend, clock):
     delays = {1: 7, 2: 7, 3: 40, 4: 90, 5: 90}
-    with open_backend(db_path, clock=clock, redelivery_delay=lambda n: delays.get(n, 500)) as backend:
+    with open_backend(each_backend, clock=clock, redelivery_delay=lambda n: delays.get(n, 500)) as backend:
         backend.executions.admit("order-42", "charge")
         lease = claim_one(backend)
         observed = []
@@ -504,11 +496,11 @@ def test_request_wake_without_a_live_lease_moves_due_at_earlier_only(backend, cl
     assert claim_one(backend, now=clock.now + 200).token == 2
 
 
-def test_request_wake_for_an_unknown_execution_raises(backend, db_path, db_snapshot):
-    before = db_snapshot(db_path)
+def test_request_wake_for_an_unknown_execution_raises(backend, each_backend, db_snapshot):
+    before = db_snapshot(each_backend)
     with pytest.raises(ValueError, match="execution_id"):
         backend.executions.request_wake("nobody", 5)
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
 @pytest.mark.parametrize("ended_by", ["release", "expiry"])
@@ -551,17 +543,17 @@ def test_wake_owed_after_expiry_with_an_acknowledged_suspension_before(backend, 
 
 @pytest.mark.parametrize("outcome", [Completed('{"paid": true}'), Failed('{"type": "CardDeclined"}')],
                          ids=["completed", "failed"])
-def test_terminal_executions_ignore_wakes(backend, clock, db_path, db_snapshot, outcome):
+def test_terminal_executions_ignore_wakes(backend, clock, each_backend, db_snapshot, outcome):
     backend.executions.admit("order-42", "charge")
     assert backend.executions.acknowledge(claim_one(backend), outcome) == outcome
     record = backend.executions.get("order-42")
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
     clock.advance(10)
 
     assert backend.executions.request_wake("order-42", clock.now) is None
     backend.executions.request_wake("order-42", clock.now - 1_000)
 
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
     assert backend.executions.get("order-42") == record
     assert record.status == outcome.status
     assert (record.result_json, record.error_json) == (
@@ -582,11 +574,11 @@ def test_admit_creates_an_admitted_execution_due_now_with_token_zero(backend, cl
 
 
 def test_admit_again_with_the_same_workflow_and_input_returns_the_stored_record_unchanged(
-        backend, clock, db_path, db_snapshot):
+        backend, clock, each_backend, db_snapshot):
     backend.executions.admit("order-42", "charge", '{"amount": 5, "currency": "EUR"}')
     lease = claim_one(backend)
     stored = backend.executions.get("order-42")
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
     clock.advance(10)
 
     again = backend.executions.admit("order-42", "charge", '{"amount": 5, "currency": "EUR"}')
@@ -595,23 +587,23 @@ def test_admit_again_with_the_same_workflow_and_input_returns_the_stored_record_
 
     assert again == respelt == stored
     assert (again.status, again.token, again.input_json) == ("running", 1, '{"amount": 5, "currency": "EUR"}')
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
     assert backend.executions.renew(lease, duration=LEASE_MS).status == "renewed"
 
 
 @pytest.mark.parametrize("workflow, input_json", [("refund", '{"amount": 5}'), ("charge", '{"amount": 6}'),
                                                   ("charge", "null")])
 def test_admit_again_with_a_different_workflow_or_input_raises_execution_conflict(
-        backend, db_path, db_snapshot, workflow, input_json):
+        backend, each_backend, db_snapshot, workflow, input_json):
     backend.executions.admit("order-42", "charge", '{"amount": 5}')
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     with pytest.raises(ExecutionConflict) as raised:
         backend.executions.admit("order-42", workflow, input_json)
 
     assert isinstance(raised.value, ValueError)
     assert "order-42" in str(raised.value)
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
 def test_an_id_of_exactly_255_characters_is_accepted(backend):
@@ -656,17 +648,17 @@ def test_read_step_returns_the_highest_attempt(backend):
         ("charge", 0), ("charge", 2), ("charge", 1), ("other", 7)]
 
 
-def test_write_step_after_the_holder_acknowledged_returns_lost(backend, db_path, db_snapshot):
+def test_write_step_after_the_holder_acknowledged_returns_lost(backend, each_backend, db_snapshot):
     backend.executions.admit("order-42", "charge")
     lease = claim_one(backend)
     backend.heap.write_step(lease, step_key="a", step_attempt=0, done=True, step_response_json="1")
     assert backend.executions.acknowledge(lease, Suspended()) == Suspended()
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
 
     # Ended by the holder's own acknowledgement: even the same token is no longer current.
     assert backend.heap.write_step(lease, step_key="a", step_attempt=0, done=True, step_response_json="1") == LeaseLost()
     assert backend.heap.write_step(lease, step_key="b", step_attempt=0, done=True, step_response_json="1") == LeaseLost()
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
 
 def test_an_expired_lease_nobody_claimed_since_still_holds_the_current_token(backend, clock):
@@ -704,12 +696,12 @@ def test_claim_due_takes_the_earliest_due_at_first(backend, clock):
     assert [lease.execution_id for lease in rest] == ["middle", "late"]
 
 
-def test_claim_due_respects_limit(backend, clock, db_path, db_snapshot):
+def test_claim_due_respects_limit(backend, clock, each_backend, db_snapshot):
     for i in range(5):
         backend.executions.admit(f"e{i}", "w")
-    before = db_snapshot(db_path)
+    before = db_snapshot(each_backend)
     assert backend.executions.claim_due(limit=0, duration=LEASE_MS) == []
-    assert db_snapshot(db_path) == before
+    assert db_snapshot(each_backend) == before
 
     sizes = [len(backend.executions.claim_due(limit=2, duration=LEASE_MS)) for _ in range(4)]
 
@@ -775,17 +767,6 @@ def test_lease_history_records_acknowledged_released_expired_and_superseded_deli
 # -- the backend itself ----------------------------------------------------------------------
 
 
-def test_the_database_file_is_readable_and_writable_by_its_owner_only(tmp_path, clock):
-    db_path = tmp_path / "ledger.db"  # SQLite only: a PostgreSQL ledger is the server's to keep
-    with open_backend(db_path, clock=clock) as backend:
-        backend.executions.admit("order-42", "charge")
-        files = [p for p in (db_path, db_path.with_name(db_path.name + "-wal"),
-                             db_path.with_name(db_path.name + "-shm")) if p.exists()]
-        assert db_path in files
-        for path in files:
-            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
-
-
 def test_the_default_redelivery_delay_is_one_second_doubling_up_to_five_minutes(backend, clock):
     backend.executions.admit("order-42", "charge")
     lease = claim_one(backend)
@@ -811,20 +792,20 @@ def durability_in_effect(backend) -> tuple:
 
 @pytest.mark.parametrize("durability, sqlite, postgres", [("normal", (1, "wal"), ("off",)),
                                                           ("full", (2, "wal"), ("on",))])
-def test_both_durability_settings_run_the_whole_lifecycle(db_path, clock, durability, sqlite, postgres):
-    with open_backend(db_path, clock=clock, durability=durability) as backend:
+def test_both_durability_settings_run_the_whole_lifecycle(each_backend, clock, durability, sqlite, postgres):
+    with open_backend(each_backend, clock=clock, durability=durability) as backend:
         assert durability_in_effect(backend) == (sqlite if isinstance(backend, SqliteBackend) else postgres)
         backend.executions.admit("order-42", "charge")
         lease = claim_one(backend)
         backend.heap.write_step(lease, step_key="charge", step_attempt=0, done=True, step_response_json='"ch"')
         assert backend.executions.acknowledge(lease, Completed('"ok"')) == Completed('"ok"')
-    with open_backend(db_path, clock=clock, durability=durability) as reopened:
+    with open_backend(each_backend, clock=clock, durability=durability) as reopened:
         assert reopened.executions.get("order-42").status == "completed"
         assert reopened.heap.read_step("order-42", "charge").step_response_json == '"ch"'
 
 
-def test_two_backends_on_the_same_file_in_one_process_see_each_others_writes(db_path, clock):
-    with open_backend(db_path, clock=clock) as first, open_backend(db_path, clock=clock) as second:
+def test_two_backends_on_the_same_file_in_one_process_see_each_others_writes(each_backend, clock):
+    with open_backend(each_backend, clock=clock) as first, open_backend(each_backend, clock=clock) as second:
         first.executions.admit("order-42", "charge")
         assert second.executions.get("order-42").status == "admitted"
         lease = claim_one(second)

@@ -40,6 +40,7 @@ from supervisor import (
     open_backend,
 )
 from supervisor.ledger.errors import ExecutionConflict, UnknownExecution
+from worker.testing import FakeClock
 
 IDS = ["a", "b", "c", "d"]
 TERMINAL = ("completed", "failed")
@@ -48,19 +49,6 @@ RESPONSES = ["null", "1", '"x"', '{"v": 2}']
 # Which of the leases handed out so far a call uses: often a current one or the newest, else any
 # (stale ones too).
 LEASE_INDEX = st.one_of(st.just("current"), st.just(-1), st.integers(0, 10**6))
-
-
-class Clock:
-    """The fake ledger clock: integer ms, moved only by the `advance_clock` rule."""
-
-    def __init__(self, now: int = 1_000_000):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
 
 
 def redelivery_delay(n: int) -> int:
@@ -264,7 +252,7 @@ def _fields(record: ExecutionRecord) -> dict:
 class LedgerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.clock = Clock()
+        self.clock = FakeClock(1_000_000)
         self.backend = self.open()
         self.model = LedgerModel(redelivery_delay)
         self.leases: list[ExecutionLease] = []  # every lease handed out, stale ones included

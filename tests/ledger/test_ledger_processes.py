@@ -119,15 +119,9 @@ def _all_running(backend) -> bool:
     return backend.connection.execute("SELECT count(*) FROM executions WHERE status != 'running'").fetchone()[0] == 0
 
 
-@pytest.fixture
-def shared_ledger(each_backend):
-    """A ledger for processes to share: a SQLite file, or a database on a PostgreSQL server."""
-    return each_backend
-
-
 @pytest.mark.timeout(120)
-def test_dispatchers_in_four_processes_each_due_execution_is_claimed_exactly_once(shared_ledger, tmp_path):
-    db_path = shared_ledger
+def test_dispatchers_in_four_processes_each_due_execution_is_claimed_exactly_once(each_backend, tmp_path):
+    db_path = each_backend
     count = 600
     with open_shared(db_path) as backend:
         for i in range(count):

@@ -36,19 +36,7 @@ from typing import Optional
 
 import pytest
 
-from faults import (
-    HEARTBEAT_MS,
-    LEASE_MS,
-    RENEW_MS,
-    ROOT,
-    TESTS,
-    SupervisorProcess,
-    dump_on_hang,
-    gone,
-    needs,
-    wait_gone,
-    wait_until,
-)
+from faults import HEARTBEAT_MS, LEASE_MS, RENEW_MS, ROOT, TESTS, SupervisorProcess, gone, needs, wait_gone, wait_until
 from supervisor import Completed, open_backend
 from supervisor.ledger.sqlite import nudge
 from supervisor.ledger.sqlite.socket_folder import FOLDER_MAX, NoPrivateFolder, choose, describe
@@ -56,8 +44,6 @@ from worker import Client, WorkflowCancelled
 from worker import client as client_module
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
-
-__all__ = ["dump_on_hang"]  # fixtures imported from faults
 
 NEIGHBOURS_APP = str(TESTS / "apps" / "neighbours_app.py")
 FIX = "set XDG_RUNTIME_DIR to a private folder"  # the fix the one warning gives

@@ -24,15 +24,12 @@ import urllib.parse
 import psycopg
 import pytest
 
-from faults import dump_on_hang, query, step_tokens, supervisors, wait_until
+from faults import no_two_live_leases, query, step_tokens, wait_until
 from supervisor import Completed, LeaseLost, open_backend
 from supervisor.ledger.errors import StorageBusy, StorageError, StorageUnavailable
 from supervisor.ledger.postgres import notify
-from faults import no_two_live_leases
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("dump_on_hang")]
-
-__all__ = ["dump_on_hang", "supervisors"]  # fixtures imported from faults
 
 RESPONSE = '{"value": "charged"}'
 OUTAGE_S = 8.0  # longer than a worker's start timeout

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from faults import read_log, supervisors, wait_until  # noqa: F401 - supervisors is a fixture
+from faults import read_log, wait_until
 from supervisor import open_backend
 from supervisor.ledger.errors import LedgerGone, NoLedger, StorageBusy, StorageUnavailable
 from supervisor.ledger.postgres.connection import storage_error

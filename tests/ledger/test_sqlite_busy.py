@@ -60,12 +60,6 @@ class Holder:
         return float(line[1])
 
 
-@pytest.fixture
-def ledger(tmp_path):
-    with open_backend(str(tmp_path / "ledger.db")) as backend:
-        yield backend
-
-
 def claimed(ledger, execution_id: str) -> ExecutionLease:
     ledger.executions.admit(execution_id, "wf", "null")
     [lease] = ledger.executions.claim_due(limit=1, duration=60_000)
@@ -73,41 +67,42 @@ def claimed(ledger, execution_id: str) -> ExecutionLease:
     return lease
 
 
-def test_writes_wait_for_a_write_lock_held_by_another_process_and_then_succeed(ledger):
-    lease = claimed(ledger, "e1")
-    for write in (lambda: ledger.executions.admit("e2", "wf", "null"),  # a transaction: BEGIN IMMEDIATE
-                  lambda: ledger.heap.write_step(lease, step_key="s", step_attempt=0, done=True,  # one statement
+def test_writes_wait_for_a_write_lock_held_by_another_process_and_then_succeed(sqlite_ledger):
+    lease = claimed(sqlite_ledger, "e1")
+    for write in (lambda: sqlite_ledger.executions.admit("e2", "wf", "null"),  # a transaction: BEGIN IMMEDIATE
+                  lambda: sqlite_ledger.heap.write_step(lease, step_key="s", step_attempt=0, done=True,  # one statement
                                                  step_response_json="1")):
-        holder = Holder(ledger.path, WRITE_LOCK)
+        holder = Holder(sqlite_ledger.path, WRITE_LOCK)
         holder.release_after(0.3)
         write()
         returned = time.monotonic()
         assert holder.released_at() <= returned, "the write went through while the lock was held"
-    assert ledger.executions.get("e2").status == "admitted"
-    assert [(s.step_key, s.step_response_json) for s in ledger.heap.steps("e1")] == [("s", "1")]
+    assert sqlite_ledger.executions.get("e2").status == "admitted"
+    assert [(s.step_key, s.step_response_json) for s in sqlite_ledger.heap.steps("e1")] == [("s", "1")]
 
 
-def test_a_lock_held_past_the_busy_timeout_is_storage_busy_naming_the_file_and_changes_nothing(ledger, monkeypatch):
-    lease = claimed(ledger, "e1")
+def test_a_lock_held_past_the_busy_timeout_is_storage_busy_naming_the_file_and_changes_nothing(
+        sqlite_ledger, monkeypatch):
+    lease = claimed(sqlite_ledger, "e1")
     monkeypatch.setattr(connection, "BUSY_TIMEOUT_MS", 300)
-    holder = Holder(ledger.path, WRITE_LOCK)
+    holder = Holder(sqlite_ledger.path, WRITE_LOCK)
     try:
-        for write in (lambda: ledger.executions.admit("e2", "wf", "null"),
-                      lambda: ledger.heap.write_step(lease, step_key="s", step_attempt=0, done=True,
+        for write in (lambda: sqlite_ledger.executions.admit("e2", "wf", "null"),
+                      lambda: sqlite_ledger.heap.write_step(lease, step_key="s", step_attempt=0, done=True,
                                                      step_response_json="1"),
-                      lambda: ledger.executions.renew(lease, duration=60_000)):
+                      lambda: sqlite_ledger.executions.renew(lease, duration=60_000)):
             started = time.monotonic()
             with pytest.raises(StorageBusy, match="locked") as raised:
                 write()
-            assert ledger.path in str(raised.value)
+            assert sqlite_ledger.path in str(raised.value)
             assert time.monotonic() - started >= 0.29, "gave up before the busy timeout (less its last pause)"
     finally:
         holder.release()
         holder.released_at()
-    assert ledger.executions.get("e2") is None
-    assert ledger.heap.steps("e1") == []
-    assert ledger.executions.history("e1")[-1].expires_at == lease.expires_at  # not renewed
-    assert not isinstance(ledger.executions.renew(lease, duration=60_000), LeaseLost)  # the connection works on
+    assert sqlite_ledger.executions.get("e2") is None
+    assert sqlite_ledger.heap.steps("e1") == []
+    assert sqlite_ledger.executions.history("e1")[-1].expires_at == lease.expires_at  # not renewed
+    assert not isinstance(sqlite_ledger.executions.renew(lease, duration=60_000), LeaseLost)  # the connection works on
 
 
 def test_every_writer_of_a_contended_file_gets_through(tmp_path):
@@ -124,15 +119,15 @@ def test_every_writer_of_a_contended_file_gets_through(tmp_path):
         assert len(backend.executions.list()) == 1200
 
 
-def test_a_claim_with_nothing_due_looks_without_waiting_for_the_write_lock(ledger):
+def test_a_claim_with_nothing_due_looks_without_waiting_for_the_write_lock(sqlite_ledger):
     """An idle supervisor's poll reads first and takes the write lock only for work it saw; right
     after a claim that found work it goes straight for the lock (more is likely), and once a
     claim comes back empty it looks first again."""
-    claimed(ledger, "e1")
-    assert ledger.executions.claim_due(limit=1, duration=60_000) == []  # straight for the lock: found none
-    holder = Holder(ledger.path, WRITE_LOCK)
+    claimed(sqlite_ledger, "e1")
+    assert sqlite_ledger.executions.claim_due(limit=1, duration=60_000) == []  # straight for the lock: found none
+    holder = Holder(sqlite_ledger.path, WRITE_LOCK)
     try:
-        assert ledger.executions.claim_due(limit=1, duration=60_000) == []  # a look, no wait
+        assert sqlite_ledger.executions.claim_due(limit=1, duration=60_000) == []  # a look, no wait
         assert holder.process.poll() is None and not holder.process.stdin.closed, "the lock was held throughout"
     finally:
         holder.release()

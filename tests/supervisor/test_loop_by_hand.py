@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from faults import APP, admit, db, ledger, wait_until
+from faults import APP, admit, wait_until
 from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
 from supervisor.ledger.values import LeaseLost
@@ -26,22 +26,20 @@ from worker.protocol import ALIVE, DONE, RUN
 
 pytestmark = pytest.mark.timeout(60)
 
-__all__ = ["db", "ledger"]  # fixtures imported from faults
-
 
 @pytest.fixture
-def loop(db):
+def loop(sqlite_path):
     """A loop over two idle workers (`loop.workers`: the other ends of their pipes)."""
     exited = subprocess.Popen(["true"])  # stands in for the workers' processes, which the loop never waits on here
     exited.wait()
-    pool = Pool(2, app=APP, db_path=str(db), durability="normal", heartbeat_s=1.0, misses=3)
+    pool = Pool(2, app=APP, db_path=str(sqlite_path), durability="normal", heartbeat_s=1.0, misses=3)
     ends = []
     for _ in range(2):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pool.children.append(Child(ChildProcess(exited), Connection(ours.detach()), exited.pid, ready=True))
         ends.append(Connection(theirs.detach()))
-    calls = LedgerCalls(open_backend(str(db)), "test-calls", gathering=True)
-    renewals = LedgerCalls(open_backend(str(db)), "test-renewals")
+    calls = LedgerCalls(open_backend(str(sqlite_path)), "test-calls", gathering=True)
+    renewals = LedgerCalls(open_backend(str(sqlite_path)), "test-renewals")
     loop = DispatchLoop(SupervisorConfig(concurrency=2, lease_ms=30_000), Stats(), pool, calls, renewals,
                         signals=Wakeup(), stop_requests=lambda: 0)
     loop.workers = ends
@@ -63,9 +61,9 @@ def handed(end: Connection) -> list[str]:
     return out
 
 
-def test_a_worker_freed_while_a_claim_is_in_flight_gets_a_claim_of_its_own(loop, db, ledger):
+def test_a_worker_freed_while_a_claim_is_in_flight_gets_a_claim_of_its_own(loop, sqlite_path, sqlite_ledger):
     for name in ("e1", "e2"):
-        admit(db, name, "sv.noop3")
+        admit(sqlite_path, name, "sv.noop3")
     _, second = loop.pool.children
     second.delivery = Delivery(None, claimed_at=0, held_until=float("inf"))  # busy: not to be claimed for
     now = time.monotonic()
@@ -105,10 +103,10 @@ def renewal_found_lost(loop, delivery) -> None:
     loop.on_renew(Reply(Call("renew", (delivery.lease,), about=delivery), LeaseLost()), time.monotonic())
 
 
-def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, db, ledger):
+def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, sqlite_path, sqlite_ledger):
     """The worker's report (its write was refused: lost) came before the renewal that found the
     lease lost was read: the report settles the delivery, and the worker, idle, is kept."""
-    worker, end, delivery = running(loop, ledger, db)
+    worker, end, delivery = running(loop, sqlite_ledger, sqlite_path)
     end.send((DONE, "e1", delivery.lease.token, LeaseLost(), 5))
     renewal_found_lost(loop, delivery)
     assert any(child is worker for child in loop.pool.children), "a worker that had reported was killed"
@@ -116,10 +114,10 @@ def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_repo
     assert loop.stats.lost == 1
 
 
-def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loop, db, ledger):
+def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loop, sqlite_path, sqlite_ledger):
     """Only an answer to a heartbeat is waiting: the worker is still inside the delivery, and
     is killed and replaced so that it stops at once."""
-    worker, end, delivery = running(loop, ledger, db)
+    worker, end, delivery = running(loop, sqlite_ledger, sqlite_path)
     end.send((ALIVE,))
     renewal_found_lost(loop, delivery)
     assert not any(child is worker for child in loop.pool.children)

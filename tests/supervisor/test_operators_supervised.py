@@ -8,11 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from faults import TESTS, admit, cli, read_log, supervisors, wait_gone, wait_until
+from faults import TESTS, admit, cli, read_log, wait_gone, wait_until
 
 from supervisor import ExecutionLease, LeaseLost, open_backend
-
-__all__ = ["supervisors"]  # a fixture imported from faults
 
 
 @pytest.mark.timeout(60)

@@ -20,21 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, dump_on_hang, is_worker, ledger,
-                    max_overlap, no_two_live_leases, process_tree, read_log, step_tokens, supervisors, wait_until)
+from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, is_worker, max_overlap, no_two_live_leases,
+                    process_tree, read_log, step_tokens, wait_until)
 from supervisor import ExecutionRecord, HeapRecord
 from supervisor.dispatcher import Supervisor, SupervisorConfig
 from supervisor.ledger.sqlite.nudge import nudge_dir
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
-
-__all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
-
-
-@pytest.fixture
-def db(each_backend):
-    """The ledger the supervisors of a test share: a SQLite file, or a PostgreSQL database."""
-    return each_backend
 
 
 def completed(ledger, *execution_ids: str) -> bool:
@@ -44,15 +36,16 @@ def completed(ledger, *execution_ids: str) -> bool:
 # -- the RFC's dispatcher tests -------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_n_executions_due_with_concurrency_n_are_all_delivered_without_waiting_for_each_other(db, ledger, tmp_path):
+def test_n_executions_due_with_concurrency_n_are_all_delivered_without_waiting_for_each_other(
+        each_backend, each_ledger, tmp_path):
     n = 4
     ids = [f"meet-{i}" for i in range(n)]
     for execution_id in ids:
         # Each delivery completes only once all n have started: one that waited for another to
         # finish would time out and fail its execution.
-        admit(db, execution_id, "sv.rendezvous", {"dir": str(tmp_path / "met"), "n": n, "timeout": 20})
+        admit(each_backend, execution_id, "sv.rendezvous", {"dir": str(tmp_path / "met"), "n": n, "timeout": 20})
     deliveries = []
-    supervisor = Supervisor(str(db), APP, SupervisorConfig(
+    supervisor = Supervisor(str(each_backend), APP, SupervisorConfig(
         concurrency=n, lease_ms=1500, renew_ms=RENEW_MS, heartbeat_ms=HEARTBEAT_MS, poll_ms=POLL_MS),
         on_delivery=lambda *delivery: deliveries.append(delivery))
     exit_code = []
@@ -62,53 +55,53 @@ def test_n_executions_due_with_concurrency_n_are_all_delivered_without_waiting_f
     assert not thread.is_alive(), "the supervisor did not become idle"
     assert exit_code == [0]
     for execution_id in ids:
-        record = ledger.executions.get(execution_id)
+        record = each_ledger.executions.get(execution_id)
         assert record.status == "completed", record
         assert json.loads(record.result_json) == n
-        assert [(h.token, h.ended_by) for h in ledger.executions.history(execution_id)] == [(1, "acknowledged")]
+        assert [(h.token, h.ended_by) for h in each_ledger.executions.history(execution_id)] == [(1, "acknowledged")]
     assert sorted((d[0], d[1], d[2]) for d in deliveries) == [(e, 1, "completed") for e in ids]
     assert not [p for p in process_tree(os.getpid()) if is_worker(p)], "workers outlived their supervisor"
 
 
 @pytest.mark.timeout(60)
-def test_more_executions_due_than_concurrency_never_run_more_than_concurrency_at_once(db, ledger, tmp_path,
-                                                                                     supervisors):
+def test_more_executions_due_than_concurrency_never_run_more_than_concurrency_at_once(
+        each_backend, each_ledger, tmp_path, supervisors):
     log = tmp_path / "effects.log"
     ids = [f"busy-{i}" for i in range(8)]
     for execution_id in ids:
-        admit(db, execution_id, "sv.steps", {"log": str(log), "steps": 1, "sleep": 0.3})
-    supervisor = supervisors.start(db, concurrency=2, until_idle=True, ready=False)
+        admit(each_backend, execution_id, "sv.steps", {"log": str(log), "steps": 1, "sleep": 0.3})
+    supervisor = supervisors.start(each_backend, concurrency=2, until_idle=True, ready=False)
     assert supervisor.wait(45) == 0
-    assert completed(ledger, *ids)
+    assert completed(each_ledger, *ids)
 
     events = read_log(log)
     begins = {e.execution_id: e.time_ns for e in events if e.event == "begin"}
     ends = {e.execution_id: e.time_ns for e in events if e.event == "end"}
     assert sorted(begins) == sorted(ends) == sorted(ids)  # each step ran once
     assert max_overlap((begins[e], ends[e]) for e in ids) == 2  # used its concurrency, never more
-    leases = [h for e in ids for h in ledger.executions.history(e)]
+    leases = [h for e in ids for h in each_ledger.executions.history(e)]
     assert len(leases) == len(ids)
     assert max_overlap((h.claimed_at, h.ended_at) for h in leases) <= 2
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_several_dispatchers_sharing_one_backend_never_give_an_execution_two_live_leases(db, ledger, tmp_path,
-                                                                                         supervisors):
+def test_several_dispatchers_sharing_one_backend_never_give_an_execution_two_live_leases(
+        each_backend, each_ledger, tmp_path, supervisors):
     log = tmp_path / "effects.log"
-    started = [supervisors.start(db, concurrency=2) for _ in range(3)]
+    started = [supervisors.start(each_backend, concurrency=2) for _ in range(3)]
     ids = [f"shared-{i}" for i in range(24)]
     for execution_id in ids:
-        admit(db, execution_id, "sv.steps", {"log": str(log), "steps": 2, "sleep": 0.02})
-    wait_until(lambda: completed(ledger, *ids), timeout=60, interval=0.1, message="every execution to complete")
+        admit(each_backend, execution_id, "sv.steps", {"log": str(log), "steps": 2, "sleep": 0.02})
+    wait_until(lambda: completed(each_ledger, *ids), timeout=60, interval=0.1, message="every execution to complete")
 
     holders = set()
     all_leases = []
     for execution_id in ids:
-        history = ledger.executions.history(execution_id)
+        history = each_ledger.executions.history(execution_id)
         no_two_live_leases(history)
         assert history[-1].ended_by == "acknowledged" and history[-1].outcome == "completed"
-        steps = [(key, attempt) for key, attempt, _ in step_tokens(db, execution_id)]
+        steps = [(key, attempt) for key, attempt, _ in step_tokens(each_backend, execution_id)]
         assert steps == [("s0", 1), ("s1", 1)]
         holders.update(h.holder for h in history)
         all_leases.extend(history)
@@ -132,41 +125,41 @@ def waiting(log, token: int):
 
 
 @pytest.mark.timeout(60)
-def test_a_delivery_replying_retry_releases_its_lease_and_counts_one_unacknowledged_delivery(db, ledger, tmp_path,
-                                                                                             supervisors):
+def test_a_delivery_replying_retry_releases_its_lease_and_counts_one_unacknowledged_delivery(
+        each_backend, each_ledger, tmp_path, supervisors):
     options = retry_input(tmp_path, retries=1, hold_tokens=[2])
-    admit(db, "retry-once", "sv.retry", options)
-    supervisor = supervisors.start(db, concurrency=1)
+    admit(each_backend, "retry-once", "sv.retry", options)
+    supervisor = supervisors.start(each_backend, concurrency=1)
 
     wait_until(lambda: waiting(options["log"], 2), message="the second delivery")
-    record = ledger.executions.get("retry-once")
+    record = each_ledger.executions.get("retry-once")
     assert (record.status, record.token, record.unacknowledged_deliveries) == ("running", 2, 1)
-    first, second = ledger.executions.history("retry-once")
+    first, second = each_ledger.executions.history("retry-once")
     assert (first.ended_by, first.outcome) == ("released", None)
     assert second.ended_by is None
-    assert second.claimed_at - first.ended_at >= ledger.redelivery_delay(1)
-    assert step_tokens(db, "retry-once") == [("before", 1, 2)]  # the retried delivery wrote nothing
+    assert second.claimed_at - first.ended_at >= each_ledger.redelivery_delay(1)
+    assert step_tokens(each_backend, "retry-once") == [("before", 1, 2)]  # the retried delivery wrote nothing
     assert "asked to retry: simulated busy database on delivery 1" in supervisor.log()
 
     Path(options["gate"]).touch()
-    wait_until(lambda: completed(ledger, "retry-once"))
-    assert ledger.executions.get("retry-once").unacknowledged_deliveries == 0
+    wait_until(lambda: completed(each_ledger, "retry-once"))
+    assert each_ledger.executions.get("retry-once").unacknowledged_deliveries == 0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_a_delivery_replying_retry_several_times_in_a_row_waits_a_non_zero_non_decreasing_delay(db, ledger, tmp_path,
-                                                                                            supervisors):
-    admit(db, "retry-thrice", "sv.retry", retry_input(tmp_path, retries=3, hold_tokens=[]))
-    supervisors.start(db, concurrency=1)
-    wait_until(lambda: completed(ledger, "retry-thrice"), timeout=40)
+def test_a_delivery_replying_retry_several_times_in_a_row_waits_a_non_zero_non_decreasing_delay(
+        each_backend, each_ledger, tmp_path, supervisors):
+    admit(each_backend, "retry-thrice", "sv.retry", retry_input(tmp_path, retries=3, hold_tokens=[]))
+    supervisors.start(each_backend, concurrency=1)
+    wait_until(lambda: completed(each_ledger, "retry-thrice"), timeout=40)
 
-    history = ledger.executions.history("retry-thrice")
+    history = each_ledger.executions.history("retry-thrice")
     assert [(h.token, h.ended_by, h.outcome) for h in history] == [
         (1, "released", None), (2, "released", None), (3, "released", None), (4, "acknowledged", "completed")]
     waits = [after.claimed_at - before.ended_at for before, after in zip(history, history[1:])]
     for n, waited in enumerate(waits, start=1):
-        assert waited >= ledger.redelivery_delay(n) > 0, waits
+        assert waited >= each_ledger.redelivery_delay(n) > 0, waits
     assert waits == sorted(waits), waits
     with open(tmp_path / "deliveries") as f:
         assert f.read().split() == ["1", "2", "3", "4"]
@@ -175,65 +168,67 @@ def test_a_delivery_replying_retry_several_times_in_a_row_waits_a_non_zero_non_d
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_an_acknowledgement_after_several_retry_replies_resets_the_count_and_the_next_wake_is_not_delayed(
-        db, ledger, tmp_path, supervisors):
+        each_backend, each_ledger, tmp_path, supervisors):
     # Two retries, then a delivery acknowledged suspended on a short durable timer, then the
     # delivery that completes: the timer's wake waits out no redelivery delay.
     options = retry_input(tmp_path, retries=2, nap=0.3, hold_tokens=[4])
-    admit(db, "retry-twice", "sv.retry", options)
-    supervisors.start(db, concurrency=1)
+    admit(each_backend, "retry-twice", "sv.retry", options)
+    supervisors.start(each_backend, concurrency=1)
     wait_until(lambda: waiting(options["log"], 4), timeout=20, message="the delivery after the timer")
-    record = ledger.executions.get("retry-twice")
+    record = each_ledger.executions.get("retry-twice")
     assert (record.status, record.token, record.unacknowledged_deliveries) == ("running", 4, 0)
     Path(options["gate"]).touch()
-    wait_until(lambda: completed(ledger, "retry-twice"), timeout=20)
+    wait_until(lambda: completed(each_ledger, "retry-twice"), timeout=20)
 
-    history = ledger.executions.history("retry-twice")
+    history = each_ledger.executions.history("retry-twice")
     assert [(h.token, h.ended_by, h.outcome) for h in history] == [
         (1, "released", None), (2, "released", None), (3, "acknowledged", "suspended"),
         (4, "acknowledged", "completed")]
-    nap = json.loads(ledger.heap.read_step("retry-twice", "nap").step_response_json)["until"]
-    assert history[3].claimed_at - max(nap, history[2].ended_at) < ledger.redelivery_delay(1), \
+    nap = json.loads(each_ledger.heap.read_step("retry-twice", "nap").step_response_json)["until"]
+    assert history[3].claimed_at - max(nap, history[2].ended_at) < each_ledger.redelivery_delay(1), \
         "the wake after the acknowledgement waited out a redelivery delay"
-    assert ledger.executions.get("retry-twice").unacknowledged_deliveries == 0
+    assert each_ledger.executions.get("retry-twice").unacknowledged_deliveries == 0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_a_lease_expiring_after_a_retry_reply_counts_both_unacknowledged_deliveries(db, ledger, tmp_path,
+def test_a_lease_expiring_after_a_retry_reply_counts_both_unacknowledged_deliveries(each_backend, each_ledger, tmp_path,
                                                                                    supervisors):
     options = retry_input(tmp_path, retries=1, hold_tokens=[2, 3])
-    admit(db, "retry-expire", "sv.retry", options)
-    supervisors.start(db, concurrency=1)
+    admit(each_backend, "retry-expire", "sv.retry", options)
+    supervisors.start(each_backend, concurrency=1)
 
     second = wait_until(lambda: waiting(options["log"], 2), message="the second delivery")
     os.kill(second.pid, 9)  # its lease is left to expire
     wait_until(lambda: waiting(options["log"], 3), message="the third delivery")
-    record = ledger.executions.get("retry-expire")
+    record = each_ledger.executions.get("retry-expire")
     assert (record.status, record.token, record.unacknowledged_deliveries) == ("running", 3, 2)
-    history = ledger.executions.history("retry-expire")
+    history = each_ledger.executions.history("retry-expire")
     assert [(h.token, h.ended_by) for h in history] == [(1, "released"), (2, "superseded"), (3, None)]
     assert history[1].ended_at == history[1].expires_at
-    assert history[2].claimed_at - history[1].ended_at >= ledger.redelivery_delay(2)
+    assert history[2].claimed_at - history[1].ended_at >= each_ledger.redelivery_delay(2)
 
     Path(options["gate"]).touch()
-    wait_until(lambda: completed(ledger, "retry-expire"))
-    assert ledger.executions.get("retry-expire").unacknowledged_deliveries == 0
+    wait_until(lambda: completed(each_ledger, "retry-expire"))
+    assert each_ledger.executions.get("retry-expire").unacknowledged_deliveries == 0
 
 
 # -- renewal ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_a_step_longer_than_three_lease_periods_completes_with_one_claim(db, ledger, tmp_path, supervisors):
+def test_a_step_longer_than_three_lease_periods_completes_with_one_claim(
+        each_backend, each_ledger, tmp_path, supervisors):
     lease_ms = 1200
     log = tmp_path / "effects.log"
-    admit(db, "slow", "sv.steps", {"log": str(log), "steps": 1, "sleep": 3.2 * lease_ms / 1000})
-    supervisor = supervisors.start(db, concurrency=1, lease_ms=lease_ms, renew_ms=300, until_idle=True, ready=False)
+    admit(each_backend, "slow", "sv.steps", {"log": str(log), "steps": 1, "sleep": 3.2 * lease_ms / 1000})
+    supervisor = supervisors.start(each_backend, concurrency=1, lease_ms=lease_ms, renew_ms=300, until_idle=True,
+                                   ready=False)
     assert supervisor.wait(40) == 0
 
-    record = ledger.executions.get("slow")
+    record = each_ledger.executions.get("slow")
     assert (record.status, record.token, record.unacknowledged_deliveries) == ("completed", 1, 0)
-    (lease,) = ledger.executions.history("slow")
+    (lease,) = each_ledger.executions.history("slow")
     assert (lease.token, lease.ended_by, lease.outcome) == (1, "acknowledged", "completed")
     assert lease.renewals >= 3
     assert lease.ended_at - lease.claimed_at > 3 * lease_ms
@@ -243,47 +238,48 @@ def test_a_step_longer_than_three_lease_periods_completes_with_one_claim(db, led
 # -- idle, waking -------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_until_idle_exits_0_once_every_execution_is_terminal(db, ledger, tmp_path, supervisors):
+def test_until_idle_exits_0_once_every_execution_is_terminal(each_backend, each_ledger, tmp_path, supervisors):
     log = tmp_path / "effects.log"
     ids = [f"idle-{i}" for i in range(3)]
     for execution_id in ids:
-        admit(db, execution_id, "sv.noop3")
-    admit(db, "idle-nap", "sv.nap", {"seconds": 1.0, "log": str(log)})  # due again later: not idle yet
-    admit(db, "idle-unknown", "sv.no-such-workflow")  # fails, and never stops the supervisor
+        admit(each_backend, execution_id, "sv.noop3")
+    admit(each_backend, "idle-nap", "sv.nap", {"seconds": 1.0, "log": str(log)})  # due again later: not idle yet
+    admit(each_backend, "idle-unknown", "sv.no-such-workflow")  # fails, and never stops the supervisor
 
-    supervisor = supervisors.start(db, concurrency=2, until_idle=True, ready=False)
+    supervisor = supervisors.start(each_backend, concurrency=2, until_idle=True, ready=False)
     assert supervisor.wait(30) == 0
-    assert completed(ledger, *ids, "idle-nap")
-    failure = ledger.executions.get("idle-unknown")
+    assert completed(each_ledger, *ids, "idle-nap")
+    failure = each_ledger.executions.get("idle-unknown")
     assert failure.status == "failed" and json.loads(failure.error_json)["type"] == "UnknownWorkflow"
     assert [e.event for e in read_log(log)] == ["begin", "end"]
     assert "idle: nothing running and nothing due" in supervisor.log()
 
-    again = supervisors.start(db, concurrency=1, until_idle=True, ready=False)  # nothing to do at all
+    again = supervisors.start(each_backend, concurrency=1, until_idle=True, ready=False)  # nothing to do at all
     assert again.wait(30) == 0
 
 
 @pytest.mark.timeout(60)
-def test_start_and_wake_reach_an_idle_supervisor_well_under_its_poll_interval(db, ledger, tmp_path, supervisors):
+def test_start_and_wake_reach_an_idle_supervisor_well_under_its_poll_interval(
+        each_backend, each_ledger, tmp_path, supervisors):
     poll_ms = 30_000  # after its first claim, only a nudge can make it claim again within the test
-    supervisors.start(db, concurrency=1, poll_ms=poll_ms)
+    supervisors.start(each_backend, concurrency=1, poll_ms=poll_ms)
     for i in range(3):
-        requested = ledger.clock()
-        result = cli(db, "start", "sv.noop3", "--id", f"nudged-{i}")
+        requested = each_ledger.clock()
+        result = cli(each_backend, "start", "sv.noop3", "--id", f"nudged-{i}")
         assert result.returncode == 0, result.stderr
-        wait_until(lambda: completed(ledger, f"nudged-{i}"), timeout=10)
-        (lease,) = ledger.executions.history(f"nudged-{i}")
+        wait_until(lambda: completed(each_ledger, f"nudged-{i}"), timeout=10)
+        (lease,) = each_ledger.executions.history(f"nudged-{i}")
         assert lease.claimed_at - requested < 3000
 
     # A workflow asleep for an hour, woken by hand: the wake is delivered at once.
-    admit(db, "nudged-sleeper", "sv.nap", {"seconds": 3600, "log": str(tmp_path / "effects.log")})
-    wait_until(lambda: ledger.executions.get("nudged-sleeper").status == "suspended", timeout=10)
-    requested = ledger.clock()
-    result = cli(db, "wake", "nudged-sleeper")
+    admit(each_backend, "nudged-sleeper", "sv.nap", {"seconds": 3600, "log": str(tmp_path / "effects.log")})
+    wait_until(lambda: each_ledger.executions.get("nudged-sleeper").status == "suspended", timeout=10)
+    requested = each_ledger.clock()
+    result = cli(each_backend, "wake", "nudged-sleeper")
     assert result.returncode == 0, result.stderr
-    wait_until(lambda: len(ledger.executions.history("nudged-sleeper")) == 2
-               and ledger.executions.get("nudged-sleeper").status == "suspended", timeout=10)
-    assert ledger.executions.history("nudged-sleeper")[1].claimed_at - requested < 3000
+    wait_until(lambda: len(each_ledger.executions.history("nudged-sleeper")) == 2
+               and each_ledger.executions.get("nudged-sleeper").status == "suspended", timeout=10)
+    assert each_ledger.executions.history("nudged-sleeper")[1].claimed_at - requested < 3000
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -302,80 +298,80 @@ def assert_clean_error(result, code=None) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_cli_commands_over_a_supervised_run(db, tmp_path, supervisors, db_snapshot):
-    result = cli(db, "start", "sv.noop3", "--id", "order-1", "--input", '{"order": 1}')
+def test_cli_commands_over_a_supervised_run(each_backend, tmp_path, supervisors, db_snapshot):
+    result = cli(each_backend, "start", "sv.noop3", "--id", "order-1", "--input", '{"order": 1}')
     assert (result.returncode, result.stdout) == (0, "order-1\n"), result.stderr
-    again = cli(db, "start", "sv.noop3", "--id", "order-1", "--input", '{ "order" : 1 }')
+    again = cli(each_backend, "start", "sv.noop3", "--id", "order-1", "--input", '{ "order" : 1 }')
     assert (again.returncode, again.stdout) == (0, "order-1\n"), again.stderr  # same input, as JSON
-    generated = cli(db, "start", "sv.noop3")
+    generated = cli(each_backend, "start", "sv.noop3")
     assert generated.returncode == 0 and generated.stdout.strip()
     generated_id = generated.stdout.strip()
 
-    before = db_snapshot(db)
-    conflict = cli(db, "start", "sv.noop3", "--id", "order-1", "--input", '{"order": 2}')
+    before = db_snapshot(each_backend)
+    conflict = cli(each_backend, "start", "sv.noop3", "--id", "order-1", "--input", '{"order": 2}')
     assert_clean_error(conflict)
     assert "order-1" in conflict.stderr
-    bad_json = cli(db, "start", "sv.noop3", "--id", "order-3", "--input", "{not json")
+    bad_json = cli(each_backend, "start", "sv.noop3", "--id", "order-3", "--input", "{not json")
     assert_clean_error(bad_json)
     assert "--input" in bad_json.stderr
-    assert db_snapshot(db) == before
+    assert db_snapshot(each_backend) == before
     fresh = tmp_path / "fresh.db"
     assert_clean_error(cli(fresh, "start", "sv.noop3", "--input", "[1,"))
     assert not fresh.exists()
 
     for command in (["get", "nope"], ["get", "nope", "--json"], ["steps", "nope"], ["history", "nope"],
                     ["wake", "nope"]):
-        unknown = cli(db, *command)
+        unknown = cli(each_backend, *command)
         assert_clean_error(unknown, code=1)
         assert "nope" in unknown.stderr
-    assert db_snapshot(db) == before
+    assert db_snapshot(each_backend) == before
 
-    admitted = json.loads(cli(db, "ls", "--status", "admitted", "--json").stdout)
+    admitted = json.loads(cli(each_backend, "ls", "--status", "admitted", "--json").stdout)
     assert [r["execution_id"] for r in admitted] == [generated_id, "order-1"]  # newest first
-    assert cli(db, "ls", "--status", "completed", "--json").stdout.strip() == "[]"
+    assert cli(each_backend, "ls", "--status", "completed", "--json").stdout.strip() == "[]"
 
-    supervisor = supervisors.start(db, concurrency=1, until_idle=True, ready=False)
+    supervisor = supervisors.start(each_backend, concurrency=1, until_idle=True, ready=False)
     assert supervisor.wait(30) == 0
     assert "delivery execution=order-1 token=1 outcome=completed" in supervisor.log()
 
-    got = cli(db, "get", "order-1", "--json")
+    got = cli(each_backend, "get", "order-1", "--json")
     assert got.returncode == 0, got.stderr
     record = json.loads(got.stdout)
     assert set(record) == record_keys() | {"waiting_for"}  # `get` adds what a waiting execution waits for
     assert record["waiting_for"] == []  # a completed execution waits for nothing
     assert (record["input"], record["result"], record["error"]) == ({"order": 1}, "ok", None)
     assert (record["status"], record["token"], record["unacknowledged_deliveries"]) == ("completed", 1, 0)
-    text = cli(db, "get", "order-1")
+    text = cli(each_backend, "get", "order-1")
     assert text.returncode == 0 and "completed" in text.stdout
 
-    listed = json.loads(cli(db, "ls", "--status", "completed", "--json").stdout)
+    listed = json.loads(cli(each_backend, "ls", "--status", "completed", "--json").stdout)
     assert {r["execution_id"] for r in listed} == {"order-1", generated_id}
     assert all(set(r) == record_keys() for r in listed)
-    assert cli(db, "ls", "--status", "admitted", "--json").stdout.strip() == "[]"
-    assert_clean_error(cli(db, "ls", "--status", "bogus"))
+    assert cli(each_backend, "ls", "--status", "admitted", "--json").stdout.strip() == "[]"
+    assert_clean_error(cli(each_backend, "ls", "--status", "bogus"))
 
-    steps = json.loads(cli(db, "steps", "order-1", "--json").stdout)
+    steps = json.loads(cli(each_backend, "steps", "order-1", "--json").stdout)
     heap_keys = {f.name[: -len("_json")] if f.name.endswith("_json") else f.name
                  for f in dataclasses.fields(HeapRecord)} | {"status"}
     assert [set(s) for s in steps] == [heap_keys] * 3
     assert [(s["step_key"], s["attempt"], s["done"], s["step_response"]) for s in steps] == [
         ("one", 1, True, {"value": None}), ("two", 1, True, {"value": None}), ("three", 1, True, {"value": None})]
 
-    history = cli(db, "history", "order-1")
+    history = cli(each_backend, "history", "order-1")
     assert history.returncode == 0 and "token=1" in history.stdout and "acknowledged" in history.stdout
-    (lease,) = json.loads(cli(db, "history", "order-1", "--json").stdout)
+    (lease,) = json.loads(cli(each_backend, "history", "order-1", "--json").stdout)
     assert (lease["token"], lease["ended_by"], lease["outcome"]) == (1, "acknowledged", "completed")
 
-    assert cli(db, "wake", "order-1").returncode == 0  # a terminal execution ignores wakes
-    assert json.loads(cli(db, "get", "order-1", "--json").stdout)["due_at"] is None
-    cli(db, "start", "sv.noop3", "--id", "later")
-    woken = cli(db, "wake", "later", "--at", "123")
+    assert cli(each_backend, "wake", "order-1").returncode == 0  # a terminal execution ignores wakes
+    assert json.loads(cli(each_backend, "get", "order-1", "--json").stdout)["due_at"] is None
+    cli(each_backend, "start", "sv.noop3", "--id", "later")
+    woken = cli(each_backend, "wake", "later", "--at", "123")
     assert woken.returncode == 0, woken.stderr
-    assert json.loads(cli(db, "get", "later", "--json").stdout)["due_at"] == 123
+    assert json.loads(cli(each_backend, "get", "later", "--json").stdout)["due_at"] == 123
 
     script = Path(sys.executable).parent / "yieldstar"
     if script.exists():  # the console script is the same command line
-        shown = subprocess.run([str(script), "--db", str(db), "get", "later", "--json"], capture_output=True,
+        shown = subprocess.run([str(script), "--db", str(each_backend), "get", "later", "--json"], capture_output=True,
                                text=True, timeout=30)
         assert shown.returncode == 0 and json.loads(shown.stdout)["execution_id"] == "later"
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from faults import TESTS, cli, dump_on_hang, ledger, query, supervisors, wait_until
+from faults import TESTS, cli, query, wait_until
 from supervisor import ExecutionConflict, open_backend
 from supervisor.ledger.errors import UnknownExecution
 from supervisor.ledger.sqlite.nudge import outcomes_dir
@@ -23,28 +23,13 @@ from worker import AsyncClient, Client, Registry, WorkflowCancelled, WorkflowFai
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
-__all__ = ["ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
-
 APP = str(TESTS / "apps" / "client_app.py")
 NEVER_POLL_S = 600.0  # longer than any test: a wait these tests see end was woken by an announcement
 
 
-@pytest.fixture
-def db(each_backend):
-    """The ledger of the test: a SQLite file, or a PostgreSQL database (whose waiting clients
-    are woken by NOTIFY instead of the host's sockets)."""
-    return each_backend
-
-
-@pytest.fixture
-def sqlite_db(tmp_path):
-    """For the tests of the host's outcome sockets, which only a SQLite ledger uses."""
-    return tmp_path / "ledger.db"
-
-
 def rows(db) -> list[tuple]:
-    return [tuple(row) for row in query(db, "SELECT execution_id, workflow, input_json, status FROM executions"
-                                            " ORDER BY execution_id")]
+    return [tuple(row) for row in query(db, "SELECT execution_id, workflow, input_json, status"
+                                                      " FROM executions ORDER BY execution_id")]
 
 
 def waiters(client, execution_id: str) -> int:
@@ -69,9 +54,9 @@ def tell_when_read(client: Client) -> threading.Event:
 # -- across processes, with a real supervisor -----------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_start_and_result_across_processes(db, supervisors):
-    supervisors.start(db, app=APP)
-    with Client(db, poll_s=NEVER_POLL_S) as client:
+def test_start_and_result_across_processes(each_backend, supervisors):
+    supervisors.start(each_backend, app=APP)
+    with Client(each_backend, poll_s=NEVER_POLL_S) as client:
         handle = client.start("cl.echo", {"order_id": 42, "items": ["tea", None]}, id="order-42")
         assert handle.execution_id == "order-42"
         assert handle.result(timeout=20) == {"order_id": 42, "items": ["tea", None]}
@@ -82,9 +67,9 @@ def test_start_and_result_across_processes(db, supervisors):
 
 
 @pytest.mark.timeout(60)
-def test_the_result_of_a_failed_execution_is_its_recorded_error(db, supervisors):
-    supervisors.start(db, app=APP)
-    with Client(db, poll_s=NEVER_POLL_S) as client:
+def test_the_result_of_a_failed_execution_is_its_recorded_error(each_backend, supervisors):
+    supervisors.start(each_backend, app=APP)
+    with Client(each_backend, poll_s=NEVER_POLL_S) as client:
         handle = client.start("cl.fail", {"order_id": 42})
         with pytest.raises(WorkflowFailed) as failed:
             handle.result(timeout=20)
@@ -97,9 +82,9 @@ def test_the_result_of_a_failed_execution_is_its_recorded_error(db, supervisors)
 
 
 @pytest.mark.timeout(60)
-def test_a_waiting_result_is_woken_by_a_cancellation_from_another_process(db, supervisors, tmp_path):
-    supervisors.start(db, app=APP)
-    with Client(db, poll_s=NEVER_POLL_S) as client:
+def test_a_waiting_result_is_woken_by_a_cancellation_from_another_process(each_backend, supervisors, tmp_path):
+    supervisors.start(each_backend, app=APP)
+    with Client(each_backend, poll_s=NEVER_POLL_S) as client:
         handle = client.start("cl.gated", {"gate": str(tmp_path / "never"), "value": 1})
         wait_until(lambda: handle.status() == "running")
         outcome: list[BaseException] = []
@@ -112,7 +97,7 @@ def test_a_waiting_result_is_woken_by_a_cancellation_from_another_process(db, su
 
         waiter = threading.Thread(target=wait)
         waiter.start()
-        done = cli(db, "cancel", handle.execution_id, "--reason", "the customer changed their mind")
+        done = cli(each_backend, "cancel", handle.execution_id, "--reason", "the customer changed their mind")
         assert done.returncode == 0, done.stderr
         waiter.join(20)
         assert not waiter.is_alive(), "the cancellation did not wake the waiting result()"
@@ -121,19 +106,19 @@ def test_a_waiting_result_is_woken_by_a_cancellation_from_another_process(db, su
 
 
 @pytest.mark.timeout(90)
-def test_many_waiters_in_threads_and_tasks_are_woken_by_the_one_commit_that_ends_the_execution(db, supervisors,
-                                                                                            tmp_path):
+def test_many_waiters_in_threads_and_tasks_are_woken_by_the_one_commit_that_ends_the_execution(
+        each_backend, supervisors, tmp_path):
     gate = tmp_path / "gate"
-    supervisors.start(db, app=APP)
+    supervisors.start(each_backend, app=APP)
     results: list = []
-    with Client(db, poll_s=NEVER_POLL_S) as client:
+    with Client(each_backend, poll_s=NEVER_POLL_S) as client:
         handle = client.start("cl.gated", {"gate": str(gate), "value": "shipped"})
         threads = [threading.Thread(target=lambda: results.append(handle.result(timeout=60))) for _ in range(40)]
         for thread in threads:
             thread.start()
 
         async def tasks() -> list:
-            async with AsyncClient(db, poll_s=NEVER_POLL_S) as aclient:
+            async with AsyncClient(each_backend, poll_s=NEVER_POLL_S) as aclient:
                 ahandle = await aclient.handle(handle.execution_id)
                 waiting = [asyncio.ensure_future(ahandle.result(timeout=60)) for _ in range(40)]
                 while waiters(aclient, handle.execution_id) < 40:  # every task registered, before the gate
@@ -152,8 +137,8 @@ def test_many_waiters_in_threads_and_tasks_are_woken_by_the_one_commit_that_ends
 
 
 @pytest.mark.timeout(60)
-def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(sqlite_db, supervisors, tmp_path):
-    gate, db = tmp_path / "gate", sqlite_db
+def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(sqlite_path, supervisors, tmp_path):
+    gate, db = tmp_path / "gate", sqlite_path
     supervisors.start(db, app=APP)
     with Client(db, poll_s=0.2) as client:
         handle = client.start("cl.gated", {"gate": str(gate), "value": 3})
@@ -171,8 +156,8 @@ def test_a_missed_announcement_is_made_up_for_by_the_slow_poll(sqlite_db, superv
 
 
 @pytest.mark.timeout(30)
-def test_an_execution_purged_while_its_result_is_awaited_is_unknown(sqlite_db):
-    db = sqlite_db
+def test_an_execution_purged_while_its_result_is_awaited_is_unknown(sqlite_path):
+    db = sqlite_path
     with Client(db, poll_s=0.2) as client:
         handle = client.start("cl.echo", 1)  # no supervisor runs it
         folder = outcomes_dir(str(db))
@@ -199,9 +184,9 @@ def test_an_execution_purged_while_its_result_is_awaited_is_unknown(sqlite_db):
 
 
 @pytest.mark.timeout(60)
-def test_result_times_out_naming_the_status(db, supervisors, tmp_path):
-    supervisors.start(db, app=APP)
-    with Client(db) as client:
+def test_result_times_out_naming_the_status(each_backend, supervisors, tmp_path):
+    supervisors.start(each_backend, app=APP)
+    with Client(each_backend) as client:
         handle = client.start("cl.gated", {"gate": str(tmp_path / "never"), "value": 1})
         started = time.monotonic()
         with pytest.raises(TimeoutError, match=r"not finished within 0.5 s \(it is (admitted|running)\)"):
@@ -213,9 +198,9 @@ def test_result_times_out_naming_the_status(db, supervisors, tmp_path):
 # -- async ----------------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_the_async_client_starts_and_waits_without_blocking_its_event_loop(db, supervisors, tmp_path):
+def test_the_async_client_starts_and_waits_without_blocking_its_event_loop(each_backend, supervisors, tmp_path):
     gate = tmp_path / "gate"
-    supervisors.start(db, app=APP)
+    supervisors.start(each_backend, app=APP)
 
     async def main() -> tuple:
         ticks = 0
@@ -226,7 +211,7 @@ def test_the_async_client_starts_and_waits_without_blocking_its_event_loop(db, s
                 ticks += 1
                 await asyncio.sleep(0.01)
 
-        async with AsyncClient(db, poll_s=NEVER_POLL_S) as client:
+        async with AsyncClient(each_backend, poll_s=NEVER_POLL_S) as client:
             tick = asyncio.ensure_future(ticker())
             handle = await client.start("cl.gated", {"gate": str(gate), "value": {"ok": True}}, id="async-1")
             assert await handle.status() in ("admitted", "running")
@@ -247,9 +232,9 @@ def test_the_async_client_starts_and_waits_without_blocking_its_event_loop(db, s
 
 
 @pytest.mark.timeout(30)
-def test_async_result_times_out(db):
+def test_async_result_times_out(each_backend):
     async def main() -> None:
-        async with AsyncClient(db) as client:
+        async with AsyncClient(each_backend) as client:
             handle = await client.start("cl.echo", 1)  # no supervisor runs it
             with pytest.raises(TimeoutError, match="it is admitted"):
                 await handle.result(timeout=0.3)
@@ -260,33 +245,33 @@ def test_async_result_times_out(db):
 # -- starting: idempotency and bad input ---------------------------------------------------------
 
 @pytest.mark.timeout(30)
-def test_start_is_idempotent_by_id_and_refuses_a_different_workflow_or_input(db):
-    with Client(db) as client:
+def test_start_is_idempotent_by_id_and_refuses_a_different_workflow_or_input(each_backend):
+    with Client(each_backend) as client:
         first = client.start("cl.echo", {"a": 1}, id="order-1")
         again = client.start("cl.echo", {"a": 1}, id="order-1")
         assert again.execution_id == first.execution_id == "order-1"
-        before = rows(db)
+        before = rows(each_backend)
         with pytest.raises(ExecutionConflict, match="order-1"):
             client.start("cl.echo", {"a": 2}, id="order-1")
         with pytest.raises(ExecutionConflict, match="order-1"):
             client.start("cl.fail", {"a": 1}, id="order-1")
-        assert rows(db) == before == [("order-1", "cl.echo", '{"a":1}', "admitted")]
+        assert rows(each_backend) == before == [("order-1", "cl.echo", '{"a":1}', "admitted")]
 
 
 @pytest.mark.timeout(30)
-def test_start_takes_the_decorated_function_and_checks_names_against_a_registry(db):
+def test_start_takes_the_decorated_function_and_checks_names_against_a_registry(each_backend):
     registry = Registry()
 
     @registry.workflow("shop.order")
     def order(ctx, input):  # pragma: no cover - never run here
         return input
 
-    with Client(db, registry=registry) as client:
+    with Client(each_backend, registry=registry) as client:
         assert client.start(order, {"order_id": 42}).workflow == "shop.order"
-        before = rows(db)
+        before = rows(each_backend)
         with pytest.raises(ValueError, match=r"no workflow is registered as 'shop.ordr' \(registered: shop.order\)"):
             client.start("shop.ordr", {})
-        assert rows(db) == before
+        assert rows(each_backend) == before
 
 
 @pytest.mark.timeout(30)
@@ -303,31 +288,31 @@ def test_start_takes_the_decorated_function_and_checks_names_against_a_registry(
     (lambda c: c.put("mailbox", {1, 2}), "item is not JSON-serialisable"),
 ], ids=["not JSON", "NaN", "undecorated function", "empty name", "empty id", "id not a str", "unknown id",
         "negative timeout", "unknown effect", "item not JSON"])
-def test_bad_input_is_a_value_error_naming_it_and_changes_nothing(db, call, message):
-    with Client(db) as client:
+def test_bad_input_is_a_value_error_naming_it_and_changes_nothing(each_backend, call, message):
+    with Client(each_backend) as client:
         client.start("cl.echo", 0, id="existing")
-        before = rows(db)
+        before = rows(each_backend)
         with pytest.raises(ValueError, match=message):
             call(client)
-        assert rows(db) == before
+        assert rows(each_backend) == before
 
 
 @pytest.mark.timeout(30)
-def test_handle_of_an_unknown_execution_is_unknown_execution(db):
-    with Client(db) as client, pytest.raises(UnknownExecution):
+def test_handle_of_an_unknown_execution_is_unknown_execution(each_backend):
+    with Client(each_backend) as client, pytest.raises(UnknownExecution):
         client.handle("missing")
 
 
 @pytest.mark.timeout(30)
-def test_settle_and_put_for_outside_systems(db):
-    with Client(db) as client:
+def test_settle_and_put_for_outside_systems(each_backend):
+    with Client(each_backend) as client:
         state = client.settle("payment-1", {"paid": True}, create=True)
         assert json.loads(state.result_json) == {"paid": True}
         conflict = client.settle("payment-1", {"paid": False})
         assert isinstance(conflict, SettleConflict) and json.loads(conflict.kept_result_json) == {"paid": True}
         assert client.put("mailbox", {"n": 1}) == [{"n": 1}]
         assert client.put("mailbox", {"n": 2}) == [{"n": 1}, {"n": 2}]
-    with open_backend(db) as backend:
+    with open_backend(each_backend) as backend:
         assert json.loads(backend.stores.get("mailbox").state_json) == [{"n": 1}, {"n": 2}]
 
 

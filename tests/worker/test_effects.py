@@ -16,7 +16,6 @@ import sys
 import pytest
 
 import worker.demo_shop  # noqa: F401  registers the shop's "order" workflow
-from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import LEASE_MS, ROOT, Interposed, World, cli_command, deliveries, result_of, step_rows, table
 from supervisor import Completed, InvalidArgument, LeaseLost, Suspended, open_backend
 from supervisor.ledger.sqlite.backend import wall_clock
@@ -56,50 +55,50 @@ def conflicts(world, effect_id: str) -> int:
 # -- EffectClient.begin and settle ----------------------------------------------------------------
 
 @pytest.mark.timeout(30)
-def test_effect_begin_is_idempotent_a_repeat_returns_the_current_state_and_begun_counts(ledger):
-    assert ledger.effects.get("pay-42") is None
-    assert ledger.effects.begin("pay-42") == EffectState("pay-42", "pending", None, 1)
-    assert ledger.effects.begin("pay-42") == EffectState("pay-42", "pending", None, 2)
-    ledger.effects.settle("pay-42", '{"charge_id": "ch_1"}')
-    again = ledger.effects.begin("pay-42")
+def test_effect_begin_is_idempotent_a_repeat_returns_the_current_state_and_begun_counts(holder):
+    assert holder.effects.get("pay-42") is None
+    assert holder.effects.begin("pay-42") == EffectState("pay-42", "pending", None, 1)
+    assert holder.effects.begin("pay-42") == EffectState("pay-42", "pending", None, 2)
+    holder.effects.settle("pay-42", '{"charge_id": "ch_1"}')
+    again = holder.effects.begin("pay-42")
     assert (again.status, json.loads(again.result_json), again.begun) == ("settled", {"charge_id": "ch_1"}, 3)
-    assert ledger.effects.get("pay-42") == again
+    assert holder.effects.get("pay-42") == again
     with pytest.raises(InvalidArgument, match="effect_id"):
-        ledger.effects.begin("")
+        holder.effects.begin("")
 
 
 @pytest.mark.timeout(30)
 def test_effect_settle_keeps_the_first_result_and_reports_a_different_later_one_as_settle_conflict_without_applying_it(
-        world, ledger):
-    ledger.effects.begin("pay-42")
-    first = ledger.effects.settle("pay-42", '{"charge_id": "ch_1", "amount": 1999}')
+        world, holder):
+    holder.effects.begin("pay-42")
+    first = holder.effects.settle("pay-42", '{"charge_id": "ch_1", "amount": 1999}')
     assert (first.status, json.loads(first.result_json)) == ("settled", {"charge_id": "ch_1", "amount": 1999})
     # The same result again, however it is spelled, is no conflict.
-    assert ledger.effects.settle("pay-42", '{ "amount": 1999, "charge_id": "ch_1" }') == first
+    assert holder.effects.settle("pay-42", '{ "amount": 1999, "charge_id": "ch_1" }') == first
 
     other = world.holder().effects.settle("pay-42", '{"charge_id": "ch_2", "amount": 1999}')
 
     assert other == SettleConflict("pay-42", first.result_json, '{"charge_id": "ch_2", "amount": 1999}')
     assert other.status == "conflict"
-    assert ledger.effects.get("pay-42") == first  # not applied
+    assert holder.effects.get("pay-42") == first  # not applied
     assert conflicts(world, "pay-42") == 1
     with pytest.raises(InvalidArgument, match="result_json"):
-        ledger.effects.settle("pay-42", "{not json")
-    assert ledger.effects.get("pay-42") == first
+        holder.effects.settle("pay-42", "{not json")
+    assert holder.effects.get("pay-42") == first
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("first", ["current settles first", "stale settles first"])
 def test_effect_settle_from_a_stale_and_a_current_holder_keeps_the_first_result_and_reports_the_other_as_a_conflict(
-        world, ledger, first):
-    ledger.executions.admit("e1", "charge-by-token")
+        world, holder, first):
+    holder.executions.admit("e1", "charge-by-token")
     stale_lease = world.claim(world.holder(), "e1")
-    current = Interposed(ledger, "effects.settle")
+    current = Interposed(holder, "effects.settle")
     stale_backend = world.holder()
 
     def meanwhile():
         # Token 1 got its answer from the external system and is frozen before settling.
-        lease = world.take_over(ledger, stale_lease)
+        lease = world.take_over(holder, stale_lease)
         if first == "stale settles first":
             # Token 2 asks too, and gets another answer; token 1 settles while token 2 is on its way.
             current._before = lambda: stale_backend.effects.settle("e1/charge", '{"charged_by_token": 1}')
@@ -112,40 +111,40 @@ def test_effect_settle_from_a_stale_and_a_current_holder_keeps_the_first_result_
         {"charged_by_token": 1}, {"charged_by_token": 2})
     (conflict,) = [r for r in stale.replies + current.replies if isinstance(r, SettleConflict)]
     assert (json.loads(conflict.kept_result_json), json.loads(conflict.offered_result_json)) == (kept, lost)
-    state = ledger.effects.get("e1/charge")
+    state = holder.effects.get("e1/charge")
     assert (state.status, json.loads(state.result_json), state.begun) == ("settled", kept, 2)
     assert conflicts(world, "e1/charge") == 1
     # The current holder recorded, and the workflow returned, the kept result whoever settled it.
-    assert result_of(ledger.executions.get("e1")) == kept
+    assert result_of(holder.executions.get("e1")) == kept
     assert step_rows(world.path, "e1") == [("charge", 1, {"value": kept}, 2)]
 
 
 # -- the order shop: a frozen worker's retry charges nobody twice ---------------------------------
 
 @pytest.mark.timeout(30)
-def test_order_shop_a_frozen_workers_retry_charges_nobody_twice(world, ledger, tmp_path):
+def test_order_shop_a_frozen_workers_retry_charges_nobody_twice(world, holder, tmp_path):
     provider = PaymentProvider(str(tmp_path / "provider.jsonl"))
-    ledger.executions.admit("order-43", "order", json.dumps({"order_id": 43, "provider": provider.path}))
+    holder.executions.admit("order-43", "order", json.dumps({"order_id": 43, "provider": provider.path}))
     stale_lease = world.claim(world.holder(), "order-43")  # worker A, token 1
 
     def meanwhile():
         # A's card charge went through; A freezes before the answer is recorded. Its lease runs
         # out, B claims with token 2, replays, and asks the provider again with the same key.
         assert len(provider.charges()) == 1
-        done = world.deliver(ledger, world.take_over(ledger, stale_lease), default_registry)
+        done = world.deliver(holder, world.take_over(holder, stale_lease), default_registry)
         assert done.status == "completed"
 
     stale = Interposed(world.holder(), "effects.settle", before=meanwhile)
     # A thaws: it settles the same result (the provider answered it with the first charge) and
     # its step write is refused, so it stops.
     assert run_delivery(stale, stale_lease, default_registry) == LeaseLost()
-    assert ledger.executions.acknowledge(stale_lease, Completed("null")) == LeaseLost()
+    assert holder.executions.acknowledge(stale_lease, Completed("null")) == LeaseLost()
 
     (charge,) = provider.charges()
     assert charge["idempotency_key"] == "order-43/charge"
-    assert result_of(ledger.executions.get("order-43")) == {"order_id": 43, "charge_id": charge["charge_id"]}
+    assert result_of(holder.executions.get("order-43")) == {"order_id": 43, "charge_id": charge["charge_id"]}
     assert [r.status for r in stale.replies] == ["settled"]  # the same result: no conflict
-    state = ledger.effects.get("order-43/charge")
+    state = holder.effects.get("order-43/charge")
     assert (state.status, state.begun, conflicts(world, "order-43/charge")) == ("settled", 2, 0)
     assert json.loads(state.result_json) == {"charge_id": charge["charge_id"], "amount": 1999}
     assert [(key, token) for key, _, _, token in step_rows(world.path, "order-43")] == [("load", 1), ("charge", 2)]
@@ -154,33 +153,33 @@ def test_order_shop_a_frozen_workers_retry_charges_nobody_twice(world, ledger, t
 # -- effects settled from outside -----------------------------------------------------------------
 
 @pytest.mark.timeout(30)
-def test_an_external_effect_suspends_the_workflow_until_settled_through_the_python_api(world, ledger):
-    ledger.executions.admit("e1", "approval")
-    assert world.claim_and_deliver(ledger, "e1", registry) == Suspended()
+def test_an_external_effect_suspends_the_workflow_until_settled_through_the_python_api(world, holder):
+    holder.executions.admit("e1", "approval")
+    assert world.claim_and_deliver(holder, "e1", registry) == Suspended()
     assert requests == ["e1/approve"]  # the effect id, to pass on as the idempotency key
-    assert ledger.executions.get("e1").due_at is None
-    assert ledger.effects.get("e1/approve").status == "pending"
+    assert holder.executions.get("e1").due_at is None
+    assert holder.effects.get("e1/approve").status == "pending"
 
     # A stray wake replays the workflow: it asks for nothing again and waits on.
-    ledger.executions.request_wake("e1", world.clock.now)
-    assert world.claim_and_deliver(ledger, "e1", registry) == Suspended()
+    holder.executions.request_wake("e1", world.clock.now)
+    assert world.claim_and_deliver(holder, "e1", registry) == Suspended()
     assert requests == ["e1/approve"]
 
     settled = world.holder().effects.settle("e1/approve", '{"approved": true, "by": "ops"}')  # another process
     assert settled.status == "settled"
-    assert ledger.executions.get("e1").due_at == world.clock.now  # woken
-    assert world.claim_and_deliver(ledger, "e1", registry) == Completed(
+    assert holder.executions.get("e1").due_at == world.clock.now  # woken
+    assert world.claim_and_deliver(holder, "e1", registry) == Completed(
         json.dumps({"decision": {"approved": True, "by": "ops"}}))
     assert requests == ["e1/approve"]  # fn ran once across every replay
-    assert deliveries(ledger, "e1") == 3
+    assert deliveries(holder, "e1") == 3
     assert [key for key, *_ in step_rows(world.path, "e1")] == ["approve#requested", "approve"]
 
 
 @pytest.mark.timeout(30)
-def test_an_effect_settled_before_the_workflow_reaches_it_returns_at_once_and_requests_nothing(world, ledger):
-    ledger.executions.admit("e1", "approval")
-    ledger.effects.settle("e1/approve", '"pre-approved"')
-    assert world.claim_and_deliver(ledger, "e1", registry) == Completed(json.dumps({"decision": "pre-approved"}))
+def test_an_effect_settled_before_the_workflow_reaches_it_returns_at_once_and_requests_nothing(world, holder):
+    holder.executions.admit("e1", "approval")
+    holder.effects.settle("e1/approve", '"pre-approved"')
+    assert world.claim_and_deliver(holder, "e1", registry) == Completed(json.dumps({"decision": "pre-approved"}))
     assert requests == []
 
 
@@ -188,9 +187,9 @@ def test_an_effect_settled_before_the_workflow_reaches_it_returns_at_once_and_re
 def test_an_external_effect_suspends_the_workflow_until_yieldstar_settle_settles_it(tmp_path):
     world = World(tmp_path / "ledger.db", clock=wall_clock)  # the command line writes with the wall clock
     try:
-        ledger = world.holder()
-        ledger.executions.admit("e1", "approval")
-        assert world.claim_and_deliver(ledger, "e1", registry) == Suspended()
+        holder = world.holder()
+        holder.executions.admit("e1", "approval")
+        assert world.claim_and_deliver(holder, "e1", registry) == Suspended()
         (effect_id,) = requests
 
         settled = yieldstar(world.path, "settle", effect_id, "--result", '{"approved": false}')
@@ -198,8 +197,8 @@ def test_an_external_effect_suspends_the_workflow_until_yieldstar_settle_settles
         assert settled.returncode == 0, settled.stderr
         assert json.loads(settled.stdout) == {"effect_id": effect_id, "status": "settled",
                                               "result": {"approved": False}, "begun": 1}
-        assert ledger.executions.get("e1").due_at is not None  # woken
-        assert world.claim_and_deliver(ledger, "e1", registry) == Completed(
+        assert holder.executions.get("e1").due_at is not None  # woken
+        assert world.claim_and_deliver(holder, "e1", registry) == Completed(
             json.dumps({"decision": {"approved": False}}))
         assert requests == [effect_id]
     finally:
@@ -230,8 +229,8 @@ def test_yieldstar_settle_reports_a_different_second_result_as_a_conflict_and_ac
     bad = yieldstar(db, "settle", "ship-7", "--result", "{oops")
     assert bad.returncode != 0 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
 
-    with open_backend(db) as ledger:
-        assert json.loads(ledger.effects.get("ship-7").result_json) == {"tracking": "T1"}
+    with open_backend(db) as holder:
+        assert json.loads(holder.effects.get("ship-7").result_json) == {"tracking": "T1"}
     assert table(db, "SELECT conflicts FROM effects WHERE effect_id = 'ship-7'") == [(1,)]
 
 
@@ -239,29 +238,29 @@ def test_yieldstar_settle_reports_a_different_second_result_as_a_conflict_and_ac
 
 @pytest.mark.timeout(30)
 def test_a_stale_effect_wait_registration_causes_at_most_one_extra_delivery_and_the_outcome_is_unchanged(
-        world, ledger):
-    ledger.executions.admit("e1", "approval")
+        world, holder):
+    holder.executions.admit("e1", "approval")
     stale_lease = world.claim(world.holder(), "e1")
 
     def meanwhile():
         # Token 1 asked for the approval and is frozen before registering as a waiter; token 2
         # replays (the request is recorded: not asked again), registers and suspends.
-        assert world.deliver(ledger, world.take_over(ledger, stale_lease), registry) == Suspended()
+        assert world.deliver(holder, world.take_over(holder, stale_lease), registry) == Suspended()
 
     stale = Interposed(world.holder(), "effects.wait", before=meanwhile)
     assert run_delivery(stale, stale_lease, registry) == Suspended()  # its registration went in
-    assert ledger.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()  # its acknowledgement did not
+    assert holder.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()  # its acknowledgement did not
     assert table(world.path, "SELECT kind, target, waiter FROM waiters") == [("effect", "e1/approve", "e1")]
-    claims = deliveries(ledger, "e1")
+    claims = deliveries(holder, "e1")
 
-    ledger.effects.settle("e1/approve", '"yes"')
+    holder.effects.settle("e1/approve", '"yes"')
     # A stale registration after the settle finds it settled and registers nothing.
     assert world.holder().effects.wait("e1/approve", "e1").status == "settled"
     assert table(world.path, "SELECT kind, target, waiter FROM waiters") == []
 
-    assert world.claim_and_deliver(ledger, "e1", registry) == Completed(json.dumps({"decision": "yes"}))
-    assert ledger.executions.claim_due(limit=1, duration=LEASE_MS) == []
-    assert deliveries(ledger, "e1") == claims + 1
+    assert world.claim_and_deliver(holder, "e1", registry) == Completed(json.dumps({"decision": "yes"}))
+    assert holder.executions.claim_due(limit=1, duration=LEASE_MS) == []
+    assert deliveries(holder, "e1") == claims + 1
     assert requests == ["e1/approve"]
 
 

@@ -11,7 +11,6 @@ import json
 
 import pytest
 
-from holders import world, ledger  # noqa: F401  (fixtures)
 from holders import result_of
 from supervisor import Completed, LeaseLost, Suspended
 from worker import Registry, StepFailed, run_delivery
@@ -44,37 +43,37 @@ CAUGHT = {"caught": {"type": "Cancelled", "message": "execution 'P1/kid' was can
 
 
 @pytest.mark.timeout(30)
-def test_a_parent_waiting_on_a_suspended_child_that_is_cancelled_is_woken_and_catches_step_failed(world, ledger):
-    ledger.executions.admit("P1", "parent", json.dumps({"workflow": "nap"}))
-    assert world.claim_and_deliver(ledger, "P1", registry) == Suspended()
-    assert world.claim_and_deliver(ledger, "P1/kid", registry) == Suspended()  # asleep for 60 s
-    assert ledger.executions.get("P1").due_at is None  # waits for the child, for nothing else
+def test_a_parent_waiting_on_a_suspended_child_that_is_cancelled_is_woken_and_catches_step_failed(world, holder):
+    holder.executions.admit("P1", "parent", json.dumps({"workflow": "nap"}))
+    assert world.claim_and_deliver(holder, "P1", registry) == Suspended()
+    assert world.claim_and_deliver(holder, "P1/kid", registry) == Suspended()  # asleep for 60 s
+    assert holder.executions.get("P1").due_at is None  # waits for the child, for nothing else
 
-    assert ledger.executions.cancel("P1/kid", reason="not needed").status == "cancelled"
-    assert ledger.executions.get("P1").due_at is not None  # woken by the cancellation
-    assert world.claim_and_deliver(ledger, "P1", registry).status == "completed"
-    assert result_of(ledger.executions.get("P1")) == CAUGHT
+    assert holder.executions.cancel("P1/kid", reason="not needed").status == "cancelled"
+    assert holder.executions.get("P1").due_at is not None  # woken by the cancellation
+    assert world.claim_and_deliver(holder, "P1", registry).status == "completed"
+    assert result_of(holder.executions.get("P1")) == CAUGHT
 
 
 @pytest.mark.timeout(30)
-def test_a_child_cancelled_while_it_runs_wakes_its_parent_and_its_own_outcome_is_refused(world, ledger):
-    ledger.executions.admit("P1", "parent", json.dumps({"workflow": "quick"}))
-    assert world.claim_and_deliver(ledger, "P1", registry) == Suspended()
+def test_a_child_cancelled_while_it_runs_wakes_its_parent_and_its_own_outcome_is_refused(world, holder):
+    holder.executions.admit("P1", "parent", json.dumps({"workflow": "quick"}))
+    assert world.claim_and_deliver(holder, "P1", registry) == Suspended()
     kid = world.holder()
     lease = world.claim(kid, "P1/kid")  # the child is running when the operator cancels it
 
-    ledger.executions.cancel("P1/kid", reason="not needed")
+    holder.executions.cancel("P1/kid", reason="not needed")
     outcome = run_delivery(kid, lease, registry)
     assert outcome == Completed('"done"')  # it wrote nothing fenced before it finished...
     assert kid.executions.acknowledge(lease, outcome) == LeaseLost()  # ...and its outcome is refused
-    assert ledger.executions.get("P1/kid").status == "cancelled"
-    assert world.claim_and_deliver(ledger, "P1", registry).status == "completed"
-    assert result_of(ledger.executions.get("P1")) == CAUGHT
+    assert holder.executions.get("P1/kid").status == "cancelled"
+    assert world.claim_and_deliver(holder, "P1", registry).status == "completed"
+    assert result_of(holder.executions.get("P1")) == CAUGHT
 
 
 @pytest.mark.timeout(30)
-def test_a_parent_that_reaches_a_child_already_cancelled_catches_step_failed_without_suspending(world, ledger):
-    ledger.starts.start("P1/kid", "nap", "null")  # as if an earlier delivery of P1 had started it
-    ledger.executions.cancel("P1/kid", reason="not needed")
-    ledger.executions.admit("P1", "parent", json.dumps({"workflow": "nap"}))
-    assert world.claim_and_deliver(ledger, "P1", registry) == Completed(json.dumps(CAUGHT))
+def test_a_parent_that_reaches_a_child_already_cancelled_catches_step_failed_without_suspending(world, holder):
+    holder.starts.start("P1/kid", "nap", "null")  # as if an earlier delivery of P1 had started it
+    holder.executions.cancel("P1/kid", reason="not needed")
+    holder.executions.admit("P1", "parent", json.dumps({"workflow": "nap"}))
+    assert world.claim_and_deliver(holder, "P1", registry) == Completed(json.dumps(CAUGHT))

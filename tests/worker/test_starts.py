@@ -15,8 +15,7 @@ import signal
 
 import pytest
 
-from faults import supervisors, wait_gone, wait_until  # noqa: F401  (supervisors is a fixture)
-from holders import world, ledger  # noqa: F401  (fixtures)
+from faults import wait_gone, wait_until
 from holders import (LEASE_MS, NEIGHBOURS_APP, Interposed, deliveries, result_of, step_rows,
                      table)
 from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Suspended, open_backend
@@ -68,22 +67,22 @@ def execution_ids(backend) -> list[str]:
 
 @pytest.mark.timeout(30)
 def test_workflow_start_is_idempotent_by_receipt_a_repeat_starts_nothing_and_returns_the_first_target(
-        world, ledger, db_snapshot):
-    assert ledger.starts.start("req-1", "double", "21") == "req-1"
-    record = ledger.executions.get("req-1")
+        world, holder, db_snapshot):
+    assert holder.starts.start("req-1", "double", "21") == "req-1"
+    record = holder.executions.get("req-1")
     assert (record.workflow, record.input_json, record.status) == ("double", "21", "admitted")
 
     before = db_snapshot(world.path)
     assert world.holder().starts.start("req-1", "double", "21") == "req-1"
-    assert ledger.starts.start("req-1", "decline", '"4242"') == "req-1"  # the first target, whatever is asked
+    assert holder.starts.start("req-1", "decline", '"4242"') == "req-1"  # the first target, whatever is asked
     assert db_snapshot(world.path) == before
 
-    ledger.executions.admit("admitted-by-hand", "double", "1")
+    holder.executions.admit("admitted-by-hand", "double", "1")
     with pytest.raises(ExecutionConflict, match="admitted-by-hand"):
-        ledger.starts.start("admitted-by-hand", "double", "1")
+        holder.starts.start("admitted-by-hand", "double", "1")
     with pytest.raises(InvalidArgument, match="input_json"):
-        ledger.starts.start("req-2", "double", "{not json")
-    assert execution_ids(ledger) == ["admitted-by-hand", "req-1"]
+        holder.starts.start("req-2", "double", "{not json")
+    assert execution_ids(holder) == ["admitted-by-hand", "req-1"]
     assert table(world.path, "SELECT start_request_id, execution_id FROM starts") == [("req-1", "req-1")]
 
 
@@ -92,14 +91,14 @@ def test_workflow_start_is_idempotent_by_receipt_a_repeat_starts_nothing_and_ret
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("first", ["stale starts first", "current starts first"])
 def test_a_stale_holder_calls_workflow_start_the_current_holder_receives_the_same_target_and_exactly_one_target_exists(
-        world, ledger, first):
-    ledger.executions.admit("e1", "starter", "21")
+        world, holder, first):
+    holder.executions.admit("e1", "starter", "21")
     stale_lease = world.claim(world.holder(), "e1")  # token 1
-    current = Interposed(ledger, "starts.start")
+    current = Interposed(holder, "starts.start")
 
     def meanwhile():
         # Token 1 is frozen just before its start: its lease runs out, and token 2 claims.
-        lease = world.take_over(ledger, stale_lease)
+        lease = world.take_over(holder, stale_lease)
         if first == "current starts first":
             assert world.deliver(current, lease, registry) == Completed('"e1/child"')
         meanwhile.lease = lease
@@ -110,77 +109,77 @@ def test_a_stale_holder_calls_workflow_start_the_current_holder_receives_the_sam
         assert world.deliver(current, meanwhile.lease, registry) == Completed('"e1/child"')
 
     assert stale.replies == current.replies == ["e1/child"]
-    assert execution_ids(ledger) == ["e1", "e1/child"]
+    assert execution_ids(holder) == ["e1", "e1/child"]
     assert table(world.path, "SELECT start_request_id, execution_id FROM starts") == [("e1/child", "e1/child")]
-    child = ledger.executions.get("e1/child")
+    child = holder.executions.get("e1/child")
     assert (child.workflow, child.input_json, child.status) == ("double", "21", "admitted")
     assert step_rows(world.path, "e1") == [("child", 1, {"value": "e1/child"}, 2)]
-    assert ledger.executions.acknowledge(stale_lease, Completed('"stale"')) == LeaseLost()
-    assert result_of(ledger.executions.get("e1")) == "e1/child"
+    assert holder.executions.acknowledge(stale_lease, Completed('"stale"')) == LeaseLost()
+    assert result_of(holder.executions.get("e1")) == "e1/child"
 
 
 # -- ctx.start and ctx.wait_for, in-process ---------------------------------------------------------
 
 @pytest.mark.timeout(30)
-def test_a_parent_suspends_until_its_child_completes_and_returns_the_childs_result(world, ledger):
-    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 21}))
-    assert world.claim_and_deliver(ledger, "p1", registry) == Suspended()
-    assert ledger.executions.get("p1").due_at is None  # nothing to do until the child is done
-    assert ledger.executions.get("p1/child").status == "admitted"
+def test_a_parent_suspends_until_its_child_completes_and_returns_the_childs_result(world, holder):
+    holder.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 21}))
+    assert world.claim_and_deliver(holder, "p1", registry) == Suspended()
+    assert holder.executions.get("p1").due_at is None  # nothing to do until the child is done
+    assert holder.executions.get("p1/child").status == "admitted"
 
-    assert world.claim_and_deliver(ledger, "p1/child", registry) == Completed("42")
-    assert ledger.executions.get("p1").due_at == world.clock.now  # woken by the child's outcome
-    assert world.claim_and_deliver(ledger, "p1", registry) == Completed(
+    assert world.claim_and_deliver(holder, "p1/child", registry) == Completed("42")
+    assert holder.executions.get("p1").due_at == world.clock.now  # woken by the child's outcome
+    assert world.claim_and_deliver(holder, "p1", registry) == Completed(
         json.dumps({"child": "p1/child", "result": 42}))
     assert [key for key, *_ in step_rows(world.path, "p1")] == ["child", "wait:p1/child"]
-    assert deliveries(ledger, "p1") == 2
+    assert deliveries(holder, "p1") == 2
 
 
 @pytest.mark.timeout(30)
-def test_a_failing_child_raises_step_failed_into_its_parent_with_the_childs_error_type_and_message(world, ledger):
-    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "decline", "input": 4242}))
-    assert world.claim_and_deliver(ledger, "p1", registry) == Suspended()
-    assert world.claim_and_deliver(ledger, "p1/child", registry).status == "failed"
-    assert world.claim_and_deliver(ledger, "p1", registry).status == "completed"
-    assert result_of(ledger.executions.get("p1")) == {
+def test_a_failing_child_raises_step_failed_into_its_parent_with_the_childs_error_type_and_message(world, holder):
+    holder.executions.admit("p1", "parent", json.dumps({"workflow": "decline", "input": 4242}))
+    assert world.claim_and_deliver(holder, "p1", registry) == Suspended()
+    assert world.claim_and_deliver(holder, "p1/child", registry).status == "failed"
+    assert world.claim_and_deliver(holder, "p1", registry).status == "completed"
+    assert result_of(holder.executions.get("p1")) == {
         "child": "p1/child", "failed": {"type": "CardDeclined", "message": "card 4242 declined"}}
 
 
 @pytest.mark.timeout(30)
-def test_a_parent_that_reaches_an_already_finished_child_does_not_suspend(world, ledger):
-    ledger.starts.start("p1/child", "double", "5")  # as if an earlier delivery started it
-    assert world.claim_and_deliver(ledger, "p1/child", registry) == Completed("10")
-    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 5}))
-    assert world.claim_and_deliver(ledger, "p1", registry) == Completed(json.dumps({"child": "p1/child", "result": 10}))
+def test_a_parent_that_reaches_an_already_finished_child_does_not_suspend(world, holder):
+    holder.starts.start("p1/child", "double", "5")  # as if an earlier delivery started it
+    assert world.claim_and_deliver(holder, "p1/child", registry) == Completed("10")
+    holder.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 5}))
+    assert world.claim_and_deliver(holder, "p1", registry) == Completed(json.dumps({"child": "p1/child", "result": 10}))
     assert table(world.path, "SELECT * FROM waiters") == []
 
 
 # -- RFC 002 fencing table: wait_for's waiter registration, unfenced ---------------------------------
 
 @pytest.mark.timeout(30)
-def test_a_stale_wait_for_registration_causes_at_most_one_extra_delivery_and_the_outcome_is_unchanged(world, ledger):
-    ledger.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 21}))
+def test_a_stale_wait_for_registration_causes_at_most_one_extra_delivery_and_the_outcome_is_unchanged(world, holder):
+    holder.executions.admit("p1", "parent", json.dumps({"workflow": "double", "input": 21}))
     stale_lease = world.claim(world.holder(), "p1")
 
     def meanwhile():
         # Token 1 started the child and is frozen before registering as its waiter; token 2
         # replays the start, registers, and suspends.
-        assert world.deliver(ledger, world.take_over(ledger, stale_lease), registry) == Suspended()
+        assert world.deliver(holder, world.take_over(holder, stale_lease), registry) == Suspended()
 
     stale = Interposed(world.holder(), "executions.await_outcome", before=meanwhile)
     assert run_delivery(stale, stale_lease, registry) == Suspended()  # unfenced: its registration went in
-    assert ledger.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()
+    assert holder.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()
     assert table(world.path, "SELECT kind, target, waiter FROM waiters") == [("execution", "p1/child", "p1")]
-    claims = deliveries(ledger, "p1")
+    claims = deliveries(holder, "p1")
 
-    assert world.claim_and_deliver(ledger, "p1/child", registry) == Completed("42")
-    assert world.claim_and_deliver(ledger, "p1", registry) == Completed(json.dumps({"child": "p1/child", "result": 42}))
+    assert world.claim_and_deliver(holder, "p1/child", registry) == Completed("42")
+    assert world.claim_and_deliver(holder, "p1", registry) == Completed(json.dumps({"child": "p1/child", "result": 42}))
     # A stale registration after the child finished registers nothing: there is nothing to wait for.
     assert world.holder().executions.await_outcome("p1/child", "p1").status == "completed"
     assert table(world.path, "SELECT * FROM waiters") == []
-    assert ledger.executions.claim_due(limit=5, duration=LEASE_MS) == []
-    assert deliveries(ledger, "p1") == claims + 1
-    assert execution_ids(ledger) == ["p1", "p1/child"]
+    assert holder.executions.claim_due(limit=5, duration=LEASE_MS) == []
+    assert deliveries(holder, "p1") == claims + 1
+    assert execution_ids(holder) == ["p1", "p1/child"]
 
 
 # -- RFC 002 fencing table: requestWake, unfenced -----------------------------------------------------
@@ -188,34 +187,34 @@ def test_a_stale_wait_for_registration_causes_at_most_one_extra_delivery_and_the
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("when", ["while the current holder runs", "after the current holder suspended"])
 def test_a_stale_holder_requests_a_wake_at_most_one_extra_delivery_occurs_and_the_outcome_is_unchanged(
-        world, ledger, when):
-    ledger.executions.admit("e1", "nap")
+        world, holder, when):
+    holder.executions.admit("e1", "nap")
     stale_backend = world.holder()
     stale_lease = world.claim(stale_backend, "e1")
     until = world.clock.now + 60_000
 
     def meanwhile():
         # Token 1 recorded its timer and is frozen before asking for the wake at its end.
-        meanwhile.lease = world.take_over(ledger, stale_lease)
+        meanwhile.lease = world.take_over(holder, stale_lease)
         if when == "after the current holder suspended":
-            assert world.deliver(ledger, meanwhile.lease, registry) == Suspended()
+            assert world.deliver(holder, meanwhile.lease, registry) == Suspended()
 
     stale = Interposed(stale_backend, "executions.request_wake", before=meanwhile)
     assert run_delivery(stale, stale_lease, registry) == Suspended()  # its wake went in
     # And it asks for one more wake, now: say it thought a retry was due.
     stale_backend.executions.request_wake("e1", world.clock.now)
-    assert ledger.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()
+    assert holder.executions.acknowledge(stale_lease, Suspended()) == LeaseLost()
     if when == "while the current holder runs":
-        assert ledger.executions.claim_due(limit=1, duration=LEASE_MS) == []  # not while token 2's lease is live
-        assert world.deliver(ledger, meanwhile.lease, registry) == Suspended()
+        assert holder.executions.claim_due(limit=1, duration=LEASE_MS) == []  # not while token 2's lease is live
+        assert world.deliver(holder, meanwhile.lease, registry) == Suspended()
 
     # The one extra delivery: the replay finds the timer running and suspends again.
-    assert world.claim_and_deliver(ledger, "e1", registry) == Suspended()
-    assert ledger.executions.get("e1").due_at == until
-    assert ledger.executions.claim_due(limit=1, duration=LEASE_MS) == []
+    assert world.claim_and_deliver(holder, "e1", registry) == Suspended()
+    assert holder.executions.get("e1").due_at == until
+    assert holder.executions.claim_due(limit=1, duration=LEASE_MS) == []
     world.clock.now = until
-    assert world.claim_and_deliver(ledger, "e1", registry) == Completed('"rested"')
-    assert deliveries(ledger, "e1") == 3 + 1  # the stale one, the takeover, the end; plus one
+    assert world.claim_and_deliver(holder, "e1", registry) == Completed('"rested"')
+    assert deliveries(holder, "e1") == 3 + 1  # the stale one, the takeover, the end; plus one
     assert step_rows(world.path, "e1") == [("nap", 1, {"until": until}, 1)]
 
 
@@ -244,14 +243,14 @@ def read_log(log: str) -> list[tuple[str, str, int]]:
 def test_a_child_awaited_by_its_parent_across_supervisor_restarts(tmp_path, supervisors, stop, decline):
     db, log, marker = tmp_path / "ledger.db", str(tmp_path / "events.log"), tmp_path / "marker"
     child_input = {"order": 42, "log": log, "marker": str(marker), "decline": decline}
-    with open_backend(db) as ledger:
-        ledger.executions.admit("p1", "nb.parent", json.dumps({"child": child_input}))
+    with open_backend(db) as holder:
+        holder.executions.admit("p1", "nb.parent", json.dumps({"child": child_input}))
 
         first = start_supervisor(supervisors, db)
         # The parent started its child and waits for it; the child blocks in a step.
         wait_until(lambda: ("waiting", "p1/child", 1) in read_log(log), 30,
                    message="the child to block on its marker")
-        wait_until(lambda: ledger.executions.get("p1").status == "suspended", 10, message="the parent to suspend")
+        wait_until(lambda: holder.executions.get("p1").status == "suspended", 10, message="the parent to suspend")
 
         pids = [first.pid, *(p.pid for p in first.tree())]
         if stop == "SIGTERM":
@@ -261,22 +260,22 @@ def test_a_child_awaited_by_its_parent_across_supervisor_restarts(tmp_path, supe
             first.signal_group(signal.SIGKILL)
             first.wait(10)
         wait_gone(pids)
-        assert ledger.executions.get("p1").status == "suspended"
-        assert ledger.executions.get("p1/child").status in ("admitted", "running")
+        assert holder.executions.get("p1").status == "suspended"
+        assert holder.executions.get("p1/child").status in ("admitted", "running")
 
         second = start_supervisor(supervisors, db)
         # The new supervisor delivers the child again (a higher token), and it blocks again.
         wait_until(lambda: ("waiting", "p1/child", 2) in read_log(log), 30,
                    message="the child to be delivered again")
         marker.touch()
-        record = wait_until(lambda: (r := ledger.executions.get("p1")).status == "completed" and r, 30,
+        record = wait_until(lambda: (r := holder.executions.get("p1")).status == "completed" and r, 30,
                             message="the parent to complete")
 
         expected = ({"failed": {"type": "CardDeclined", "message": decline}} if decline
                     else {"result": {"packed": 42}})
         assert json.loads(record.result_json) == {"child": "p1/child", **expected}
-        assert ledger.executions.get("p1/child").status == ("failed" if decline else "completed")
-        assert [r.workflow for r in ledger.executions.list()] == ["nb.child", "nb.parent"]
+        assert holder.executions.get("p1/child").status == ("failed" if decline else "completed")
+        assert [r.workflow for r in holder.executions.list()] == ["nb.child", "nb.parent"]
         assert table(db, "SELECT start_request_id, execution_id FROM starts") == [("p1/child", "p1/child")]
         # The parent ran its start once: every later delivery replayed the recorded target.
         assert [key for key, *_ in step_rows(db, "p1")] == ["child", "wait:p1/child"]

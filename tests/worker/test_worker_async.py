@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from faults import (TESTS, admit, db, dump_on_hang, freeze, freeze_group, ledger, read_log, step_tokens, supervisors,
-                    thaw_group, wait_gone, wait_until)
+from faults import TESTS, admit, freeze, freeze_group, read_log, step_tokens, thaw_group, wait_gone, wait_until
 from supervisor import Completed, ExecutionLease, Failed, LeaseLost, Retry, Suspended, open_backend
 from worker import Registry, RetryableError, StepFailed, run_delivery
 from worker.testing import FakeClock, run_workflow
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
-
-__all__ = ["db", "ledger", "supervisors", "dump_on_hang"]  # fixtures imported from faults
 
 LEASE_MS = 30_000
 calls: Counter = Counter()
@@ -183,18 +180,6 @@ async def leftover(ctx, input):
     return await ctx.run("fetch", fetch, input)
 
 
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def backend(tmp_path, clock):
-    # A 1 ms redelivery delay, so a lease that expires can be claimed again right after.
-    with open_backend(tmp_path / "l.db", clock=clock, redelivery_delay=lambda n: 1) as opened:
-        yield opened
-
-
 def claim(backend):
     return backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
 
@@ -272,26 +257,26 @@ def test_async_store_operations_apply_once():
 
 
 @pytest.mark.timeout(30)
-def test_a_stale_async_holder_is_stopped_and_writes_nothing_more(tmp_path, backend, clock):
-    backend.executions.admit("e1", "a.mixed", "1")
-    stale = claim(backend)
+def test_a_stale_async_holder_is_stopped_and_writes_nothing_more(sqlite_path, sqlite_backend, clock):
+    sqlite_backend.executions.admit("e1", "a.mixed", "1")
+    stale = claim(sqlite_backend)
 
     def take_over():  # inside the `plain` step of the first delivery after the timer
         clock.now = stale.expires_at + 1
-        assert claim(backend).token == stale.token + 1
+        assert claim(sqlite_backend).token == stale.token + 1
 
-    assert run_delivery(backend, stale, registry) == Suspended()  # fetch, then the timer
-    assert backend.executions.acknowledge(stale, Suspended()) == Suspended()
+    assert run_delivery(sqlite_backend, stale, registry) == Suspended()  # fetch, then the timer
+    assert sqlite_backend.executions.acknowledge(stale, Suspended()) == Suspended()
     clock.now += 10_000
-    stale = claim(backend)
+    stale = claim(sqlite_backend)
     hooks["plain"] = take_over
-    before = step_tokens(tmp_path / "l.db", "e1")
+    before = step_tokens(sqlite_path, "e1")
 
-    assert run_delivery(backend, stale, registry) == LeaseLost()
+    assert run_delivery(sqlite_backend, stale, registry) == LeaseLost()
 
-    assert step_tokens(tmp_path / "l.db", "e1") == before  # plain's write refused
+    assert step_tokens(sqlite_path, "e1") == before  # plain's write refused
     assert calls == {"fetch": 1, "plain": 1}  # nothing ran after the refused write
-    assert backend.executions.acknowledge(stale, Completed("1")) == LeaseLost()
+    assert sqlite_backend.executions.acknowledge(stale, Completed("1")) == LeaseLost()
 
 
 @pytest.mark.timeout(30)
@@ -314,20 +299,20 @@ def test_a_busy_database_in_an_async_workflow_asks_for_a_retry(tmp_path):
 
 
 @pytest.mark.timeout(30)
-def test_unnamed_async_steps_taken_in_another_order_fail_as_replay_diverged(backend, clock):
-    backend.executions.admit("e1", "a.unnamed", "null")
-    lease = claim(backend)
-    assert run_delivery(backend, lease, registry) == Suspended()
-    backend.executions.acknowledge(lease, Suspended())
+def test_unnamed_async_steps_taken_in_another_order_fail_as_replay_diverged(sqlite_backend, clock):
+    sqlite_backend.executions.admit("e1", "a.unnamed", "null")
+    lease = claim(sqlite_backend)
+    assert run_delivery(sqlite_backend, lease, registry) == Suspended()
+    sqlite_backend.executions.acknowledge(lease, Suspended())
     flags["swapped"] = True
     clock.advance(1_000)
 
-    outcome = run_delivery(backend, claim(backend), registry)
+    outcome = run_delivery(sqlite_backend, claim(sqlite_backend), registry)
 
     error = json.loads(outcome.error_json)
     assert isinstance(outcome, Failed) and error["type"] == "ReplayDiverged"
     assert "@1:step_a" in error["message"] and "@1:step_b" in error["message"]
-    assert [s.step_key for s in backend.heap.steps("e1")] == ["@1:step_a", "pause"]
+    assert [s.step_key for s in sqlite_backend.heap.steps("e1")] == ["@1:step_a", "pause"]
 
 
 @pytest.mark.timeout(30)
@@ -360,57 +345,59 @@ APP = str(TESTS / "apps" / "supervised_app.py")
 
 
 @pytest.mark.timeout(60)
-def test_async_workflows_run_under_a_supervisor(db, ledger, supervisors, tmp_path):
+def test_async_workflows_run_under_a_supervisor(sqlite_path, sqlite_ledger, supervisors, tmp_path):
     log = str(tmp_path / "effects.log")
-    supervisors.start(db, concurrency=2)
+    supervisors.start(sqlite_path, concurrency=2)
     for n in range(4):  # half of them suspend on a timer after their first step
-        admit(db, f"async-{n}", "sv.async3", {"log": log, "pause": 0.3 if n % 2 else 0})
-    wait_until(lambda: all(ledger.executions.get(f"async-{n}").status == "completed" for n in range(4)),
+        admit(sqlite_path, f"async-{n}", "sv.async3", {"log": log, "pause": 0.3 if n % 2 else 0})
+    wait_until(lambda: all(sqlite_ledger.executions.get(f"async-{n}").status == "completed" for n in range(4)),
                timeout=30)
     for n in range(4):
-        assert json.loads(ledger.executions.get(f"async-{n}").result_json) == ["one", "two", "three"]
+        assert json.loads(sqlite_ledger.executions.get(f"async-{n}").result_json) == ["one", "two", "three"]
     begun = Counter((e.execution_id, e.step_key) for e in read_log(log) if e.event == "begin")
     assert set(begun.values()) == {1} and len(begun) == 12  # the replay after a timer ran no step again
-    assert [h.outcome for h in ledger.executions.history("async-1")] == ["suspended", "completed"]
+    assert [h.outcome for h in sqlite_ledger.executions.history("async-1")] == ["suspended", "completed"]
 
 
 @pytest.mark.timeout(90)
-def test_a_frozen_async_worker_is_killed_and_replaced_and_its_execution_delivered_again(db, ledger, supervisors,
-                                                                                       tmp_path):
+def test_a_frozen_async_worker_is_killed_and_replaced_and_its_execution_delivered_again(
+        sqlite_path, sqlite_ledger, supervisors, tmp_path):
     log, gate = str(tmp_path / "effects.log"), str(tmp_path / "gate")
-    admit(db, "frozen", "sv.async_hold", {"log": log, "gate": gate, "hold_tokens": [1]})
-    supervisor = supervisors.start(db, concurrency=1)
+    admit(sqlite_path, "frozen", "sv.async_hold", {"log": log, "gate": gate, "hold_tokens": [1]})
+    supervisor = supervisors.start(sqlite_path, concurrency=1)
     frozen = wait_until(lambda: next((e for e in read_log(log) if e.event == "waiting" and e.token == 1), None)).pid
     freeze(frozen)
     supervisor.wait_log(f"worker pid {frozen} silent for")
     wait_gone([frozen], timeout=10)  # killed while frozen: it never ran again
-    wait_until(lambda: ledger.executions.get("frozen").status == "completed", timeout=20)
-    first, second = ledger.executions.history("frozen")
+    wait_until(lambda: sqlite_ledger.executions.get("frozen").status == "completed", timeout=20)
+    first, second = sqlite_ledger.executions.history("frozen")
     assert (first.token, first.ended_by) == (1, "superseded")
     assert (second.token, second.ended_by, second.outcome) == (2, "acknowledged", "completed")
-    assert [(key, token) for key, _, token in step_tokens(db, "frozen")] == [("before", 1), ("hold", 2), ("after", 2)]
-    assert json.loads(ledger.executions.get("frozen").result_json)["pid"] != frozen
+    assert [(key, token) for key, _, token in step_tokens(sqlite_path, "frozen")] == [
+        ("before", 1), ("hold", 2), ("after", 2)]
+    assert json.loads(sqlite_ledger.executions.get("frozen").result_json)["pid"] != frozen
     stale = ExecutionLease("frozen", 1, first.expires_at)
-    assert ledger.executions.acknowledge(stale, Failed('{"type": "late"}')) == LeaseLost()
-    assert ledger.heap.write_step(stale, step_key="late", step_attempt=1, done=True,
+    assert sqlite_ledger.executions.acknowledge(stale, Failed('{"type": "late"}')) == LeaseLost()
+    assert sqlite_ledger.heap.write_step(stale, step_key="late", step_attempt=1, done=True,
                                   step_response_json='{"value": 1}') == LeaseLost()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_a_frozen_async_worker_thawed_after_a_takeover_has_its_late_write_refused(db, ledger, supervisors, tmp_path):
+def test_a_frozen_async_worker_thawed_after_a_takeover_has_its_late_write_refused(
+        sqlite_path, sqlite_ledger, supervisors, tmp_path):
     log, gate = str(tmp_path / "effects.log"), str(tmp_path / "gate")
-    admit(db, "paused", "sv.async_hold", {"log": log, "gate": gate, "hold_tokens": [1]})
+    admit(sqlite_path, "paused", "sv.async_hold", {"log": log, "gate": gate, "hold_tokens": [1]})
     # Its workers wait 50 heartbeats for it, so a frozen worker survives the pause and resumes.
-    first = supervisors.start(db, concurrency=1, extra=("--heartbeat-misses", "50"))
+    first = supervisors.start(sqlite_path, concurrency=1, extra=("--heartbeat-misses", "50"))
     stale = wait_until(lambda: next((e for e in read_log(log) if e.event == "waiting" and e.token == 1), None)).pid
     freeze_group(first.pgid)  # the supervisor and its worker, mid-step, as a paused host would be
 
-    second = supervisors.start(db, concurrency=1)
-    wait_until(lambda: ledger.executions.get("paused").status == "completed", timeout=30, message="the takeover")
-    history = [(h.token, h.ended_by, h.outcome) for h in ledger.executions.history("paused")]
+    second = supervisors.start(sqlite_path, concurrency=1)
+    wait_until(lambda: sqlite_ledger.executions.get("paused").status == "completed", timeout=30, message="the takeover")
+    history = [(h.token, h.ended_by, h.outcome) for h in sqlite_ledger.executions.history("paused")]
     assert history == [(1, "superseded", None), (2, "acknowledged", "completed")]
-    steps = step_tokens(db, "paused")
+    steps = step_tokens(sqlite_path, "paused")
     assert steps == [("before", 1, 1), ("hold", 1, 2), ("after", 1, 2)]
 
     Path(gate).touch()  # the stale worker's step may now end, and its write be tried...
@@ -424,6 +411,6 @@ def test_a_frozen_async_worker_thawed_after_a_takeover_has_its_late_write_refuse
         wait_gone([stale], timeout=15)
     assert first.popen.poll() is None and second.popen.poll() is None
     # ...and nothing it did counted: the records and the outcome are the new holder's.
-    assert step_tokens(db, "paused") == steps
-    assert [(h.token, h.ended_by, h.outcome) for h in ledger.executions.history("paused")] == history
+    assert step_tokens(sqlite_path, "paused") == steps
+    assert [(h.token, h.ended_by, h.outcome) for h in sqlite_ledger.executions.history("paused")] == history
     assert ("after", 1) not in [(e.step_key, e.token) for e in read_log(log)]

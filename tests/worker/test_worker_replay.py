@@ -36,23 +36,6 @@ def fresh_sample_state():
     sample.reset()
 
 
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def db_path(tmp_path):
-    return tmp_path / "ledger.db"
-
-
-@pytest.fixture
-def backend(db_path, clock):
-    # A 1 ms redelivery delay, so a lease that expires can be claimed again right after.
-    with open_backend(db_path, clock=clock, redelivery_delay=lambda n: 1) as opened:
-        yield opened
-
-
 def admit(backend, workflow, input=None, execution_id=EID):
     return backend.executions.admit(execution_id, workflow, json.dumps(input))
 
@@ -92,51 +75,52 @@ def error_of(outcome_or_record):
 
 # -- replay -----------------------------------------------------------------------------------
 
-def test_replay_skips_recorded_steps_and_runs_the_rest(backend, clock):
-    admit(backend, "timer_between_steps", {"x": 41})
+def test_replay_skips_recorded_steps_and_runs_the_rest(sqlite_backend, clock):
+    admit(sqlite_backend, "timer_between_steps", {"x": 41})
 
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
     assert sample.calls == {"workflow:timer_between_steps": 1, "first": 1}
 
     clock.advance(10_000)
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert outcome == Completed(json.dumps({"first": 41, "second": 42}))
     # The workflow function ran twice, the step before the timer only once in all.
     assert sample.calls == {"workflow:timer_between_steps": 2, "first": 1, "second": 1}
-    record = backend.executions.get(EID)
+    record = sqlite_backend.executions.get(EID)
     assert record.status == "completed"
     assert json.loads(record.result_json) == {"first": 41, "second": 42}
 
 
-def test_a_first_delivery_started_from_its_claim_reads_nothing_and_a_later_one_replays(backend, clock, monkeypatch):
+def test_a_first_delivery_started_from_its_claim_reads_nothing_and_a_later_one_replays(
+        sqlite_backend, clock, monkeypatch):
     """The supervisor hands a first delivery over with the workflow and input its claim read
     (`Claimed`): the worker starts it without reading the ledger. The next delivery gets no input,
     reads the steps the first recorded, and replays them."""
-    admit(backend, "timer_between_steps", {"x": 41})
-    (claimed,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    admit(sqlite_backend, "timer_between_steps", {"x": 41})
+    (claimed,) = sqlite_backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
     assert claimed.input_json is not None
 
     def no_read(execution_id):
         raise AssertionError(f"a first delivery read execution {execution_id} from the ledger")
 
     with monkeypatch.context() as patched:
-        patched.setattr(backend.executions, "get_with_steps", no_read)
-        outcome = run_delivery(backend, claimed.lease, sample.registry,
+        patched.setattr(sqlite_backend.executions, "get_with_steps", no_read)
+        outcome = run_delivery(sqlite_backend, claimed.lease, sample.registry,
                                start=(claimed.workflow, claimed.input_json))
     assert outcome == Suspended()
-    assert backend.executions.acknowledge(claimed.lease, outcome) == outcome
+    assert sqlite_backend.executions.acknowledge(claimed.lease, outcome) == outcome
     assert sample.calls == {"workflow:timer_between_steps": 1, "first": 1}
 
     clock.advance(60_000)  # past the timer
-    (again,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    (again,) = sqlite_backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
     assert (again.lease.token, again.input_json) == (2, None)
-    outcome = run_delivery(backend, again.lease, sample.registry)
+    outcome = run_delivery(sqlite_backend, again.lease, sample.registry)
     assert outcome == Completed(json.dumps({"first": 41, "second": 42}))
     assert sample.calls["first"] == 1  # replayed from the record, not run again
 
 
-def test_a_step_whose_delivery_crashed_before_recording_runs_again(backend, clock):
+def test_a_step_whose_delivery_crashed_before_recording_runs_again(sqlite_backend, clock):
     class Crash(BaseException):
         """Stands in for the child process dying inside a step."""
 
@@ -145,31 +129,31 @@ def test_a_step_whose_delivery_crashed_before_recording_runs_again(backend, cloc
             raise Crash()
 
     sample.hooks["b"] = crash_once
-    admit(backend, "abc")
-    lease = claim(backend)
+    admit(sqlite_backend, "abc")
+    lease = claim(sqlite_backend)
     with pytest.raises(Crash):
-        run_delivery(backend, lease, sample.registry)
-    assert [r.step_key for r in backend.heap.steps(EID)] == ["a"]
+        run_delivery(sqlite_backend, lease, sample.registry)
+    assert [r.step_key for r in sqlite_backend.heap.steps(EID)] == ["a"]
 
     clock.advance(LEASE_MS + 1)  # the crashed delivery's lease runs out
-    assert deliver(backend) == Completed(json.dumps(["a", "ab", "abc"]))
+    assert deliver(sqlite_backend) == Completed(json.dumps(["a", "ab", "abc"]))
     # "a" was recorded and is replayed; "b" was not, so it runs again; "c" runs once.
     assert sample.calls == {"workflow:abc": 2, "a": 1, "b": 2, "c": 1}
-    assert [(r.step_key, r.step_response_json) for r in backend.heap.steps(EID)] == [
+    assert [(r.step_key, r.step_response_json) for r in sqlite_backend.heap.steps(EID)] == [
         ("a", '{"value": "a"}'), ("b", '{"value": "ab"}'), ("c", '{"value": "abc"}')]
 
 
-def test_data_flows_between_steps_as_recorded_json(backend, clock):
-    admit(backend, "data_flow")
+def test_data_flows_between_steps_as_recorded_json(sqlite_backend, clock):
+    admit(sqlite_backend, "data_flow")
     as_json = [1, "two", {"three": [3, [4]]}]
 
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
     # Fresh: the workflow already sees the recorded value, so the tuple is a list.
     assert sample.seen == [as_json, as_json]
     assert type(sample.seen[0]) is list and type(sample.seen[0][2]["three"][1]) is list
 
     clock.advance(1_000)
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert sample.seen[2:] == [as_json, as_json]  # replayed: the same values
     assert sample.calls == {"make_tuple": 1, "echo": 1}
@@ -178,54 +162,54 @@ def test_data_flows_between_steps_as_recorded_json(backend, clock):
 
 # -- retries ----------------------------------------------------------------------------------
 
-def test_retryable_error_is_retried_at_its_interval_then_succeeds(backend, clock):
-    admit(backend, "retrying", {"failures": 2, "max_attempts": 5, "interval": 2})
+def test_retryable_error_is_retried_at_its_interval_then_succeeds(sqlite_backend, clock):
+    admit(sqlite_backend, "retrying", {"failures": 2, "max_attempts": 5, "interval": 2})
     start = clock.now
 
-    assert deliver(backend) == Suspended()
-    assert backend.executions.get(EID).due_at == start + 2_000
+    assert deliver(sqlite_backend) == Suspended()
+    assert sqlite_backend.executions.get(EID).due_at == start + 2_000
     clock.now = start + 1_999
-    assert backend.executions.claim_due(limit=1, duration=LEASE_MS) == []
+    assert sqlite_backend.executions.claim_due(limit=1, duration=LEASE_MS) == []
 
     clock.now = start + 2_000
-    assert deliver(backend) == Suspended()
-    assert backend.executions.get(EID).due_at == start + 4_000  # backoff 1.0: the same interval
+    assert deliver(sqlite_backend) == Suspended()
+    assert sqlite_backend.executions.get(EID).due_at == start + 4_000  # backoff 1.0: the same interval
 
     clock.now = start + 4_000
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert json.loads(outcome.result_json) == {"before": "ready", "value": "flaky ok after 3"}
     assert sample.calls == {"before": 1, "flaky": 3}
-    assert [(r.step_key, r.attempt, r.done) for r in backend.heap.steps(EID)] == [
+    assert [(r.step_key, r.attempt, r.done) for r in sqlite_backend.heap.steps(EID)] == [
         ("before", 1, True), ("flaky", 1, False), ("flaky", 2, False), ("flaky", 3, True)]
 
 
-def test_a_spurious_wake_before_the_retry_time_does_not_run_the_step_early(backend, clock):
-    admit(backend, "retrying", {"failures": 1, "max_attempts": 3, "interval": 5})
+def test_a_spurious_wake_before_the_retry_time_does_not_run_the_step_early(sqlite_backend, clock):
+    admit(sqlite_backend, "retrying", {"failures": 1, "max_attempts": 3, "interval": 5})
     start = clock.now
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
 
-    backend.executions.request_wake(EID, start + 1_000)
+    sqlite_backend.executions.request_wake(EID, start + 1_000)
     clock.now = start + 1_000
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
 
     assert sample.calls["flaky"] == 1
-    assert backend.executions.get(EID).due_at == start + 5_000
+    assert sqlite_backend.executions.get(EID).due_at == start + 5_000
 
 
-def test_retry_policy_backs_off_then_raises_step_failed_into_the_workflow(backend, clock):
+def test_retry_policy_backs_off_then_raises_step_failed_into_the_workflow(sqlite_backend, clock):
     policy = {"maximum_attempts": 4, "initial_interval": 1, "backoff_coefficient": 3, "maximum_interval": 5}
-    admit(backend, "retry_policy", {"policy": policy, "catch": True})
+    admit(sqlite_backend, "retry_policy", {"policy": policy, "catch": True})
 
     wakes = []
     for _ in range(3):
         before = clock.now
-        assert deliver(backend) == Suspended()
-        due = backend.executions.get(EID).due_at
+        assert deliver(sqlite_backend) == Suspended()
+        due = sqlite_backend.executions.get(EID).due_at
         wakes.append(due - before)
         clock.now = due
 
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert wakes == [1_000, 3_000, 5_000]  # 1 s, 1 s * 3, min(1 s * 9, 5 s)
     assert sample.calls["charge"] == 4
@@ -233,31 +217,31 @@ def test_retry_policy_backs_off_then_raises_step_failed_into_the_workflow(backen
         "error_type": "ValueError", "error_message": "card declined", "attempts": 4}
 
 
-def test_exhausted_retryable_error_carries_the_original_type_and_message(backend, clock):
-    admit(backend, "retrying", {"failures": 10, "max_attempts": 2, "interval": 1, "catch": True})
-    assert deliver(backend) == Suspended()
+def test_exhausted_retryable_error_carries_the_original_type_and_message(sqlite_backend, clock):
+    admit(sqlite_backend, "retrying", {"failures": 10, "max_attempts": 2, "interval": 1, "catch": True})
+    assert deliver(sqlite_backend) == Suspended()
     clock.advance(1_000)
 
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert json.loads(outcome.result_json) == {
         "before": "ready", "error_type": "RetryableError", "error_message": "flaky not yet (2)",
         "attempts": 2, "step_key": "flaky"}
     assert sample.calls["flaky"] == 2
-    recorded = backend.heap.read_step(EID, "flaky")
+    recorded = sqlite_backend.heap.read_step(EID, "flaky")
     assert recorded.attempt == 2 and recorded.done
     error = json.loads(recorded.step_response_json)["error"]
     assert error["type"] == "RetryableError" and "flaky not yet (2)" in error["traceback"]
 
 
-def test_an_uncaught_step_failure_fails_the_execution_with_a_json_error(backend, clock):
-    admit(backend, "retry_policy", {"policy": None})
+def test_an_uncaught_step_failure_fails_the_execution_with_a_json_error(sqlite_backend, clock):
+    admit(sqlite_backend, "retry_policy", {"policy": None})
 
-    outcome = deliver(backend)  # no policy: an ordinary error is not retried
+    outcome = deliver(sqlite_backend)  # no policy: an ordinary error is not retried
 
     assert isinstance(outcome, Failed)
-    error = error_of(backend.executions.get(EID))
-    assert backend.executions.get(EID).status == "failed"
+    error = error_of(sqlite_backend.executions.get(EID))
+    assert sqlite_backend.executions.get(EID).status == "failed"
     assert error["type"] == "StepFailed"
     assert "ValueError: card declined" in error["message"] and "'charge'" in error["message"]
     assert "Traceback" in error["traceback"] and "StepFailed" in error["traceback"]
@@ -267,77 +251,77 @@ def test_an_uncaught_step_failure_fails_the_execution_with_a_json_error(backend,
 # -- timers -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["sleep", "datetime", "epoch"])
-def test_sleeps_resume_at_the_due_time(backend, clock, kind):
+def test_sleeps_resume_at_the_due_time(sqlite_backend, clock, kind):
     start = clock.now
     due = start + 90_000
-    admit(backend, "sleeper", {"kind": kind, "seconds": 90, "at_ms": due})
+    admit(sqlite_backend, "sleeper", {"kind": kind, "seconds": 90, "at_ms": due})
 
-    assert deliver(backend) == Suspended()
-    assert backend.executions.get(EID).due_at == due
+    assert deliver(sqlite_backend) == Suspended()
+    assert sqlite_backend.executions.get(EID).due_at == due
     clock.now = due - 1
-    assert backend.executions.claim_due(limit=1, duration=LEASE_MS) == []
-    assert backend.executions.get(EID).status == "suspended"
+    assert sqlite_backend.executions.claim_due(limit=1, duration=LEASE_MS) == []
+    assert sqlite_backend.executions.get(EID).status == "suspended"
 
     clock.now = due
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert outcome == Completed(json.dumps(due))
     assert sample.calls == {"workflow:sleeper": 2, "woke": 1}
 
 
-def test_a_timer_keeps_its_first_due_time_across_early_deliveries(backend, clock):
+def test_a_timer_keeps_its_first_due_time_across_early_deliveries(sqlite_backend, clock):
     start = clock.now
-    admit(backend, "sleeper", {"kind": "sleep", "seconds": 10})
-    assert deliver(backend) == Suspended()
+    admit(sqlite_backend, "sleeper", {"kind": "sleep", "seconds": 10})
+    assert deliver(sqlite_backend) == Suspended()
 
-    backend.executions.request_wake(EID, start + 4_000)  # someone wakes it early
+    sqlite_backend.executions.request_wake(EID, start + 4_000)  # someone wakes it early
     clock.now = start + 4_000
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
 
-    assert backend.executions.get(EID).due_at == start + 10_000  # not 4 s + 10 s
+    assert sqlite_backend.executions.get(EID).due_at == start + 10_000  # not 4 s + 10 s
     assert sample.calls["woke"] == 0
 
 
-def test_sleep_until_a_past_time_does_not_suspend(backend, clock):
-    admit(backend, "sleeper", {"kind": "epoch", "at_ms": clock.now - 5_000})
-    assert deliver(backend) == Completed(json.dumps(clock.now))
+def test_sleep_until_a_past_time_does_not_suspend(sqlite_backend, clock):
+    admit(sqlite_backend, "sleeper", {"kind": "epoch", "at_ms": clock.now - 5_000})
+    assert deliver(sqlite_backend) == Completed(json.dumps(clock.now))
 
 
 # -- suspension cannot be swallowed -----------------------------------------------------------
 
-def test_except_exception_cannot_swallow_a_suspension(backend, db_path):
-    admit(backend, "swallow_except_exception")
+def test_except_exception_cannot_swallow_a_suspension(sqlite_backend, sqlite_path):
+    admit(sqlite_backend, "swallow_except_exception")
 
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
 
     assert sample.calls == {}  # neither the except block nor the step after the timer ran
-    assert [row[0] for row in rows(db_path)] == ["nap"]
+    assert [row[0] for row in rows(sqlite_path)] == ["nap"]
 
 
-def test_a_bare_except_that_swallows_a_suspension_cannot_run_more_steps(backend, db_path):
-    admit(backend, "swallow_bare", "continue")
+def test_a_bare_except_that_swallows_a_suspension_cannot_run_more_steps(sqlite_backend, sqlite_path):
+    admit(sqlite_backend, "swallow_bare", "continue")
 
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
 
     assert sample.calls == {"swallowed": 4}  # the timer's unwinding, then each later step's; no step ran
-    assert [row[0] for row in rows(db_path)] == ["nap"]
+    assert [row[0] for row in rows(sqlite_path)] == ["nap"]
 
 
 @pytest.mark.parametrize("then", ["return", "raise"])
-def test_a_delivery_that_unwound_ends_suspended_however_the_workflow_ends(backend, clock, then):
-    admit(backend, "swallow_bare", then)
+def test_a_delivery_that_unwound_ends_suspended_however_the_workflow_ends(sqlite_backend, clock, then):
+    admit(sqlite_backend, "swallow_bare", then)
 
-    assert deliver(backend) == Suspended()
+    assert deliver(sqlite_backend) == Suspended()
 
-    record = backend.executions.get(EID)
+    record = sqlite_backend.executions.get(EID)
     assert record.status == "suspended" and record.due_at == clock.now + 10_000
 
 
 # -- lost leases ------------------------------------------------------------------------------
 
-def test_a_stale_holder_is_stopped_mid_workflow_and_the_new_holders_records_stand(backend, clock, db_path):
-    admit(backend, "abc")
-    stale = claim(backend)
+def test_a_stale_holder_is_stopped_mid_workflow_and_the_new_holders_records_stand(sqlite_backend, clock, sqlite_path):
+    admit(sqlite_backend, "abc")
+    stale = claim(sqlite_backend)
     assert stale.token == 1
     outcomes = {}
 
@@ -345,194 +329,194 @@ def test_a_stale_holder_is_stopped_mid_workflow_and_the_new_holders_records_stan
         if sample.calls["b"] > 1:
             return None  # the new holder's own run of b
         clock.now = stale.expires_at + 1  # the first delivery froze past its lease
-        current = claim(backend)
+        current = claim(sqlite_backend)
         assert current.token == 2
-        outcomes["current"] = run_delivery(backend, current, sample.registry)
-        assert backend.executions.acknowledge(current, outcomes["current"]) == outcomes["current"]
+        outcomes["current"] = run_delivery(sqlite_backend, current, sample.registry)
+        assert sqlite_backend.executions.acknowledge(current, outcomes["current"]) == outcomes["current"]
         return "stale b"
 
     sample.hooks["b"] = take_over_inside_b
-    written_before = rows(db_path)  # nothing yet
+    written_before = rows(sqlite_path)  # nothing yet
 
-    outcome = run_delivery(backend, stale, sample.registry)
+    outcome = run_delivery(sqlite_backend, stale, sample.registry)
 
     assert outcome == LeaseLost()
     assert outcomes["current"] == Completed(json.dumps(["a", "ab", "abc"]))
     # c ran only for the current holder; the stale delivery stopped at its refused write of b.
     assert sample.calls == {"workflow:abc": 2, "a": 1, "b": 2, "c": 1}
     assert written_before == []
-    assert rows(db_path) == [
+    assert rows(sqlite_path) == [
         ("a", 1, True, {"value": "a"}, 1),  # written by the stale holder while it was current
         ("b", 1, True, {"value": "ab"}, 2),
         ("c", 1, True, {"value": "abc"}, 2),
     ]
-    assert backend.executions.acknowledge(stale, Failed('{"type": "late"}')) == LeaseLost()
-    record = backend.executions.get(EID)
+    assert sqlite_backend.executions.acknowledge(stale, Failed('{"type": "late"}')) == LeaseLost()
+    record = sqlite_backend.executions.get(EID)
     assert record.status == "completed" and record.token == 2
     assert json.loads(record.result_json) == ["a", "ab", "abc"]
 
 
-def test_a_holder_whose_lease_is_taken_over_writes_nothing_more(backend, clock, db_path):
-    admit(backend, "abc")
-    stale = claim(backend)
+def test_a_holder_whose_lease_is_taken_over_writes_nothing_more(sqlite_backend, clock, sqlite_path):
+    admit(sqlite_backend, "abc")
+    stale = claim(sqlite_backend)
 
     def take_over(value):
         clock.now = stale.expires_at + 1
-        assert claim(backend).token == 2
+        assert claim(sqlite_backend).token == 2
 
     sample.hooks["b"] = take_over
-    outcome = run_delivery(backend, stale, sample.registry)
+    outcome = run_delivery(sqlite_backend, stale, sample.registry)
 
     assert outcome == LeaseLost()
     assert sample.calls == {"workflow:abc": 1, "a": 1, "b": 1}  # c never ran
-    assert rows(db_path) == [("a", 1, True, {"value": "a"}, 1)]
-    assert backend.executions.get(EID).token == 2
+    assert rows(sqlite_path) == [("a", 1, True, {"value": "a"}, 1)]
+    assert sqlite_backend.executions.get(EID).token == 2
 
 
-def test_may_write_false_makes_no_writes_and_reports_the_lease_lost(backend, db_path, clock):
-    admit(backend, "timer_between_steps", {"x": 1})
-    lease = claim(backend)
+def test_may_write_false_makes_no_writes_and_reports_the_lease_lost(sqlite_backend, sqlite_path, clock):
+    admit(sqlite_backend, "timer_between_steps", {"x": 1})
+    lease = claim(sqlite_backend)
 
-    outcome = run_delivery(backend, lease, sample.registry, may_write=lambda: False)
+    outcome = run_delivery(sqlite_backend, lease, sample.registry, may_write=lambda: False)
 
     assert outcome == LeaseLost()
-    assert rows(db_path) == []
-    record = backend.executions.get(EID)
+    assert rows(sqlite_path) == []
+    record = sqlite_backend.executions.get(EID)
     assert record.status == "running" and record.token == 1 and record.due_at == clock.now
     assert sample.calls["second"] == 0
 
 
 # -- what the workflow code may not do --------------------------------------------------------
 
-def test_unnamed_steps_replay_when_the_order_holds(backend, clock, db_path):
-    admit(backend, "unnamed")
-    assert deliver(backend) == Suspended()
+def test_unnamed_steps_replay_when_the_order_holds(sqlite_backend, clock, sqlite_path):
+    admit(sqlite_backend, "unnamed")
+    assert deliver(sqlite_backend) == Suspended()
     clock.advance(1_000)
 
-    assert deliver(backend) == Completed(json.dumps("ab"))
+    assert deliver(sqlite_backend) == Completed(json.dumps("ab"))
 
-    assert [row[0] for row in rows(db_path)] == ["@1:step_a", "pause", "@2:step_b"]
+    assert [row[0] for row in rows(sqlite_path)] == ["@1:step_a", "pause", "@2:step_b"]
     assert sample.calls == {"step_a": 1, "step_b": 1}
 
 
-def test_unnamed_steps_taken_in_another_order_fail_as_replay_diverged(backend, clock):
-    admit(backend, "unnamed")
-    assert deliver(backend) == Suspended()
+def test_unnamed_steps_taken_in_another_order_fail_as_replay_diverged(sqlite_backend, clock):
+    admit(sqlite_backend, "unnamed")
+    assert deliver(sqlite_backend) == Suspended()
     sample.flags["swapped"] = True
     clock.advance(1_000)
 
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     assert isinstance(outcome, Failed)
     error = error_of(outcome)
     assert error["type"] == "ReplayDiverged"
     assert "@1:step_a" in error["message"] and "@1:step_b" in error["message"]
     assert sample.calls == {"step_a": 1}  # the diverging step did not run
-    assert backend.executions.get(EID).status == "failed"
+    assert sqlite_backend.executions.get(EID).status == "failed"
 
 
-def test_a_named_step_key_may_not_start_with_at(backend, db_path):
-    admit(backend, "reserved_key")
+def test_a_named_step_key_may_not_start_with_at(sqlite_backend, sqlite_path):
+    admit(sqlite_backend, "reserved_key")
 
-    error = error_of(deliver(backend))
+    error = error_of(deliver(sqlite_backend))
 
     assert error["type"] == "InvalidArgument" and "'@mine'" in error["message"]
     assert sample.calls["reserved"] == 0
-    assert rows(db_path) == []
+    assert rows(sqlite_path) == []
 
 
-def test_the_same_step_key_twice_in_one_run_is_an_error(backend, db_path):
-    admit(backend, "key_twice")
+def test_the_same_step_key_twice_in_one_run_is_an_error(sqlite_backend, sqlite_path):
+    admit(sqlite_backend, "key_twice")
 
-    error = error_of(deliver(backend))
+    error = error_of(deliver(sqlite_backend))
 
     assert error["type"] == "InvalidArgument"
     assert "'same'" in error["message"] and "twice" in error["message"]
     assert sample.calls == {"once": 1}
-    assert [row[0] for row in rows(db_path)] == ["same"]
+    assert [row[0] for row in rows(sqlite_path)] == ["same"]
 
 
 @pytest.mark.parametrize("input", ["object", "nan"])
-def test_a_non_serialisable_step_result_fails_that_step(backend, db_path, input):
-    admit(backend, "non_serialisable_step", input)
+def test_a_non_serialisable_step_result_fails_that_step(sqlite_backend, sqlite_path, input):
+    admit(sqlite_backend, "non_serialisable_step", input)
 
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     result = json.loads(outcome.result_json)
     assert result["step_key"] == "opaque" and result["error_type"] == "NonSerialisableResult"
     assert "'opaque'" in result["error_message"] and "JSON" in result["error_message"]
-    [(key, attempt, done, response, _)] = rows(db_path)
+    [(key, attempt, done, response, _)] = rows(sqlite_path)
     assert (key, attempt, done, response["error"]["type"]) == ("opaque", 1, True, "NonSerialisableResult")
 
 
-def test_a_non_serialisable_workflow_result_fails_the_execution(backend):
-    admit(backend, "non_serialisable_result")
+def test_a_non_serialisable_workflow_result_fails_the_execution(sqlite_backend):
+    admit(sqlite_backend, "non_serialisable_result")
 
-    error = error_of(deliver(backend))
+    error = error_of(deliver(sqlite_backend))
 
     assert error["type"] == "NonSerialisableResult" and "'non_serialisable_result'" in error["message"]
-    assert backend.executions.get(EID).status == "failed"
+    assert sqlite_backend.executions.get(EID).status == "failed"
 
 
-def test_an_unknown_workflow_fails_the_execution_cleanly(backend):
-    admit(backend, "no_such_workflow")
+def test_an_unknown_workflow_fails_the_execution_cleanly(sqlite_backend):
+    admit(sqlite_backend, "no_such_workflow")
 
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
 
     error = error_of(outcome)
     assert error["type"] == "UnknownWorkflow" and "'no_such_workflow'" in error["message"]
-    assert backend.executions.get(EID).status == "failed"
+    assert sqlite_backend.executions.get(EID).status == "failed"
 
 
 # -- a busy database --------------------------------------------------------------------------
 
 @pytest.fixture
-def locker(db_path):
+def locker(sqlite_path):
     """A second connection that can hold the database's write lock."""
-    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn = sqlite3.connect(sqlite_path, isolation_level=None)
     yield conn
     if conn.in_transaction:
         conn.execute("ROLLBACK")
     conn.close()
 
 
-def test_a_busy_database_asks_for_a_retry(backend, clock, db_path, locker):
-    admit(backend, "abc")
-    lease = claim(backend)
-    backend.connection.raw.execute("PRAGMA busy_timeout = 50")
+def test_a_busy_database_asks_for_a_retry(sqlite_backend, clock, sqlite_path, locker):
+    admit(sqlite_backend, "abc")
+    lease = claim(sqlite_backend)
+    sqlite_backend.connection.raw.execute("PRAGMA busy_timeout = 50")
     locker.execute("BEGIN IMMEDIATE")
 
-    outcome = run_delivery(backend, lease, sample.registry)
+    outcome = run_delivery(sqlite_backend, lease, sample.registry)
 
     assert isinstance(outcome, Retry) and "locked" in outcome.reason
     locker.execute("ROLLBACK")
-    assert rows(db_path) == []
-    assert backend.executions.release(lease).status == "released"
+    assert rows(sqlite_path) == []
+    assert sqlite_backend.executions.release(lease).status == "released"
     clock.advance(1)
-    assert deliver(backend) == Completed(json.dumps(["a", "ab", "abc"]))
+    assert deliver(sqlite_backend) == Completed(json.dumps(["a", "ab", "abc"]))
 
 
 @pytest.mark.parametrize("workflow, first", [("charge_or_fallback", "charge"), ("start_or_fallback", None)])
-def test_except_exception_cannot_turn_a_busy_database_into_a_workflow_error(backend, clock, db_path, locker,
+def test_except_exception_cannot_turn_a_busy_database_into_a_workflow_error(sqlite_backend, clock, sqlite_path, locker,
                                                                             workflow, first):
-    admit(backend, workflow)
-    lease = claim(backend)
-    backend.connection.raw.execute("PRAGMA busy_timeout = 50")
+    admit(sqlite_backend, workflow)
+    lease = claim(sqlite_backend)
+    sqlite_backend.connection.raw.execute("PRAGMA busy_timeout = 50")
     locker.execute("BEGIN IMMEDIATE")
     # Were the busy error an ordinary exception, the workflow would catch it, and the lock
     # would be free again by the time it recorded its compensating step.
     sample.hooks["fallback"] = lambda value: locker.execute("ROLLBACK") and None
 
-    outcome = run_delivery(backend, lease, sample.registry)
+    outcome = run_delivery(sqlite_backend, lease, sample.registry)
 
     assert isinstance(outcome, Retry)
     assert sample.calls == ({first: 1} if first else {})  # the fallback never ran
     if locker.in_transaction:
         locker.execute("ROLLBACK")
-    assert rows(db_path) == []
-    backend.executions.release(lease)
+    assert rows(sqlite_path) == []
+    sqlite_backend.executions.release(lease)
     clock.advance(1)
-    outcome = deliver(backend)
+    outcome = deliver(sqlite_backend)
     assert isinstance(outcome, Completed) and "fell back" not in outcome.result_json
     assert sample.calls["fallback"] == 0
 
