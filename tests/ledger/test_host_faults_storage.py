@@ -27,7 +27,6 @@ from faults import cli, fill_disk, tmpfs
 from supervisor import open_backend
 from supervisor.ledger import errors
 from supervisor.ledger.sqlite import connection
-from supervisor.ledger.sqlite import backend as sqlite_backend
 from supervisor.ledger.sqlite.schema import SCHEMA_VERSION, tables_at
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -560,29 +559,6 @@ def test_a_full_disk_during_a_write_raises_storage_unavailable_and_the_connectio
             assert [r.execution_id for r in ledger.executions.list()] == ["order-2", "order-1"]
         with open_backend(disk / "new.db") as fresh:
             assert fresh.executions.list() == []
-
-
-# -- the chaos clock skew ------------------------------------------------------------------------
-
-
-def test_the_chaos_clock_skew_moves_the_default_clock_only(tmp_path, monkeypatch):
-    monkeypatch.setenv(sqlite_backend.CHAOS_CLOCK_SKEW, "-600000")
-    with open_backend(tmp_path / "skewed.db") as skewed, \
-            open_backend(tmp_path / "injected.db", clock=lambda: 1234) as injected:
-        wall = time.time_ns() // 1_000_000
-        assert abs(skewed.clock() - (wall - 600_000)) < 60_000
-        assert skewed.executions.admit("order-1", "charge").created_at < wall - 500_000
-        assert injected.executions.admit("order-1", "charge").created_at == 1234
-
-
-@pytest.mark.parametrize("value", ["soon", "1.5", "10ms"])
-def test_a_chaos_clock_skew_that_is_not_an_int_is_refused_naming_the_variable(tmp_path, monkeypatch, value):
-    monkeypatch.setenv(sqlite_backend.CHAOS_CLOCK_SKEW, value)
-
-    with pytest.raises(ValueError, match=sqlite_backend.CHAOS_CLOCK_SKEW):
-        open_backend(tmp_path / "ledger.db")
-
-    assert list(tmp_path.iterdir()) == []
 
 
 OPEN_AND_CLOSE = """
