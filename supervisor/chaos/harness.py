@@ -43,8 +43,8 @@ namespaces are torn down at the end, on an interrupt as well; a dump of the data
 
 Fault kinds this host cannot inject are left out of a run that asked for all of them, with a
 notice; naming one explicitly that cannot be injected is an error: `disk_full` needs root (it
-mounts the tmpfs) and the harness's own ledger, `clock_skew` a runtime whose ledger clock honours
-`YIELDSTAR_CHAOS_CLOCK_SKEW_MS` and a lease with room for a skew.
+mounts the tmpfs) and the harness's own ledger, `clock_skew` a runtime whose ledger clock a
+skewed environment moves (`fleet.skewed_env`) and a lease with room for a skew.
 
 One `random.Random(seed)` draws the workload and the fault plan (kinds, gaps, durations, and
 which of the candidate targets is hit), so a run can be replayed with the same seed. Timing

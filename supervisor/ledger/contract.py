@@ -1,7 +1,7 @@
 """The ledger's contract: the narrow interfaces every storage backend implements.
 
 The SQLite implementation lives in `supervisor.ledger.sqlite`; the contract tests in
-`tests/test_ledger_contract.py` are written against these interfaces.
+`tests/ledger/test_ledger_contract.py` are written against these interfaces.
 
 Two rules run through every method:
 
