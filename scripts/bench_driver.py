@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchlib import RAW_INSERT, open_raw  # noqa: E402
 
 from supervisor import Completed, HeapRecord, Suspended, open_backend  # noqa: E402
-from worker import Registry, run_delivery  # noqa: E402
+from worker import Registry  # noqa: E402
+from worker._runtime.driver import run_delivery  # noqa: E402
 
 TARGET_OVERHEAD = 0.30
 LEASE_MS = 3_600_000

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_postgres.py [--workflows 1500]
 
-Starts a throwaway cluster (supervisor/ledger/postgres/cluster.py: a Unix socket only) and prints, in
+Starts a throwaway cluster (supervisor/chaos/cluster.py: a Unix socket only) and prints, in
 one run:
 - raw: single-row INSERT transactions per second with synchronous_commit=on, from 1 client
   and from 4 client processes at once, the yardstick (the 4-client one measured again beside
@@ -43,7 +43,7 @@ import psycopg  # noqa: E402
 from benchlib import cpu_seconds, own_cpu_seconds  # noqa: E402
 
 from supervisor import Completed, open_backend  # noqa: E402
-from supervisor.ledger.postgres.cluster import Cluster  # noqa: E402
+from supervisor.chaos.cluster import Cluster  # noqa: E402
 
 
 def raw_inserts(uri: str, n: int, tag: str) -> float:
@@ -131,7 +131,7 @@ def workflow_rate(cluster: Cluster, n: int, supervisors: int = 1) -> tuple[float
     with open_backend(uri) as backend:
         for i in range(n):
             backend.executions.admit(f"w{i}", "noop3")
-    command = [sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.bench_app", "--concurrency",
+    command = [sys.executable, "-m", "supervisor.cli", "--db", uri, "supervise", "worker.apps.bench", "--concurrency",
                "4", "--until-idle", "--quiet"]
     meter = CpuMeter(cluster, uri, n)
     with tempfile.TemporaryFile("w+") as errors:  # a pipe nobody reads could fill and stop a supervisor

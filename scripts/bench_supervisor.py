@@ -43,8 +43,9 @@ from benchlib import cpu_seconds, own_cpu_seconds, percentile, raw_commit_rate, 
 
 from supervisor import open_backend  # noqa: E402
 from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
+from supervisor.pool import is_worker_command  # noqa: E402
 
-APP = "worker.bench_app"
+APP = "worker.apps.bench"
 
 
 def admitted(folder: str, name: str, n: int, workflow: str = "noop3") -> str:
@@ -57,7 +58,7 @@ def admitted(folder: str, name: str, n: int, workflow: str = "noop3") -> str:
 
 
 def workers(me: psutil.Process) -> list[psutil.Process]:
-    return [c for c in me.children() if "worker.child" in " ".join(c.cmdline())]
+    return [c for c in me.children() if is_worker_command(c.cmdline())]
 
 
 def throughput(folder: str, concurrency: int, n: int, repetition: int = 0,

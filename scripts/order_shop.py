@@ -8,7 +8,7 @@ charges the card through a fake payment provider that honours idempotency keys, 
 asks the provider again with the same key (the effect id), getting the first charge back. A
 thaws and its late write is refused. It prints what happened and how many times the provider
 charged, and exits 0 only if every verdict holds, "customer charged once" among them. The
-workflow and the provider are in `worker/demo_shop.py`.
+workflow and the provider are in `worker/apps/demo_shop.py`.
 """
 
 import os

@@ -31,9 +31,10 @@ from typing import Callable, Optional
 
 import psutil
 
-from worker.demo_shop import PaymentProvider
+from worker.apps.demo_shop import PaymentProvider
 
 from .ledger.backends import open_backend
+from .ledger.errors import YieldstarError
 
 LEASE_MS = 1500
 RENEW_MS = 400
@@ -70,7 +71,7 @@ class Stage:
         """Start `yieldstar supervise` in a process group of its own (so it can be frozen whole)."""
         log = open(os.path.join(self.folder, f"supervisor-{name}.log"), "ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.cli", "--db", self.db, "supervise", "worker.demo_shop",
+            [sys.executable, "-m", "supervisor.cli", "--db", self.db, "supervise", "worker.apps.demo_shop",
              "--concurrency", "1", "--lease-ms", str(LEASE_MS), "--renew-ms", str(RENEW_MS),
              "--heartbeat-ms", str(HEARTBEAT_MS), "--poll-ms", "100", *extra],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -111,7 +112,7 @@ class Stage:
             process.wait()
 
 
-class DemoFailed(Exception):
+class DemoFailed(YieldstarError):
     """Raised when an act could not be played out (a step never happened in time)."""
 
 

@@ -2,11 +2,11 @@
 
     supervisor process                                          child processes (pool)
     +-----------------------------------------------+          +-------------------------+
-    | dispatcher loop (main thread): owns all state |  ("run", id, token, expires, claimed_at, start)
+    | dispatcher loop (main thread): owns all state |  Run(lease, claimed_at, start)        |
     |   wait() on pipes, child sentinels, nudges,   |--------> | run_delivery            |
-    |   signals and the two ledger wake-ups         |  ("beat", expires)  /  ("alive",)      |
+    |   signals and the two ledger wake-ups         |  Beat(expires) / Alive()               |
     |   claim / beat / renew / settle as steps      |<-------- |   write_step(token) --+  |
-    |        | submit             ^ replies         |  ("done", id, token, outcome)     |  |
+    |        | submit             ^ replies         |  Done(id, token, outcome, ms)     |  |
     | ledger thread: claim_deliveries, acknowledge, |          | parent watch thread   |  |
     |   release, next_ready_at (own connection)     |          +-----------------------|--+
     | renewal thread: renew (own connection)        |                                  |
@@ -16,7 +16,7 @@
 
 The parent holds the leases; children make their own fenced step writes with the token they
 were sent. Heartbeats run both ways over each child's pipe: a child that stops hearing its
-supervisor stops writing and exits (`worker.parent_watch`); a busy child that stops answering
+supervisor stops writing and exits (`worker._runtime.parent_watch`); a busy child that stops answering
 is no longer renewed, is killed and replaced, and its lease is left to expire. A child that dies
 is replaced and its lease is left to expire too: the execution is delivered again later.
 
@@ -49,14 +49,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from worker.registry import AppNotFound, check_app_name
+from worker._runtime.loading import check_app_name
 
 from .ledger import arguments
 from .ledger.backends import open_backend, shown
-from .ledger.errors import InvalidArgument, LedgerUnusable, StorageError
+from .ledger.errors import AppLoadFailed, AppNotFound, InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import INLINE_SLOW_S, LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
-from .pool import MAX_CONCURRENCY, AppLoadFailed, Pool
+from .pool import MAX_CONCURRENCY, Pool
 
 log = logging.getLogger("yieldstar.supervisor")
 

@@ -10,9 +10,14 @@ loop waits on with its pipes (the shape of CPython's `concurrent.futures.process
 thread is woken by a `_ThreadWakeup`). The loop stays the only owner of delivery state: the thread
 touches nothing but its own queue and connection.
 
-    dispatcher loop --submit(Call)--> queue --> ledger thread --> backend.executions.<method>
+    dispatcher loop --submit(Call)--> queue --> ledger thread --> make(call, backend.executions)
           ^                                           |
           +--- wait() sees the wake-up fd <-- Reply --+
+
+Each call is a value of its own type (`Claim`, `Acknowledge`, `Release`, `Renew`, `Ended`,
+`NextReadyAt`), matched by type: `make` makes each kind's one ledger method, the thread batches
+by type, and the loop takes each reply to the handler registered for its call's type, so no
+call is named by a string.
 
 Made on the spot. The hop to the thread and back costs two wake-ups and a hand-over of the
 interpreter lock per transaction: a tenth to a fifth of the supervisor's throughput on short
@@ -37,18 +42,13 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
 
 from .ledger.errors import StorageBusy, StorageError
+from .ledger.values import ExecutionLease, Outcome
 
 log = logging.getLogger("yieldstar.supervisor")
-
-# Calls that several children's endings and the claims for their replacements share one
-# transaction in (group commit): what is queued when the thread comes back from the database
-# (or was flushed together) goes in one transaction, so a busy supervisor commits once for
-# many, and an idle one never waits to fill a batch.
-BATCHED = ("acknowledge", "claim_deliveries")
 
 # A flush made on the spot that took longer than this (s) makes the next ones go to the thread
 # for a while (see "Made on the spot" above): a healthy commit takes well under a millisecond, a
@@ -90,18 +90,94 @@ class Wakeup:
                 pass
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Call:
-    """One ledger call: `backend.executions.<method>(*args, **kwargs)`; `about` is what the
-    caller needs to act on the reply (a delivery, a claim request). `timed`: the reply carries
-    the ledger's time read just before the call, for a caller that needs "how long from now"
-    (on PostgreSQL that time is the server's: reading it is a ledger call too, made here)."""
+    """One ledger call (`make` says which method of `backend.executions` each kind makes).
+    `about` is what the caller needs to act on the reply (a delivery, a claim's time). `timed`:
+    the reply carries the ledger's time read just before the call, for a caller that needs "how
+    long from now" (on PostgreSQL that time is the server's: reading it is a ledger call too,
+    made here)."""
 
-    method: str
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
+    name: ClassVar[str]  # the ledger method, for the log
     about: Any = None
     timed: bool = False
+
+    def __init_subclass__(cls, *, name: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = name or cls.name
+
+
+# Acknowledgements and claims are what several children's endings and the claims for their
+# replacements share one transaction in (group commit, see `_joins`): what is queued when the
+# thread comes back from the database (or was flushed together) goes in one transaction, so a
+# busy supervisor commits once for many, and an idle one never waits to fill a batch.
+
+
+@dataclass(frozen=True)
+class Claim(Call, name="claim_deliveries"):
+    """Up to `limit` leases of `duration` ms; as of the ledger's clock unless `now` is given."""
+
+    limit: int
+    duration: int
+    now: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Acknowledge(Call, name="acknowledge"):
+    """End a delivery with its outcome; shares a transaction with others and with claims."""
+
+    lease: ExecutionLease
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Release(Call, name="release"):
+    """End a delivery without an outcome."""
+
+    lease: ExecutionLease
+
+
+@dataclass(frozen=True)
+class Renew(Call, name="renew"):
+    """Extend a lease by `duration` ms. Made by the renewal thread, apart from claims and
+    settlements, so that a renewal never waits behind them."""
+
+    lease: ExecutionLease
+    duration: int
+
+
+@dataclass(frozen=True)
+class Ended(Call, name="ended"):
+    """Which of `leases` have ended in the ledger (an operator cancelled the execution, or it
+    was claimed again after its lease expired): a read, asked once a heartbeat."""
+
+    leases: list[ExecutionLease]
+
+
+@dataclass(frozen=True)
+class NextReadyAt(Call, name="next_ready_at"):
+    """When the next execution becomes claimable."""
+
+
+def make(call: Call, executions) -> Any:
+    """Make `call` on `executions` (a backend's `executions`): its reply's value."""
+    match call:
+        case Claim():
+            return executions.claim_deliveries(limit=call.limit, duration=call.duration, now=call.now)
+        case Acknowledge():
+            return executions.acknowledge(call.lease, call.outcome)
+        case Release():
+            return executions.release(call.lease)
+        case Renew():
+            return executions.renew(call.lease, duration=call.duration)
+        case Ended():
+            return executions.ended(call.leases)
+        case NextReadyAt():
+            return executions.next_ready_at()
+    raise TypeError(f"not a ledger call: {call!r}")
+
+
+CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt)
 
 
 @dataclass
@@ -115,12 +191,13 @@ class Reply:
 def _joins(call: Call, batch: Optional[list[Call]] = None) -> bool:
     """Whether `call` may share one transaction with `batch` (or start a batch when None):
     acknowledgements, and claims of one lease duration, made as of the backend's clock."""
-    if call.method not in BATCHED or "now" in call.kwargs:
-        return False
-    if call.method == "claim_deliveries" and batch:
-        return all(other.kwargs["duration"] == call.kwargs["duration"] for other in batch
-                   if other.method == "claim_deliveries")
-    return True
+    match call:
+        case Acknowledge():
+            return True
+        case Claim(now=None):
+            return all(other.duration == call.duration for other in batch or () if isinstance(other, Claim))
+        case _:
+            return False
 
 
 def _next_batch(queued: collections.deque) -> list[Call]:
@@ -261,16 +338,16 @@ class LedgerCalls:
         if len(batch) == 1:
             call = batch[0]
             clock_ms = backend.clock() if call.timed else None
-            return [Reply(call, getattr(executions, call.method)(*call.args, **call.kwargs), clock_ms=clock_ms)]
-        acks = [call for call in batch if call.method == "acknowledge"]
-        claims = [call for call in batch if call.method == "claim_deliveries"]
+            return [Reply(call, make(call, executions), clock_ms=clock_ms)]
+        acks = [call for call in batch if isinstance(call, Acknowledge)]
+        claims = [call for call in batch if isinstance(call, Claim)]
         replies, claimed = executions.acknowledge_and_claim_deliveries(
-            [call.args for call in acks], limit=sum(call.kwargs["limit"] for call in claims),
-            duration=claims[0].kwargs["duration"] if claims else 1)
+            [(call.lease, call.outcome) for call in acks], limit=sum(call.limit for call in claims),
+            duration=claims[0].duration if claims else 1)
         out = [Reply(call, reply) for call, reply in zip(acks, replies)]
         for call in claims:  # each claim gets deliveries up to its own limit, in the order claimed
-            out.append(Reply(call, claimed[:call.kwargs["limit"]]))
-            claimed = claimed[call.kwargs["limit"]:]
+            out.append(Reply(call, claimed[:call.limit]))
+            claimed = claimed[call.limit:]
         return out
 
     def close(self, timeout: float = 5.0) -> bool:

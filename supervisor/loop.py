@@ -10,9 +10,9 @@ connection of the loop's own, when that cannot wait: the write lock is free, and
 syncs nothing; otherwise the thread makes them. See `ledger_calls`.) Every step takes the time
 as an argument.
 
-A delivery's life: claimed (a `claim_deliveries` reply) -> handed to an idle ready child (RUN; a child
+A delivery's life: claimed (a `Claim`'s reply) -> handed to an idle ready child (`Run`; a child
 found dead gets nothing, and the lease is released at once) -> renewed while its child answers
--> the child's DONE -> acknowledged or released (retried after a backoff while the database
+-> the child's `Done` -> acknowledged or released (retried after a backoff while the database
 fails, renewed meanwhile) -> settled. A renewal that finds the lease lost kills the child: it
 may be inside a step calling the outside world, and a stale delivery must not hold a slot. So
 does a lease that no renewal has confirmed for a whole lease length (the database cut off or
@@ -27,13 +27,13 @@ import selectors
 import time
 from typing import Callable, Optional
 
-from worker.protocol import ALIVE, BEAT, DONE, READY, RUN
+from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild, LedgerNotOpened, Ready, Run
 
-from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
+from .ledger.errors import TRANSIENT_KINDS, AppLoadFailed, DiedWhileStarting, LedgerUnusable, StorageError
 from .ledger.contract import DueListener
 from .ledger.values import LeaseLost, Renewed, Retry
-from .ledger_calls import Call, LedgerCalls, Reply, Wakeup
-from .pool import START_ATTEMPTS, AppLoadFailed, Child, Delivery, DiedWhileStarting, Pool, describe_exit
+from .ledger_calls import Acknowledge, Call, Claim, Ended, LedgerCalls, NextReadyAt, Release, Renew, Reply, Wakeup
+from .pool import START_ATTEMPTS, Child, Delivery, Pool, describe_exit
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -49,6 +49,10 @@ FILE_CHECK_S = 1.0
 # After a child could not be started (fork failed): when to try again.
 TOP_UP_RETRY_S = 1.0
 
+
+# What the log says when a delivery is lost (the chaos checker counts these lines: `chaos.evidence`).
+LOST_LINE = "execution %s token %d: %s; killing worker pid %d so that it stops at once"
+RENEWAL_FOUND_LOST = "the lease is lost"
 
 class DispatchLoop:
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
@@ -79,7 +83,7 @@ class DispatchLoop:
         self.stop_requests = stop_requests
         self.on_delivery = on_delivery
         self.fatal: Optional[StorageError] = None
-        self.failing: dict[str, int] = {}  # storage errors in a row, by ledger method
+        self.failing: dict[type[Call], int] = {}  # storage errors in a row, by kind of call
         now = time.monotonic()
         self.claim_wanted = True  # something may have become claimable: claim as soon as a child is free
         self.claiming = 0  # claims in flight
@@ -175,25 +179,24 @@ class DispatchLoop:
     def take_replies(self, now: float) -> None:
         for reply in self.calls.replies() + self.renewals.replies():
             self.count_failures(reply)
-            handler = getattr(self, f"on_{reply.call.method}")
-            handler(reply, now)
+            ON_REPLY[type(reply.call)](self, reply, now)
 
     def count_failures(self, reply: Reply) -> None:
         """Log the first storage error of a run of them, and the call that ends the run: a disk
         that stays full for a minute is two lines per kind of call, not thousands."""
-        method, error = reply.call.method, reply.error
-        failing = self.failing.get(method, 0)
+        kind, error = type(reply.call), reply.error
+        failing = self.failing.get(kind, 0)
         if error is None:
             if failing:
-                log.warning("%s succeeded again after %d failed attempts", method, failing)
-                del self.failing[method]
+                log.warning("%s succeeded again after %d failed attempts", kind.name, failing)
+                del self.failing[kind]
             return
         self.stats.storage_errors += 1
-        self.failing[method] = failing + 1
+        self.failing[kind] = failing + 1
         if not error.transient:
             self.fatal = self.fatal or error
         elif not failing:
-            log.warning("%s failed, will retry: %s", method, error)
+            log.warning("%s failed, will retry: %s", kind.name, error)
 
     # -- claims ------------------------------------------------------------------------------
 
@@ -212,11 +215,10 @@ class DispatchLoop:
         self.claiming += 1
         self.promised += wanted
         self.next_poll = now + self.cfg.poll_ms / 1000
-        self.calls.submit(Call("claim_deliveries", kwargs={"limit": wanted, "duration": self.cfg.lease_ms},
-                               about=now))
+        self.calls.submit(Claim(wanted, self.cfg.lease_ms, about=now))
 
-    def on_claim_deliveries(self, reply: Reply, now: float) -> None:
-        limit, sent_at = reply.call.kwargs["limit"], reply.call.about
+    def on_claimed(self, reply: Reply, now: float) -> None:
+        limit, sent_at = reply.call.limit, reply.call.about
         self.claiming -= 1
         self.promised -= limit
         if reply.error is not None:
@@ -242,7 +244,7 @@ class DispatchLoop:
         # after a nudge or a finished delivery that came while this claim was in flight).
         self.claim_wanted = self.claim_wanted or len(claimed) == limit
         if not claimed and self.claiming == 0 and (self.pool.idle() or self.until_idle):
-            self.calls.submit(Call("next_ready_at", timed=True))
+            self.calls.submit(NextReadyAt(timed=True))
 
     def idle(self, now: float) -> list[Child]:
         """The idle workers that may take a delivery: heard from within two heartbeats (each
@@ -256,7 +258,7 @@ class DispatchLoop:
         child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
         child.delivery = delivery
-        if child.send((RUN, lease.execution_id, lease.token, lease.expires_at, delivery.claimed_at, start)):
+        if child.send(Run(lease, delivery.claimed_at, start)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.delivery = None
@@ -289,7 +291,7 @@ class DispatchLoop:
         for delivery in self.renewable(now):
             if not delivery.renewing and not delivery.lost:
                 delivery.renewing, delivery.renew_sent_at = True, now
-                self.renewals.submit(Call("renew", (delivery.lease,), {"duration": self.cfg.lease_ms}, about=delivery))
+                self.renewals.submit(Renew(delivery.lease, self.cfg.lease_ms, about=delivery))
 
     def renewable(self, now: float) -> list[Delivery]:
         limit = self.cfg.silent_limit_s
@@ -297,7 +299,7 @@ class DispatchLoop:
                    if c.delivery is not None and now - c.last_answer <= limit]
         return running + list(self.ending.values())
 
-    def on_renew(self, reply: Reply, now: float) -> None:
+    def on_renewed(self, reply: Reply, now: float) -> None:
         delivery: Delivery = reply.call.about
         delivery.renewing = False
         if reply.error is not None:
@@ -307,7 +309,7 @@ class DispatchLoop:
             # The ledger set the new expiry after the call was sent: it lasts at least this long.
             delivery.held_until = max(delivery.held_until, delivery.renew_sent_at + self.cfg.lease_ms / 1000)
             return
-        self.lose(delivery, "the lease is lost", now)
+        self.lose(delivery, RENEWAL_FOUND_LOST, now)
 
     def stop_unconfirmed(self, now: float) -> None:
         """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
@@ -350,8 +352,7 @@ class DispatchLoop:
             return
         delivery.lost = True
         self.stats.lost += 1
-        log.warning("execution %s token %d: %s; killing worker pid %d so that it stops at once",
-                    delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+        log.warning(LOST_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
         child.delivery = None
         self.replace(child)
 
@@ -365,7 +366,7 @@ class DispatchLoop:
         running = [c.delivery for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
         if running:
             self.checking_ended = True
-            self.renewals.submit(Call("ended", ([d.lease for d in running],), about=running))
+            self.renewals.submit(Ended([d.lease for d in running], about=running))
 
     def on_ended(self, reply: Reply, now: float) -> None:
         self.checking_ended = False
@@ -406,7 +407,7 @@ class DispatchLoop:
                     self.replace(child)
                 continue
             delivery = child.delivery
-            if not child.send((BEAT, delivery.lease.expires_at if delivery else None)):
+            if not child.send(Beat(delivery.lease.expires_at if delivery else None)):
                 continue  # its death shows on its sentinel
             if now - child.last_answer > limit:
                 # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
@@ -441,9 +442,9 @@ class DispatchLoop:
     def submit_settle(self, delivery: Delivery) -> None:
         delivery.retry_at = float("inf")  # in flight
         if isinstance(delivery.outcome, Retry):
-            self.calls.submit(Call("release", (delivery.lease,), about=delivery))
+            self.calls.submit(Release(delivery.lease, about=delivery))
         else:
-            self.calls.submit(Call("acknowledge", (delivery.lease, delivery.outcome), about=delivery))
+            self.calls.submit(Acknowledge(delivery.lease, delivery.outcome, about=delivery))
 
     def settle_due(self, now: float) -> None:
         """Try again the acknowledgements and releases that a storage error held up."""
@@ -451,13 +452,7 @@ class DispatchLoop:
             if delivery.retry_at <= now:
                 self.submit_settle(delivery)
 
-    def on_acknowledge(self, reply: Reply, now: float) -> None:
-        self.on_settle(reply, now)
-
-    def on_release(self, reply: Reply, now: float) -> None:
-        self.on_settle(reply, now)
-
-    def on_settle(self, reply: Reply, now: float) -> None:
+    def on_settled(self, reply: Reply, now: float) -> None:
         delivery: Delivery = reply.call.about
         if reply.error is not None:
             delivery.failures += 1
@@ -497,41 +492,47 @@ class DispatchLoop:
             self.child_died(child)  # its end of the pipe closed: it exited or was killed
             return
         child.last_answer = now
-        if message[0] == ALIVE:
-            return
-        if not child.ready:
-            self.started(child, message)
-            return
-        if message[0] != DONE:
-            log.error("unexpected message from worker pid %d: %r", child.pid, message[:1])
-            return
-        self.done(child, message, now)
+        match message:
+            case Alive():
+                pass
+            case _ if not child.ready:
+                self.started(child, message)
+            case Done():
+                self.done(child, message, now)
+            case _:
+                log.error("unexpected message from worker pid %d: %r", child.pid, message)
 
-    def done(self, child: Child, message: tuple, now: float) -> None:
+    def done(self, child: Child, report: Done, now: float) -> None:
         """A child's report that it finished its delivery."""
-        _, execution_id, token, outcome, ms = message
         delivery = child.delivery
         child.delivery = None
         self.claim_wanted = True
-        if delivery is None or delivery.lease.token != token or delivery.lease.execution_id != execution_id:
-            log.error("worker pid %d reported %s token %s, which it was not running", child.pid, execution_id, token)
+        if delivery is None or delivery.lease.token != report.token or \
+                delivery.lease.execution_id != report.execution_id:
+            log.error("worker pid %d reported %s token %s, which it was not running", child.pid, report.execution_id,
+                      report.token)
             return
-        delivery.ms = ms
-        self.end(delivery, outcome, now)
+        delivery.ms = report.ms
+        self.end(delivery, report.outcome, now)
 
-    def started(self, child: Child, message: tuple) -> None:
+    def started(self, child: Child, message: FromChild) -> None:
         """A child's first message: it loaded the app and may take deliveries, or it could not."""
-        error = self.pool.load_error(message)
-        if message[0] == READY and message[3] is not None:
-            self.fatal = self.fatal or LedgerUnusable(error)
-            return
-        if error is None:
-            log.info("worker %d is ready: it loaded the app in %.1f s", child.pid, time.monotonic() - child.launched)
-            child.ready, child.start_deadline = True, None
-            self.ever_ready = True
-            self.start_deaths = 0
-            self.claim_wanted = True
-            return
+        match message:
+            case Ready():
+                log.info("worker %d is ready: it loaded the app in %.1f s", child.pid,
+                         time.monotonic() - child.launched)
+                child.ready, child.start_deadline = True, None
+                self.ever_ready = True
+                self.start_deaths = 0
+                self.claim_wanted = True
+                return
+            case LedgerNotOpened():  # the ledger, not the app: the message says what to do
+                self.fatal = self.fatal or LedgerUnusable(message.error)
+                return
+            case AppNotLoaded():
+                error = message.error  # "cannot load app APP: CAUSE", then the child's traceback
+            case _:
+                error = f"a worker process sent {message!r} before reporting that it loaded the app"
         if not self.ever_ready:
             raise AppLoadFailed(error)
         # The app no longer loads (edited on disk?). A replacement would fail alike: run on with
@@ -547,7 +548,7 @@ class DispatchLoop:
         try:
             while child.ready and child.delivery is not None and child.conn.poll(0):
                 message = child.conn.recv()
-                if message[0] == DONE:
+                if isinstance(message, Done):
                     self.done(child, message, time.monotonic())
         except (EOFError, OSError):
             pass
@@ -674,6 +675,18 @@ class DispatchLoop:
             if child.process.sentinel is not None:
                 self._selector.register(child.process.sentinel, selectors.EVENT_READ, child)
         return self._selector
+
+
+# The handler of each kind of call's reply, by the call's type: a handler renamed or gone fails
+# here, at import, not when its first reply comes (and a test checks that every call has one).
+ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
+    Claim: DispatchLoop.on_claimed,
+    NextReadyAt: DispatchLoop.on_next_ready_at,
+    Renew: DispatchLoop.on_renewed,
+    Ended: DispatchLoop.on_ended,
+    Acknowledge: DispatchLoop.on_settled,
+    Release: DispatchLoop.on_settled,
+}
 
 
 def _backoff(failures: int, first_s: float) -> float:

@@ -1,11 +1,14 @@
 """The pool of child processes that run deliveries: started once, reused, replaced when they die.
 
-Each child is a fresh interpreter (`python -m worker.child`), started by fork-and-exec, which is
-safe beside the supervisor's threads (a bare fork could copy a lock another thread holds), and
-which, unlike multiprocessing's `spawn`, never re-imports the supervisor's `__main__`. The child
+Each child is a fresh interpreter (`python .../worker/_runtime/boot.py`), started by
+fork-and-exec, which is safe beside the supervisor's threads (a bare fork could copy a lock
+another thread holds), and which, unlike multiprocessing's `spawn`, never re-imports the
+supervisor's `__main__`. It is started by the path of its first file, not with `-m`, so that a
+`worker.py` or `supervisor.py` in its working folder (often the app's) cannot take the place of
+yieldstar's packages (see `worker._runtime.boot`). The child
 gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
 and then runs one delivery at a time. Nothing here waits for a child to load the app: the
-dispatcher reads each child's "ready" like any other message, beating the children that are
+dispatcher reads each child's first report (`Ready`, or why not) like any other message, beating the children that are
 ready while the others load.
 """
 
@@ -19,18 +22,27 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
-from worker.protocol import EXIT_CODES, READY
+from worker._runtime import protocol
+from worker._runtime.protocol import EXIT_CODES, AppNotLoaded, Exit, FromChild, ToChild
 
 from .ledger.backends import anywhere
-from .ledger.errors import YieldstarError
+from .ledger.errors import AppLoadFailed, DiedWhileStarting
 from .ledger.values import ExecutionLease
 
 log = logging.getLogger("yieldstar.supervisor")
+
+# What a child process runs, by its path.
+BOOT = os.path.join(os.path.dirname(os.path.abspath(protocol.__file__)), "boot.py")
+
+
+def is_worker_command(command: Sequence[str]) -> bool:
+    """Whether a process's command line (`psutil.Process.cmdline()`) is a pool child's."""
+    return BOOT in command[1:2]
 
 
 class ChildProcess:
@@ -75,22 +87,6 @@ class ChildProcess:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
-
-
-class AppLoadFailed(YieldstarError):
-    """Raised when a child process cannot import the user's app.
-
-    The message's first line says what failed ("cannot load app APP: CAUSE"); the lines after
-    it, if any, are the child's traceback, kept apart in `details` so that the command line can
-    print one line, and the whole of it only when asked (`supervise --verbose`)."""
-
-    def __init__(self, text: str):
-        summary, _, self.details = text.partition("\n")
-        super().__init__(summary)
-
-
-class DiedWhileStarting(AppLoadFailed):
-    """Raised when child processes keep ending before they report whether they loaded the app."""
 
 
 # Workers killed while starting are started again; this many such deaths in a row per worker,
@@ -143,7 +139,7 @@ class Child:
     def busy(self) -> bool:
         return self.delivery is not None
 
-    def send(self, message: tuple) -> bool:
+    def send(self, message: ToChild) -> bool:
         """False if the child's end of the pipe is gone (the child died or is dying)."""
         try:
             self.conn.send(message)
@@ -210,23 +206,13 @@ class Pool:
             "sys_path": [p for p in sys.path if p],
         }
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "worker.child", json.dumps(settings)],
+            popen = subprocess.Popen([sys.executable, BOOT, json.dumps(settings)],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
         return ChildProcess(popen), Connection(ours.detach())
 
-    def load_error(self, message: tuple) -> Optional[str]:
-        """None if `message` is a child's report that it loaded the app, else what went wrong."""
-        if message[0] != READY:
-            return f"a worker process sent {message[0]!r} before reporting that it loaded the app"
-        if message[3] is not None:  # the ledger, not the app: the message says what to do
-            return message[2]
-        if message[2] is not None:
-            return message[2]  # "cannot load app APP: CAUSE", then the child's traceback
-        return None
-
-    def wait_for_the_app(self, wakeup, stopping: Callable[[], bool]) -> tuple[Child, tuple] | None:
+    def wait_for_the_app(self, wakeup, stopping: Callable[[], bool]) -> tuple[Child, FromChild] | None:
         """Wait for the first child's report on loading the app, before the ledger is opened.
 
         Returns `(child, message)`, a report the dispatcher hands on to its loop: the app loaded
@@ -257,9 +243,8 @@ class Pool:
                     message = None  # its end of the pipe closed: it died
                 if message is not None:
                     child.last_answer = time.monotonic()  # heard from: its silence counts from now
-                    error = self.load_error(message)
-                    if error is not None and message[0] == READY and message[3] is None:
-                        raise AppLoadFailed(error)
+                    if isinstance(message, AppNotLoaded):
+                        raise AppLoadFailed(message.error)
                     return child, message
                 child.process.join(1)  # it died before reporting (its sentinel, or end of file, says so)
                 deaths += 1
@@ -305,7 +290,7 @@ class Pool:
             if kill or not child.ready:  # one still loading the app has nothing to finish
                 child.process.kill()
             else:
-                child.send(("exit",))
+                child.send(Exit())
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             child.process.join(max(0.0, deadline - time.monotonic()))

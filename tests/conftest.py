@@ -1,4 +1,18 @@
-"""Shared fixtures: a ledger on a real SQLite file under tmp_path, driven by a fake clock."""
+"""Fixtures every area shares, registered here once: a fake clock, where a test's ledger lives (a
+SQLite file, or each backend in turn), the throwaway PostgreSQL server, and, as plugins, the
+process fixtures of `faults.py` and the holders of `holders.py`.
+
+Each name means one thing everywhere:
+
+- `clock`: the one fake ledger clock (`worker.testing.FakeClock`), at 1,000,000 ms;
+- `sqlite_path`: a SQLite ledger file under `tmp_path` (not yet created);
+- `each_backend`: a ledger's location on each backend in turn (a SQLite file, then a fresh
+  PostgreSQL database): a test that takes it runs twice;
+- `pg_cluster`, `pg_uri`: the session's PostgreSQL server, and a fresh database on it;
+- `db_snapshot`: a deterministic dump of a ledger, for "nothing changed" checks.
+
+Each area's conftest.py adds the fixtures of its own tests.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +21,9 @@ import sqlite3
 
 import pytest
 
-from supervisor import open_backend
+from worker.testing import FakeClock
 
-
-class FakeClock:
-    """An injectable ledger clock (integer ms) that moves only when a test says so."""
-
-    def __init__(self, now: int = 1_000_000):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> int:
-        assert ms >= 0, "the fake clock never goes backwards"
-        self.now += ms
-        return self.now
+pytest_plugins = ["faults", "holders"]
 
 
 def snapshot(path) -> dict:
@@ -66,18 +67,14 @@ def _pg_snapshot(uri: str) -> dict:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    """The fake ledger clock (integer ms), moved only when a test says so."""
+    return FakeClock(1_000_000)
 
 
 @pytest.fixture
-def db_path(tmp_path):
+def sqlite_path(tmp_path):
+    """A SQLite ledger file under tmp_path, for the tests of what SQLite alone has."""
     return tmp_path / "ledger.db"
-
-
-@pytest.fixture
-def backend(db_path, clock):
-    with open_backend(db_path, clock=clock) as opened:
-        yield opened
 
 
 @pytest.fixture
@@ -97,7 +94,7 @@ def pg_cluster():
 @pytest.fixture(params=["sqlite", "postgres"])
 def each_backend(request, tmp_path):
     """A ledger on each backend in turn: a SQLite file under tmp_path, then a fresh PostgreSQL
-    database. A module whose every test runs on both makes its ledger fixture return this."""
+    database."""
     return tmp_path / "ledger.db" if request.param == "sqlite" else request.getfixturevalue("pg_uri")
 
 

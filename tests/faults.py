@@ -6,9 +6,12 @@ Everything here works on real processes with real signals:
   fixed sleep);
 - fault injectors: `sigkill(pid)`, `freeze(pid)` / `thaw(pid)` (SIGSTOP/SIGCONT), the same for
   a whole process group, and `gone(pid)` / `wait_gone(pids)` to prove that processes are dead;
-- `supervisors`: a fixture that starts `yieldstar supervise` subprocesses, each in its own
-  session (so a test can signal it together with its children), logging stderr to a file
-  under `tmp_path`, and kills whatever is left of every one of them when the test ends;
+- fixtures (registered for the whole suite by tests/conftest.py, never imported by name):
+  `supervisors` starts `yieldstar supervise` subprocesses, each in its own session (so a test
+  can signal it together with its children), logging stderr to a file under `tmp_path`, and
+  kills whatever is left of every one of them when the test ends; `dump_on_hang` dumps every
+  thread's traceback before pytest-timeout would kill a hung test; `sqlite_ledger` and
+  `each_ledger` are the test's own view of the ledger (at `sqlite_path`, or `each_backend`);
 - `cli(db, *args)`: one `yieldstar` command as a subprocess;
 - readers of the outcome: the side-effect log of `tests/apps/supervised_app.py`, the lease
   history, and the fencing token each step record was accepted under.
@@ -34,6 +37,7 @@ import psutil
 import pytest
 
 from supervisor import open_backend
+from supervisor.pool import is_worker_command
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -126,10 +130,10 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 
 def is_worker(process: psutil.Process) -> bool:
-    """A pool child (`python -m worker.child`), as opposed to any helper process."""
+    """A pool child, as opposed to any helper process (or a multiprocessing child)."""
     try:
-        command = " ".join(process.cmdline())
-        return "worker.child" in command or "spawn_main" in command
+        command = process.cmdline()
+        return is_worker_command(command) or "spawn_main" in " ".join(command)
     except psutil.Error:
         return False
 
@@ -322,6 +326,15 @@ def admit(db, execution_id: str, workflow: str, input: Any = None) -> None:
         backend.executions.admit(execution_id, workflow, json.dumps(input))
 
 
+def no_two_live_leases(history) -> None:
+    """Tokens strictly increase, and each claim starts no earlier than the previous lease ended."""
+    tokens = [h.token for h in history]
+    assert tokens == sorted(set(tokens)), tokens
+    for before, after in zip(history, history[1:]):
+        assert before.ended_at is not None, before
+        assert after.claimed_at >= before.ended_at, (before, after)
+
+
 def max_overlap(intervals: Iterable[tuple[int, int]]) -> int:
     """The most half-open intervals `[start, end)` that overlap at any instant."""
     points = []
@@ -335,17 +348,20 @@ def max_overlap(intervals: Iterable[tuple[int, int]]) -> int:
     return most
 
 
-# -- fixtures for the tests' own files ------------------------------------------------------
+# -- the test's own view of the ledger ----------------------------------------------------------
 
 @pytest.fixture
-def db(tmp_path) -> Path:
-    return tmp_path / "ledger.db"
+def sqlite_ledger(sqlite_path):
+    """The test's own view of a SQLite ledger at `sqlite_path` (one connection, kept open while the
+    test polls it)."""
+    with open_backend(sqlite_path) as backend:
+        yield backend
 
 
 @pytest.fixture
-def ledger(db):
-    """The test's own view of the ledger (one connection, kept open while the test polls it)."""
-    with open_backend(db) as backend:
+def each_ledger(each_backend):
+    """The test's own view of the ledger at `each_backend`, on each backend in turn."""
+    with open_backend(each_backend) as backend:
         yield backend
 
 

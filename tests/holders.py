@@ -9,7 +9,11 @@ A stale holder is frozen at a chosen point with `Interposed`: just before one of
 calls (a store change, a start, a settle), a `before` callback runs what happens while it is
 frozen (its lease runs out, another holder claims with a higher token and does its work), and
 then the call goes ahead, late, exactly as a thawed process would make it. Deterministic: no
-threads, no sleeps, no mocks; every call reaches the real SQLite ledger.
+threads, no sleeps, no mocks; every call reaches the real ledger, on each backend in turn.
+
+Fixtures (registered for the whole suite by tests/conftest.py): `world`, one ledger on each
+backend in turn, and `holder`, the test's own backend on it (the current holder's, and the
+outside world's).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pytest
 
 from faults import query
 from supervisor import Completed, ExecutionLease, Failed, Retry, Suspended, open_backend
-from worker import run_delivery
+from worker._runtime.driver import run_delivery
 from worker.testing import FakeClock
 
 TESTS = Path(__file__).resolve().parent
@@ -154,7 +158,7 @@ def cli_command(db, *args: str) -> list[str]:
     return [sys.executable, "-m", "supervisor.cli", "--db", str(db), *args]
 
 
-# Fixtures, imported by the test modules that use them.
+# Fixtures (registered by tests/conftest.py).
 
 @pytest.fixture
 def world(each_backend):
@@ -166,6 +170,6 @@ def world(each_backend):
 
 
 @pytest.fixture
-def ledger(world):
+def holder(world):
     """The test's own backend: the current holder's, and the outside world's."""
     return world.holder()

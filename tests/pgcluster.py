@@ -1,8 +1,8 @@
-"""The test suite's PostgreSQL server (see `supervisor.ledger.postgres.cluster`)."""
+"""The test suite's PostgreSQL server (see `supervisor.chaos.cluster`)."""
 
 from __future__ import annotations
 
-from supervisor.ledger.postgres.cluster import Cluster, available
+from supervisor.chaos.cluster import Cluster, available
 
 
 def cluster_fixture():

@@ -1,6 +1,6 @@
 """Sample workflows for the worker SDK's tests: importable, top-level, on their own registry.
 
-Tests drive these through `worker.run_delivery` or `worker.testing.run_workflow` with
+Tests drive these through `worker._runtime.driver.run_delivery` or `worker.testing.run_workflow` with
 `registry` (this module's own `Registry`, so nothing here leaks into `worker.default_registry`).
 
 Three pieces of module state let a test see and steer what happens across deliveries; an
@@ -22,7 +22,7 @@ import itertools
 from typing import Any, Callable
 
 from worker import Registry, RetryableError, RetryPolicy, StepFailed
-from worker.unwinding import Suspend
+from worker._runtime.unwinding import Suspend
 
 registry = Registry()
 workflow = registry.workflow

@@ -1,5 +1,5 @@
-"""Yieldstar's application side: the workflow SDK, the client that starts workflows and waits
-for their results, and the child processes' replay driver, fenced writes and parent watch.
+"""Yieldstar's application side, and what users import: the workflow SDK, the client that
+starts workflows and waits for their results, and the errors they catch.
 
     from worker import workflow
 
@@ -13,18 +13,44 @@ for their results, and the child processes' replay driver, fenced writes and par
 
     with Client("shop.db") as client:
         receipt = client.start(order, {"order_id": 42}, id="order-42").result(timeout=30)
+
+The names in `__all__` are the public surface; `worker.testing` runs workflows in-process for
+their authors' tests. The child processes' internals (the replay driver, fenced writes, the pipe
+and its messages, the parent watch) are in `worker._runtime` and may change without notice; the
+sample apps are in `worker.apps`. Every error is defined in `supervisor.ledger.errors`, which both
+sides import; the ones users catch are re-exported here.
 """
 
-from .client import AsyncClient, AsyncHandle, Client, Handle, WorkflowCancelled, WorkflowFailed
+from supervisor.ledger.errors import (
+    AppNotFound,
+    ExecutionConflict,
+    InvalidArgument,
+    StepFailed,
+    UnknownEffect,
+    UnknownExecution,
+    WorkflowCancelled,
+    WorkflowError,
+    WorkflowFailed,
+    YieldstarError,
+)
+from supervisor.ledger.values import EffectState, ExecutionStatus, SettleConflict
+
+from .async_context import AsyncStoreHandle, AsyncWorkflowContext
+from .client import AsyncClient, AsyncHandle, Client, Handle
 from .context import WorkflowContext
-from .driver import run_delivery
-from .registry import AppNotFound, Registry, default_registry, load_app, workflow
-from .retry import RetryableError, RetryPolicy, StepFailed
-from .unwinding import ReplayDiverged
+from .registry import Registry, default_registry, workflow
+from .retry import RetryableError, RetryPolicy
+from .stores import StoreHandle
+from ._runtime.unwinding import ReplayDiverged
 
 __all__ = [
-    "Client", "AsyncClient", "Handle", "AsyncHandle", "WorkflowFailed", "WorkflowCancelled",
-    "workflow", "Registry", "default_registry", "load_app", "AppNotFound",
-    "WorkflowContext", "run_delivery",
-    "RetryableError", "RetryPolicy", "StepFailed", "ReplayDiverged",
+    # the SDK: registering workflows, what they receive, retries
+    "workflow", "Registry", "default_registry",
+    "WorkflowContext", "AsyncWorkflowContext", "StoreHandle", "AsyncStoreHandle",
+    "RetryPolicy", "RetryableError",
+    # the client, and the values its calls return
+    "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
+    # the errors users catch
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect",
+    "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "ReplayDiverged", "AppNotFound",
 ]

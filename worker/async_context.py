@@ -133,16 +133,18 @@ class AsyncWorkflowContext(WorkflowContext):
                                   " operations of one workflow run one at a time, so await each before the next")
 
     # -- the rest, awaited -------------------------------------------------------------------
+    # The same calls as the sync context's, as coroutines (or an async store handle): a type
+    # checker sees an override with another return type, which is the point.
 
-    async def sleep(self, key: str, seconds: float) -> None:
+    async def sleep(self, key: str, seconds: float) -> None:  # type: ignore[override]
         self._one_at_a_time("ctx.sleep")
         super().sleep(key, seconds)
 
-    async def sleep_until(self, key: str, when: Any) -> None:
+    async def sleep_until(self, key: str, when: Any) -> None:  # type: ignore[override]
         self._one_at_a_time("ctx.sleep_until")
         super().sleep_until(key, when)
 
-    async def start(self, key: str, workflow: str, input: Any = None) -> str:
+    async def start(self, key: str, workflow: str, input: Any = None) -> str:  # type: ignore[override]
         self._one_at_a_time("ctx.start")
         return super().start(key, workflow, input)
 
@@ -150,7 +152,7 @@ class AsyncWorkflowContext(WorkflowContext):
         self._one_at_a_time("ctx.wait_for")
         return super().wait_for(execution_id, key)
 
-    def store(self, name: str) -> "AsyncStoreHandle":
+    def store(self, name: str) -> "AsyncStoreHandle":  # type: ignore[override]
         return AsyncStoreHandle(self, super().store(name))
 
 

@@ -31,47 +31,36 @@ import select
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, Union, cast
 
 from supervisor import open_backend
 from supervisor.ledger import arguments
-from supervisor.ledger.errors import InvalidArgument, UnknownExecution, YieldstarError
-from supervisor.ledger.values import EffectState, ExecutionRecord, SettleConflict
+from supervisor.ledger.errors import (
+    InvalidArgument,
+    UnknownEffect,
+    UnknownExecution,
+    WorkflowCancelled,
+    WorkflowFailed,
+    YieldstarError,
+)
+from supervisor.ledger.values import TERMINAL_STATUSES, EffectState, ExecutionRecord, ExecutionStatus, SettleConflict
 
 from .registry import Registry
 
-TERMINAL = frozenset(("completed", "failed", "cancelled"))
+#: A ledger: a SQLite path (created when missing) or a postgresql:// URI, as `open_backend` takes.
+Target = Union[str, "os.PathLike[str]"]
 POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement it missed
 
 log = logging.getLogger("yieldstar.client")
 _told_polling = False  # this process has logged that a client of it cannot listen
 
 
-class WorkflowFailed(YieldstarError):
-    """`result()` of an execution that failed. `error` is its recorded error: a dict with
-    `type`, `message` and `traceback` (the workflow's own, as a string, or None)."""
-
-    def __init__(self, execution_id: str, error: dict):
-        self.execution_id = execution_id
-        self.error = error
-        super().__init__(f"execution {execution_id!r} failed: {error.get('type')}: {error.get('message')}")
-
-
-class WorkflowCancelled(YieldstarError):
-    """`result()` of an execution that was cancelled; `reason` is the one given, or None."""
-
-    def __init__(self, execution_id: str, reason: Optional[str]):
-        self.execution_id = execution_id
-        self.reason = reason
-        super().__init__(f"execution {execution_id!r} was cancelled" + (f": {reason}" if reason else ""))
-
-
 def outcome_of(record: ExecutionRecord) -> Any:
     """The decoded result of a terminal execution, or the exception its outcome raises."""
-    if record.status == "completed":
-        return json.loads(record.result_json)
+    if record.status == ExecutionStatus.COMPLETED:
+        return json.loads(cast(str, record.result_json))  # a completed execution has a result
     error = json.loads(record.error_json) if record.error_json else {}
-    if record.status == "cancelled":
+    if record.status == ExecutionStatus.CANCELLED:
         raise WorkflowCancelled(record.execution_id, error.get("message"))
     raise WorkflowFailed(record.execution_id, error)
 
@@ -95,7 +84,7 @@ class OutcomeWatch:
     caller reads the record itself after registering, so an outcome committed before
     registration is not missed either."""
 
-    def __init__(self, backend, poll_s: float = POLL_S, listen: bool = True):
+    def __init__(self, backend: Any, poll_s: float = POLL_S, listen: bool = True):
         self._backend = backend
         self._poll_s = poll_s
         self._listener = None  # without one, the slow poll alone finds outcomes
@@ -167,7 +156,7 @@ class OutcomeWatch:
                 record = self._backend.executions.get(execution_id)
             except YieldstarError:
                 continue  # a busy or failing ledger: the next announcement or poll tries again
-            if record is not None and record.status not in TERMINAL:
+            if record is not None and record.status not in TERMINAL_STATUSES:
                 continue
             with self._lock:
                 notify = list(self._waiters.pop(execution_id, {}).values())
@@ -187,7 +176,8 @@ def _polling(exc: OSError, poll_s: float) -> None:
 class _Base:
     """What `Client` and `AsyncClient` share: the backend, the registry check, the watch."""
 
-    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
+    def __init__(self, target: Target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S,
+                 listen: bool = True, create: bool = True):
         if registry is not None and not isinstance(registry, Registry):
             raise InvalidArgument(f"registry must be a worker.Registry, not {type(registry).__name__}")
         if not (arguments.finite(poll_s) and poll_s > 0):
@@ -195,22 +185,27 @@ class _Base:
         self._registry = registry
         self._poll_s = poll_s
         self._listen = arguments.boolean("listen", listen)
-        self.backend = open_backend(target)
+        self.backend = open_backend(target, create=arguments.boolean("create", create))
         self._watch: Optional[OutcomeWatch] = None
         self._watch_lock = threading.Lock()
 
-    def _admission(self, workflow: Any, input: Any, id: Optional[str]) -> tuple[str, str, str]:
+    def _registered(self, workflow: Any) -> str:
         name = workflow_name(workflow)
         if self._registry is not None and name not in self._registry:
             known = ", ".join(self._registry.names()) or "none"
             raise InvalidArgument(f"no workflow is registered as {name!r} (registered: {known})")
-        input_json = arguments.to_json("input", input)
-        execution_id = uuid.uuid4().hex if id is None else arguments.identifier("id", id)
-        return execution_id, name, input_json
+        return name
 
     def _start(self, workflow: Any, input: Any, id: Optional[str]) -> ExecutionRecord:
-        execution_id, name, input_json = self._admission(workflow, input, id)
-        return self.backend.executions.admit(execution_id, name, input_json)
+        name = self._registered(workflow)
+        input_json = arguments.to_json("input", input)
+        return self._admit(name, input_json, None if id is None else arguments.identifier("id", id))
+
+    def _start_json(self, workflow: Any, input_json: str, id: Optional[str]) -> ExecutionRecord:
+        return self._admit(self._registered(workflow), input_json, id)  # the ledger checks the text and the id
+
+    def _admit(self, workflow: str, input_json: str, id: Optional[str]) -> ExecutionRecord:
+        return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json)
 
     def _record(self, execution_id: str) -> ExecutionRecord:
         record = self.backend.executions.get(execution_id)
@@ -218,11 +213,10 @@ class _Base:
             raise UnknownExecution(f"no execution {execution_id!r} in {self.backend.path}")
         return record
 
-    def _settle(self, effect_id: str, result: Any, create: bool) -> EffectState | SettleConflict:
-        result_json = arguments.to_json("result", result)
+    def _settle(self, effect_id: str, result_json: str, create: bool) -> EffectState | SettleConflict:
         if not create and self.backend.effects.get(effect_id) is None:
-            raise InvalidArgument(f"no execution has begun effect {effect_id!r}: check the id, or pass create=True"
-                                  " to settle it before it begins")
+            raise UnknownEffect(f"no execution has begun effect {effect_id!r}: check the id, or pass create=True"
+                                " to settle it before it begins")
         return self.backend.effects.settle(effect_id, result_json)
 
     def _put(self, store: str, item: Any) -> Any:
@@ -252,7 +246,7 @@ def _found(execution_id: str, record: Optional[ExecutionRecord]) -> ExecutionRec
     return record
 
 
-def _timed_out(execution_id: str, record: Optional[ExecutionRecord], timeout: float) -> TimeoutError:
+def _timed_out(execution_id: str, record: Optional[ExecutionRecord], timeout: Optional[float]) -> TimeoutError:
     status = record.status if record is not None else "unknown"
     return TimeoutError(f"execution {execution_id!r} was not finished within {timeout} s (it is {status})")
 
@@ -290,7 +284,7 @@ class Handle:
         key = watch.add(self.execution_id, notify)
         try:
             record = self.record()  # after registering: an outcome from before is seen here
-            if record.status not in TERMINAL:
+            if record.status not in TERMINAL_STATUSES:
                 if not done.wait(timeout):
                     raise _timed_out(self.execution_id, self._client.backend.executions.get(self.execution_id),
                                      timeout)
@@ -317,6 +311,7 @@ class Client(_Base):
         poll_s: how often a waiting `result()` looks for outcomes whose announcement it missed.
         listen: False to wait by that poll alone, without listening for announcements (LISTEN on
             PostgreSQL): for a connection pooler that cannot LISTEN.
+        create: False to raise `NoLedger` for a SQLite path with no ledger, instead of creating one.
     """
 
     def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None) -> Handle:
@@ -325,6 +320,11 @@ class Client(_Base):
         workflow and input returns the same execution; with others it raises `ExecutionConflict`.
         Without it, a new id is made."""
         record = self._start(workflow, input, id)
+        return Handle(self, record.execution_id, record.workflow)
+
+    def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None) -> Handle:
+        """As `start`, with the input as JSON text, recorded as given (`yieldstar start --input`)."""
+        record = self._start_json(workflow, input_json, id)
         return Handle(self, record.execution_id, record.workflow)
 
     def handle(self, execution_id: str) -> Handle:
@@ -336,8 +336,12 @@ class Client(_Base):
         """Settle an effect from outside (an external system finishing its work), as `yieldstar
         settle` does: the first result is kept, and a later different one comes back as a
         `SettleConflict` naming the kept one. An effect no execution has begun is refused
-        (a `ValueError`) unless `create`."""
-        return self._settle(effect_id, result, create)
+        (`UnknownEffect`, a `ValueError`) unless `create`."""
+        return self._settle(effect_id, arguments.to_json("result", result), create)
+
+    def settle_json(self, effect_id: str, result_json: str, *, create: bool = False) -> EffectState | SettleConflict:
+        """As `settle`, with the result as JSON text, recorded as given (`yieldstar settle --result`)."""
+        return self._settle(effect_id, result_json, create)
 
     def put(self, store: str, item: Any) -> Any:
         """Append `item` to a list store (a mailbox), waking its waiters; returns the new state."""
@@ -349,7 +353,7 @@ class Client(_Base):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -385,7 +389,7 @@ class AsyncHandle:
         key = watch.add(self.execution_id, lambda record: loop.call_soon_threadsafe(settle, record))
         try:
             record = await self.record()
-            if record.status not in TERMINAL:
+            if record.status not in TERMINAL_STATUSES:
                 try:
                     record = _found(self.execution_id, await asyncio.wait_for(found, timeout))
                 except asyncio.TimeoutError:
@@ -409,14 +413,15 @@ class AsyncClient(_Base):
     Its ledger calls run on one thread of its own, so a database that is slow or busy never
     blocks the event loop; waiting for results costs no thread per waiter."""
 
-    def __init__(self, target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S, listen: bool = True):
-        super().__init__(target, registry=registry, poll_s=poll_s, listen=listen)
+    def __init__(self, target: Target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S,
+                 listen: bool = True, create: bool = True):
+        super().__init__(target, registry=registry, poll_s=poll_s, listen=listen, create=create)
         # Imported here, as asyncio is below: a worker imports this module too, and has no use for it.
         import concurrent.futures
 
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="yieldstar-client")
 
-    async def _call(self, fn: Callable, *args, **kwargs) -> Any:
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         # Imported here, where it is loaded already (this runs in its event loop): a worker
         # imports this module too, and asyncio would add about 40 ms to its start.
         import asyncio
@@ -429,12 +434,22 @@ class AsyncClient(_Base):
         record = await self._call(self._start, workflow, input, id)
         return AsyncHandle(self, record.execution_id, record.workflow)
 
+    async def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None) -> AsyncHandle:
+        """As `Client.start_json`."""
+        record = await self._call(self._start_json, workflow, input_json, id)
+        return AsyncHandle(self, record.execution_id, record.workflow)
+
     async def handle(self, execution_id: str) -> AsyncHandle:
         record = await self._call(self._record, arguments.identifier("execution_id", execution_id))
         return AsyncHandle(self, record.execution_id, record.workflow)
 
     async def settle(self, effect_id: str, result: Any, *, create: bool = False) -> EffectState | SettleConflict:
-        return await self._call(self._settle, effect_id, result, create)
+        return await self._call(self._settle, effect_id, arguments.to_json("result", result), create)
+
+    async def settle_json(self, effect_id: str, result_json: str, *,
+                          create: bool = False) -> EffectState | SettleConflict:
+        """As `Client.settle_json`."""
+        return await self._call(self._settle, effect_id, result_json, create)
 
     async def put(self, store: str, item: Any) -> Any:
         return await self._call(self._put, store, item)
@@ -446,5 +461,5 @@ class AsyncClient(_Base):
     async def __aenter__(self) -> "AsyncClient":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -24,16 +24,16 @@ import traceback
 from typing import Any, Callable, Optional
 
 from supervisor.ledger.arguments import finite, identifier
-from supervisor.ledger.errors import InvalidArgument, StorageError
+from supervisor.ledger.errors import InvalidArgument, StepFailed, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
-from .derived_ids import derived_id
+from ._runtime.derived_ids import derived_id
 from .effects import EffectsMixin
-from .fenced import FencedWriter
-from .retry import RetryableError, RetryPolicy, StepFailed
+from ._runtime.fenced import FencedWriter
+from .retry import RetryableError, RetryPolicy
 from .starts import StartsMixin
 from .stores import StoresMixin
-from .unwinding import ReplayDiverged, StopDelivery, Suspend
+from ._runtime.unwinding import ReplayDiverged, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
 
@@ -268,7 +268,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         if isinstance(exc, RetryableError):
             policy = exc.policy
         info = error_info(exc)
-        if policy is not None and attempt < policy.maximum_attempts:
+        if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
             record = self._write(key, attempt, False, {"error": info, "retry_at": retry_at})
         else:

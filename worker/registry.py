@@ -1,22 +1,17 @@
-"""Workflow registration (`@workflow("name")`) and loading a user's app by module or path."""
+"""Workflow registration (`@workflow("name")`): the registry an app fills by being imported.
+
+Loading an app by module name or path is the runtime's (`worker._runtime.loading`)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
-import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from supervisor.ledger.arguments import identifier
-from supervisor.ledger.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.errors import AppNotFound, InvalidArgument, YieldstarError
 
 WorkflowFunction = Callable[[Any, Any], Any]
-
-
-class AppNotFound(YieldstarError):
-    """Raised when an APP module name or .py path cannot be imported."""
+# What `@workflow` decorates: returned as it came, so a type checker keeps its own signature.
+W = TypeVar("W", bound=WorkflowFunction)
 
 
 class Registry:
@@ -25,10 +20,10 @@ class Registry:
     def __init__(self) -> None:
         self._workflows: dict[str, WorkflowFunction] = {}
 
-    def workflow(self, name: str) -> Callable[[WorkflowFunction], WorkflowFunction]:
+    def workflow(self, name: str) -> Callable[[W], W]:
         identifier("workflow name", name)
 
-        def register(fn: WorkflowFunction) -> WorkflowFunction:
+        def register(fn: W) -> W:
             if not callable(fn):
                 raise InvalidArgument(f"@workflow({name!r}) must decorate a function")
             known = self._workflows.get(name)
@@ -60,98 +55,6 @@ def _origin(fn: Callable) -> str:
 default_registry = Registry()
 
 
-def workflow(name: str) -> Callable[[WorkflowFunction], WorkflowFunction]:
+def workflow(name: str) -> Callable[[W], W]:
     """Register `f(ctx, input)` as the workflow called `name`."""
     return default_registry.workflow(name)
-
-
-def load_app(app: str) -> Registry:
-    """Import the user's app (a module name, or a path to a .py file) and return its registry.
-
-    The app's workflows are those registered with `@workflow` while it was imported. A module
-    may instead expose its own `Registry` as a module attribute named `registry`.
-    """
-    check_app_name(app)
-    try:
-        if is_app_path(app):
-            module = _import_path(app)
-        else:
-            module = importlib.import_module(app)
-    except AppNotFound:
-        raise
-    except ImportError as exc:
-        if isinstance(exc, ModuleNotFoundError) and exc.name is not None and (app + ".").startswith(exc.name + "."):
-            raise AppNotFound(f"no module named {exc.name!r}: a module name is imported from the current"
-                              " folder or the Python path; a file needs a path ending in .py") from exc
-        raise AppNotFound(f"{type(exc).__name__}: {exc}{_where(exc)}") from exc
-    own = getattr(module, "registry", None)
-    return own if isinstance(own, Registry) else default_registry
-
-
-def is_app_path(app: str) -> bool:
-    """Whether APP names a file (a .py path) rather than a module."""
-    return app.endswith(".py") or os.sep in app
-
-
-def check_app_name(app: str) -> None:
-    """What can be told of APP without importing it: a file that is not there, or a string that
-    cannot be a module name. Cheap, so that a supervisor refuses a mistyped APP at once."""
-    if not isinstance(app, str) or not app:
-        raise InvalidArgument(f"app must be a module name or a .py path, got {app!r}")
-    if is_app_path(app):
-        _check_app_file(app)
-    elif not all(part.isidentifier() for part in app.split(".")):
-        raise AppNotFound(f"{app!r} is neither a module name (like shop.workflows) nor a path to a .py file")
-
-
-def _check_app_file(path: str) -> None:
-    """Raise `AppNotFound` unless `path` is a file: saying whether it is missing or a folder."""
-    if os.path.isdir(path):
-        raise AppNotFound(f"{os.path.abspath(path)} is a folder, not a Python file (give a .py file's path or a"
-                          " module name)")
-    if not os.path.isfile(path):
-        raise AppNotFound(f"app file {os.path.abspath(path)} does not exist")
-
-
-def describe_load_failure(exc: BaseException) -> str:
-    """One line saying why importing the app failed: what a newcomer needs, without a traceback."""
-    if isinstance(exc, YieldstarError):  # ours (a missing app, two workflows under one name): says it all
-        return str(exc)
-    if isinstance(exc, SystemExit):
-        return f"it called sys.exit({exc.code!r}) while being imported{_where(exc)}"
-    if isinstance(exc, SyntaxError):  # its message names the file and line already
-        return f"{type(exc).__name__}: {exc}"
-    return f"{type(exc).__name__}: {exc}{_where(exc)}"
-
-
-def _where(exc: BaseException) -> str:
-    """` (file.py, line N)`: the innermost frame of the traceback outside Python's import machinery."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
-              and not f.filename.startswith("<frozen")]
-    if not frames or os.path.abspath(frames[-1].filename) == os.path.abspath(__file__):
-        return ""
-    return f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
-
-
-def _import_path(path: str):
-    path = os.path.abspath(path)
-    _check_app_file(path)
-    name = os.path.splitext(os.path.basename(path))[0]
-    existing = sys.modules.get(name)
-    if existing is not None and os.path.abspath(getattr(existing, "__file__", "") or "") == path:
-        return existing
-    # Its own folder goes on sys.path, so the app can import its neighbours, as `python app.py` would.
-    folder = os.path.dirname(path)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise AppNotFound(f"cannot load app file {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module

@@ -1,4 +1,7 @@
-"""Step retries: the policy, the error that asks for a retry, and the error of an exhausted step."""
+"""Step retries: the policy, and the error a step raises to ask for a retry.
+
+A step that failed for good is raised into its workflow as `StepFailed` (`supervisor.ledger.errors`).
+"""
 
 from __future__ import annotations
 
@@ -6,58 +9,46 @@ from dataclasses import dataclass
 from typing import Optional
 
 from supervisor.ledger.arguments import finite
-from supervisor.ledger.errors import InvalidArgument, YieldstarError
+from supervisor.ledger.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How a failing step is tried again: attempt n waits
-    `min(initial_interval * backoff_coefficient ** (n - 1), maximum_interval)` seconds."""
+    """How a failing step is tried again: up to `max_attempts` attempts in all, attempt n
+    waiting `min(interval * backoff ** (n - 1), max_interval)` seconds after it failed.
 
-    maximum_attempts: int = 3
-    initial_interval: float = 1.0
-    backoff_coefficient: float = 2.0
-    maximum_interval: float = 300.0
+    The same settings, by the same names, as `RetryableError(max_attempts=, interval=, backoff=)`.
+    """
+
+    max_attempts: int = 3
+    interval: float = 1.0
+    backoff: float = 2.0
+    max_interval: float = 300.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.maximum_attempts, int) or isinstance(self.maximum_attempts, bool) \
-                or self.maximum_attempts < 1:
-            raise InvalidArgument(f"maximum_attempts must be an int >= 1, got {self.maximum_attempts!r}")
-        for name in ("initial_interval", "maximum_interval"):
+        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 1:
+            raise InvalidArgument(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        for name in ("interval", "max_interval"):
             value = getattr(self, name)
             if not finite(value) or value < 0:
                 raise InvalidArgument(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-        if not finite(self.backoff_coefficient) or self.backoff_coefficient < 1:
-            raise InvalidArgument(f"backoff_coefficient must be a finite number >= 1, got {self.backoff_coefficient!r}")
+        if not finite(self.backoff) or self.backoff < 1:
+            raise InvalidArgument(f"backoff must be a finite number >= 1, got {self.backoff!r}")
 
     def delay_ms(self, attempt: int) -> int:
         """The wait after failed attempt `attempt` (1-based), in ms."""
-        seconds = min(self.initial_interval * self.backoff_coefficient ** (attempt - 1), self.maximum_interval)
+        seconds = min(self.interval * self.backoff ** (attempt - 1), self.max_interval)
         return int(seconds * 1000)
 
 
 class RetryableError(Exception):
     """Raise from a step to have it tried again later, up to `max_attempts` attempts in all,
-    `interval` seconds apart (growing by `backoff`)."""
+    `interval` seconds apart (growing by `backoff`): a `RetryPolicy` of those settings, whose
+    waits are capped at 300 s or `interval`, whichever is longer.
+
+    Not a `YieldstarError`: the workflow's own code raises it, for the runtime to act on."""
 
     def __init__(self, message: str = "", *, max_attempts: int = 3, interval: float = 1.0, backoff: float = 1.0):
         super().__init__(message)
-        self.policy = RetryPolicy(maximum_attempts=max_attempts, initial_interval=interval,
-                                  backoff_coefficient=backoff, maximum_interval=max(interval, 300.0))
-
-
-class StepFailed(YieldstarError):
-    """Raised into a workflow when a step failed for good (not retryable, or retries exhausted).
-
-    `error_type` and `error_message` are those of the step's last error; `attempts` how many
-    attempts were made.
-    """
-
-    def __init__(self, step_key: str, error_type: str, error_message: str, attempts: int,
-                 traceback: Optional[str] = None):
-        super().__init__(f"step {step_key!r} failed after {attempts} attempt(s): {error_type}: {error_message}")
-        self.step_key = step_key
-        self.error_type = error_type
-        self.error_message = error_message
-        self.attempts = attempts
-        self.traceback = traceback
+        self.policy = RetryPolicy(max_attempts=max_attempts, interval=interval, backoff=backoff,
+                                  max_interval=max(interval, 300.0))

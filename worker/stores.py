@@ -9,11 +9,14 @@ pure and quick.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from supervisor.ledger.arguments import to_json
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.ledger.contract import NoMatch
+
+if TYPE_CHECKING:  # the context imports this module
+    from .context import WorkflowContext
 
 
 def _matches(item: Any, match: Any) -> bool:
@@ -23,7 +26,9 @@ def _matches(item: Any, match: Any) -> bool:
 
 
 class StoreHandle:
-    def __init__(self, ctx, name: str):
+    """A named store, as `ctx.store(name)` returns it: each change is made once, and recorded."""
+
+    def __init__(self, ctx: WorkflowContext, name: str):
         self._ctx = ctx
         self.name = name
 
@@ -38,7 +43,7 @@ class StoreHandle:
 
     def update(self, key: str, fn: Callable[[Any], Any]) -> Any:
         """Replace the state with `fn(state)`, once; returns the new state."""
-        def change(state):
+        def change(state: Any) -> tuple[Any, Any]:
             new = fn(state)
             return new, new
         return self._change(self._ctx._named_key(key), change)
@@ -48,7 +53,7 @@ class StoreHandle:
         if not isinstance(items, dict):
             raise InvalidArgument(f"update_from needs a dict of items, not {type(items).__name__}")
 
-        def change(state):
+        def change(state: Any) -> tuple[Any, Any]:
             new = {**self._object(state), **items}
             return new, new
         return self._change(self._ctx._named_key(key), change)
@@ -57,7 +62,7 @@ class StoreHandle:
         """Delete `names` from an object store, once; returns the removed items."""
         names = list(names)
 
-        def change(state):
+        def change(state: Any) -> tuple[Any, Any]:
             state = dict(self._object(state))
             removed = {n: state.pop(n) for n in names if n in state}
             return state, removed
@@ -74,7 +79,7 @@ class StoreHandle:
             return ctx._replay(key, ctx._recorded[key])
         stores = ctx._backend.stores
 
-        def change(state):
+        def change(state: Any) -> tuple[Any, Any]:
             if not isinstance(state, list):
                 raise InvalidArgument(f"store {self.name!r} holds a {type(state).__name__}; take needs a list")
             for i, item in enumerate(state):
@@ -113,4 +118,4 @@ class StoreHandle:
 class StoresMixin:
     def store(self, name: str) -> StoreHandle:
         """The named durable JSON store `name`, shared by every execution."""
-        return StoreHandle(self, name)
+        return StoreHandle(self, name)  # type: ignore[arg-type]  # self: the WorkflowContext this mixes into

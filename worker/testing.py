@@ -19,9 +19,10 @@ import tempfile
 from typing import Any, Optional
 
 from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend
-from supervisor.ledger.errors import TRANSIENT_KINDS, YieldstarError
+from supervisor.ledger.errors import TRANSIENT_KINDS, WorkflowStuck
+from supervisor.ledger.values import TERMINAL_STATUSES, ExecutionRecord
 
-from .driver import run_delivery
+from ._runtime.driver import run_delivery
 from .registry import Registry
 
 
@@ -38,14 +39,9 @@ class FakeClock:
         self.now += ms
 
 
-class WorkflowStuck(YieldstarError):
-    """Raised when an in-process run can make no progress: the execution waits for nothing due,
-    or the ledger is unusable."""
-
-
 def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execution_id: str = "test-execution",
-                 backend=None, clock: Optional[FakeClock] = None, max_deliveries: int = 1000,
-                 lease_ms: int = 30_000):
+                 backend: Any = None, clock: Optional[FakeClock] = None, max_deliveries: int = 1000,
+                 lease_ms: int = 30_000) -> ExecutionRecord:
     """Admit `workflow` with `input` and deliver it until it is terminal; return its record.
 
     With no `backend`, a temporary SQLite file is used and removed afterwards. Deliveries that
@@ -62,7 +58,7 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
     retried = ""
     for _ in range(max_deliveries):
         record = backend.executions.get(execution_id)
-        if record.status in ("completed", "failed"):
+        if record.status in TERMINAL_STATUSES:
             return record
         leases = backend.executions.claim_due(limit=1, duration=lease_ms)
         if not leases:

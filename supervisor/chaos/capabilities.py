@@ -6,7 +6,7 @@ By backend (`BACKEND_ONLY`): `hold_write_lock` and `disk_full` exist on a SQLite
 skews a SQLite ledger's clock, or, with `--hosts`, the wall clock of a host's processes; on a
 PostgreSQL ledger without hosts it has nothing to skew. By host: `disk_full` needs root (it mounts
 the tmpfs) and the harness's own ledger; `clock_skew` needs a lease with room for a skew and a
-runtime whose ledger clock honours `YIELDSTAR_CHAOS_CLOCK_SKEW_MS` (SQLite), or a wall-clock shim
+runtime whose SQLite ledger clock a skewed environment moves (`fleet.skewed_env`), or a wall-clock shim
 that really shifts a process's clock (`wall_clock`, with `--hosts`), each checked in a subprocess.
 """
 
@@ -23,7 +23,7 @@ from ..ledger.errors import InvalidArgument
 from .config import ChaosConfig
 from .disk import can_mount
 from .faults import ALL_KINDS, FaultKind
-from .fleet import CLOCK_SKEW_ENV, ROOT
+from .fleet import ROOT, skewed_env
 from .ledger_reads import POSTGRES, SQLITE, backend_kind
 
 CLOCK_PROBE = """
@@ -38,10 +38,10 @@ PROBE_SKEW_MS = 600_000
 
 
 def clock_skew_honoured(folder: str) -> Optional[str]:
-    """None if this runtime's ledger clock adds `YIELDSTAR_CHAOS_CLOCK_SKEW_MS`, else why not."""
+    """None if a process started with `skewed_env` has a ledger clock that adds the skew, else why not."""
     path = os.path.join(folder, "logs", "clock-probe.db")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    env[CLOCK_SKEW_ENV] = str(PROBE_SKEW_MS)
+    env = skewed_env(PROBE_SKEW_MS, dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)))
     try:
         done = subprocess.run([sys.executable, "-c", CLOCK_PROBE, path], capture_output=True, text=True, env=env,
                               timeout=60)
@@ -52,7 +52,7 @@ def clock_skew_honoured(folder: str) -> Optional[str]:
     if done.returncode != 0:
         return f"the clock probe failed: {done.stderr.strip()[-300:]}"
     if abs(int(done.stdout.strip()) - PROBE_SKEW_MS) > 30_000:
-        return f"this runtime's ledger clock ignores {CLOCK_SKEW_ENV}"
+        return "this runtime's ledger clock ignores a skewed environment (supervisor/chaos/skewed_clock/)"
     return None
 
 

@@ -5,7 +5,7 @@ It trusts nothing the supervisors think; it reads only
 - the ledger (`executions`, `lease_history`, `steps`, `effects`, `stores`, `store_receipts`,
   `starts`), read-only and from one snapshot, a SQLite file or a PostgreSQL database alike
   (`ledger_reads`: the same statements on both);
-- the step log and the external system's log that `worker.chaos_app` leaves in the work folder;
+- the step log and the external system's log that `worker.apps.chaos` leaves in the work folder;
 - the supervisors' logs (to count stale writes that were refused, and to know which deliveries
   their workers and they gave up on for want of heartbeats);
 - the harness's samples of how long each supervisor and worker waited for a CPU (`cpu_waits`),
@@ -70,9 +70,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from worker.chaos_app import digest
+from worker.apps.chaos import digest
 
 from ..ledger.errors import YieldstarError
+from ..ledger.values import OUTCOME_STATUSES
 from .clocks import Clocks
 from .cpu_waits import read_cpu_waits
 from .evidence import (
@@ -91,7 +92,6 @@ from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
 from .takeovers import check_takeovers
 
-TERMINAL = ("completed", "failed")
 # A step write samples its time before it waits for the write lock, and so does the claim that
 # ends the previous holder's delivery; either may wait out a held lock (up to the busy timeout,
 # 15 s) or a frozen process. Beyond this much, a write outside its delivery is reported.
@@ -217,7 +217,7 @@ class Checker(SharingChecks, FailureChecks):
 
     def _check_executions(self) -> None:
         statuses = Counter(row[3] for row in self.executions.values())
-        not_terminal = [row for row in self.executions.values() if row[3] not in TERMINAL]
+        not_terminal = [row for row in self.executions.values() if row[3] not in OUTCOME_STATUSES]
         for row in not_terminal:
             self.result.violate("not_terminal", row[0], f"status {row[3]}, token {row[4]}, due_at {row[9]},"
                                 f" unacknowledged deliveries {row[8]}")
@@ -268,13 +268,13 @@ class Checker(SharingChecks, FailureChecks):
                 if ended_by is None and token != row[4]:
                     self.result.violate("token_sequence", eid, f"token {token} never ended, yet token {row[4]}"
                                         " was claimed after it")
-                if ended_by == "acknowledged" and outcome in TERMINAL:
+                if ended_by == "acknowledged" and outcome in OUTCOME_STATUSES:
                     acknowledged += 1
                     if token != row[4] or outcome != row[3]:
                         self.result.violate("stale_acknowledgement", eid, f"token {token} ({holder}) acknowledged"
                                             f" {outcome}; the execution's final token is {row[4]}, status {row[3]}")
                 previous = (token, claimed)
-            if row[3] in TERMINAL:
+            if row[3] in OUTCOME_STATUSES:
                 last = history[-1] if history else None
                 if last is None or last[6] != "acknowledged" or last[7] != row[3] or last[1] != row[4]:
                     self.result.violate("missing_acknowledgement", eid, f"status {row[3]} with token {row[4]},"
@@ -287,7 +287,7 @@ class Checker(SharingChecks, FailureChecks):
     def _check_outcomes(self) -> None:
         checked = 0
         for eid, row in self.executions.items():
-            if row[1] != CHAOS_WORKFLOW or row[3] not in TERMINAL:
+            if row[1] != CHAOS_WORKFLOW or row[3] not in OUTCOME_STATUSES:
                 continue
             checked += 1
             if row[3] == "completed":

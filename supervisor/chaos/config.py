@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from ..ledger.errors import InvalidArgument
-from ..ledger.postgres.hosts import MAX_HOSTS
+from .netns import MAX_HOSTS
 from .faults import ALL_KINDS, FaultKind
 from .workload import CHAOS_APP
 

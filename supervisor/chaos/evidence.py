@@ -1,6 +1,6 @@
 """Reading a chaos run's evidence outside the ledger: the step log, the external system's log,
 the supervisors' logs, the fault journal, the fleet journal and the lock holders' log (formats in
-`worker.chaos_app`, `faults.py` and `fleet.py`)."""
+`worker.apps.chaos`, `faults.py` and `fleet.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from worker.chaos_app import EXTERNAL, STEP_LOG
+from worker.apps.chaos import EXTERNAL, STEP_LOG
+
+from ..loop import RENEWAL_FOUND_LOST
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def read_external(folder: str) -> tuple[dict, Counter, dict]:
 REFUSALS = [
     # what the log line says, how to find the execution and token in it
     ("worker_writes", re.compile(r"execution (\S+) token (\d+): write of .* refused")),
-    ("renewals", re.compile(r"execution (\S+) token (\d+): renewal found the lease lost")),
+    ("renewals", re.compile(r"execution (\S+) token (\d+): " + re.escape(RENEWAL_FOUND_LOST) + ";")),
     ("deliveries_lost", re.compile(r"delivery execution=(\S+) token=(\d+) outcome=lost")),
 ]
 

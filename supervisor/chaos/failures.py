@@ -2,7 +2,7 @@
 
 A storage error inside a delivery (a full disk, a busy database, an I/O error) must cost time,
 never an outcome: it ends the delivery as a retry, and the execution completes once the fault
-clears. So every failed execution's error must be one `worker.chaos_app` fails with on purpose:
+clears. So every failed execution's error must be one `worker.apps.chaos` fails with on purpose:
 a `ChaosFailure` whose message (less its closing `(token N)`) is either
 
 - `deliberate failure`, and its input asks for one (`"fail": true`); or

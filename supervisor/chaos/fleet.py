@@ -1,10 +1,11 @@
 """The supervisors of a chaos run: started in process groups of their own, replaced, signalled,
 reaped, and stopped, with every exit judged and every orphaned worker accounted for.
 
-Each supervisor has two properties besides its leniency: its clock skew (the environment
-variable `YIELDSTAR_CHAOS_CLOCK_SKEW_MS`, which the SQLite backend's default clock adds, and
-which its workers inherit) and its app's import delay (`YIELDSTAR_CHAOS_IMPORT_DELAY_MS`, read by
-`worker.chaos_app`). The fleet journal (`supervisors.jsonl`) records every start, with those
+Each supervisor has two properties besides its leniency: its clock skew (`skewed_env`: the
+environment variable `YIELDSTAR_CHAOS_CLOCK_SKEW_MS`, and `skewed_clock/` first on PYTHONPATH,
+whose `sitecustomize` gives the SQLite backend of the supervisor and of each of its workers, which
+inherit both, a default clock that adds the skew) and its app's import delay (`YIELDSTAR_CHAOS_IMPORT_DELAY_MS`, read by
+`worker.apps.chaos`). The fleet journal (`supervisors.jsonl`) records every start, with those
 properties and the pid that the ledger's lease history names as the holder, and every exit: the
 checker needs both to set ledger times beside each other and to know who was alive when.
 
@@ -29,7 +30,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import psutil
 
-from worker.chaos_app import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
+from worker.apps.chaos import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
+
+from ..pool import is_worker_command
 
 from . import faults
 from .watch import IMPORT_LOG
@@ -40,8 +43,16 @@ ORPHAN_GRACE_S = 5.0  # a dead supervisor's workers must be gone by then
 STOP_PATIENCE_S = 15.0  # beyond the grace period, for a supervisor to stop after SIGTERM
 STARTUP_PATIENCE_S = 30.0  # for a supervisor to start up before it is stopped
 LENIENT_MISSES = 100  # heartbeat misses a lenient supervisor and its workers tolerate
-CLOCK_SKEW_ENV = "YIELDSTAR_CHAOS_CLOCK_SKEW_MS"
+CLOCK_SKEW_ENV = "YIELDSTAR_CHAOS_CLOCK_SKEW_MS"  # read by skewed_clock/sitecustomize.py
+SKEWED_CLOCK_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "skewed_clock")
 JOURNAL = "supervisors.jsonl"
+
+
+def skewed_env(skew_ms: int, env: dict) -> dict:
+    """`env` for a process whose SQLite ledger clock, and its children's, runs `skew_ms` ahead of
+    the wall clock (behind, if negative): see skewed_clock/sitecustomize.py."""
+    return dict(env, PYTHONPATH=os.pathsep.join(p for p in (SKEWED_CLOCK_SITE, env.get("PYTHONPATH")) if p),
+                **{CLOCK_SKEW_ENV: str(skew_ms)})
 
 RUNNING, FROZEN, STOPPING, KILLED, EXITED = "running", "frozen", "stopping", "killed", "exited"
 
@@ -75,7 +86,7 @@ class SupervisorHandle:
         found = []
         for child in children:
             try:
-                if "worker.child" in " ".join(child.cmdline()) and faults.alive(child):
+                if is_worker_command(child.cmdline()) and faults.alive(child):
                     found.append(child)
                     self.workers_seen.setdefault(child.pid, child)
             except psutil.Error:
@@ -160,7 +171,7 @@ class Fleet:
             if wall_skew_ms:
                 env = shifted_env(wall_skew_ms, env)
         elif skew_ms:
-            env[CLOCK_SKEW_ENV] = str(skew_ms)
+            env = skewed_env(skew_ms, env)
         if import_delay_ms:
             env[IMPORT_DELAY_ENV] = str(import_delay_ms)
             env[IMPORT_LOG_ENV] = os.path.join(self.folder, IMPORT_LOG)

@@ -2,7 +2,7 @@
 
     harness (this process)                       supervisors, each its own process group
     +------------------------------------+      +----------------------------------------+
-    | admitter thread: admits the seeded |      | yieldstar supervise worker.chaos_app   |
+    | admitter thread: admits the seeded |      | yieldstar supervise worker.apps.chaos   |
     |   workload over the fault phase    |      |   +- worker  +- worker  +- worker ...  |
     | main loop, every 50 ms:            |      +----------------------------------------+
     |   tail steps.log: who is in a step |  SIGKILL / SIGSTOP / SIGCONT / SIGTERM, by pid
@@ -43,8 +43,8 @@ namespaces are torn down at the end, on an interrupt as well; a dump of the data
 
 Fault kinds this host cannot inject are left out of a run that asked for all of them, with a
 notice; naming one explicitly that cannot be injected is an error: `disk_full` needs root (it
-mounts the tmpfs) and the harness's own ledger, `clock_skew` a runtime whose ledger clock honours
-`YIELDSTAR_CHAOS_CLOCK_SKEW_MS` and a lease with room for a skew.
+mounts the tmpfs) and the harness's own ledger, `clock_skew` a runtime whose ledger clock a
+skewed environment moves (`fleet.skewed_env`) and a lease with room for a skew.
 
 One `random.Random(seed)` draws the workload and the fault plan (kinds, gaps, durations, and
 which of the candidate targets is hit), so a run can be replayed with the same seed. Timing
@@ -69,11 +69,12 @@ from typing import Callable, Optional
 
 import psutil
 
-from worker.chaos_app import COUNTER, MAILBOX, STEP_LOG
-from worker.registry import check_app_name, is_app_path
+from worker.apps.chaos import COUNTER, MAILBOX, STEP_LOG
+from worker._runtime.loading import check_app_name, is_app_path
 
 from ..ledger.backends import is_uri, open_backend, shown
 from ..ledger.errors import InvalidArgument, YieldstarError
+from ..ledger.values import OUTCOME_STATUSES
 from . import faults
 from .capabilities import BACKEND_NAMES, applicable_kinds, kinds_not_offered
 from .checker import check
@@ -482,7 +483,7 @@ class ChaosRun(HostFaults):
             self._tend()
             s = self.statuses()
             self.show_progress(admitter.admitted)
-            if sum(s.values()) and sum(n for st, n in s.items() if st not in ("completed", "failed")) == 0:
+            if sum(s.values()) and sum(n for st, n in s.items() if st not in OUTCOME_STATUSES) == 0:
                 return True
             time.sleep(0.25)
         return False

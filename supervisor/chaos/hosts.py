@@ -6,7 +6,7 @@ server: a partition, a frozen host, a server restart.
     PostgreSQL (the run's own) on 10.231.B.1, .5, ...     host 1: supervisor + workers -> 10.231.B.5
                and its Unix socket; nothing else           ...
 
-`RunHosts` makes the hosts and the server (`supervisor.ledger.postgres.hosts.Hosts`: one network
+`RunHosts` makes the hosts and the server (`supervisor.chaos.netns.Hosts`: one network
 namespace per host, joined to the server by a veth pair; the server listens on the veths'
 database-side addresses and its Unix socket, nowhere else), and a fresh database on it. Each
 supervisor of the fleet runs in one host (`Fleet`). At the end `stop()` keeps a dump of the
@@ -37,8 +37,8 @@ from typing import Optional
 
 import psutil
 
-from ..ledger.postgres import cluster as clusters
-from ..ledger.postgres.hosts import Hosts, available
+from . import cluster as clusters
+from .netns import Hosts, available
 from . import faults
 from .faults import FaultKind
 from .fleet import FROZEN, RUNNING

@@ -15,7 +15,7 @@ import json
 from collections import Counter, defaultdict
 from typing import Optional
 
-from worker.chaos_app import COUNTER, MAILBOX
+from worker.apps.chaos import COUNTER, MAILBOX
 
 from .evidence import read_external
 from .recorded import MISSING, RecordedValues, plan_of, value_of

@@ -1,6 +1,6 @@
 """What the harness sees of the processes it attacks, from the logs they append to: which worker
 is inside a step right now (`steps.log`), and which is still importing the app (`imports.log`,
-written by `worker.chaos_app` when its import is slowed down)."""
+written by `worker.apps.chaos` when its import is slowed down)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The workload of a chaos run: seeded plans for `chaos.mixed`, and the thread that admits them.
 
-Plans are data (see `worker.chaos_app`): a list of operations with their keys and timings, drawn
+Plans are data (see `worker.apps.chaos`): a list of operations with their keys and timings, drawn
 from the run's `random.Random(seed)`, so the same seed gives the same executions, admitted at the
 same moments of the fault phase.
 
@@ -23,7 +23,7 @@ from typing import Optional
 
 from ..ledger.errors import InvalidArgument, StorageError
 
-CHAOS_APP = "worker.chaos_app"  # the built-in workload's app
+CHAOS_APP = "worker.apps.chaos"  # the built-in workload's app
 WORKLOAD_FUNCTION = "chaos_workload"  # what an app of the user's defines for `--app`
 
 STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
@@ -108,8 +108,8 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
 
 def app_workload(app: str, rng: random.Random, count: int, window_s: float) -> list[Admission]:
     """The workload an app of the user's defines (`chaos_workload(rng, count)`), admitted evenly
-    over `window_s` seconds. The app is imported as a supervisor imports it (`worker.registry`)."""
-    from worker.registry import is_app_path, load_app
+    over `window_s` seconds. The app is imported as a supervisor imports it (`worker._runtime.loading`)."""
+    from worker._runtime.loading import is_app_path, load_app
 
     load_app(app)
     module = (sys.modules[os.path.splitext(os.path.basename(app))[0]] if is_app_path(app)

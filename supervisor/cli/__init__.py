@@ -98,12 +98,17 @@ def _stopped_by_a_signal(exc: Exception) -> bool:
     return harness is not None and isinstance(exc, harness.ChaosInterrupted)
 
 
-def backend_of(ctx: click.Context, *, create: bool = True):
-    """The ledger named by --db; with `create=False`, a missing one raises `NoLedger`."""
+def ledger_of(ctx: click.Context) -> str:
+    """The ledger --db names: a path (not a folder's) or a postgresql:// URI."""
     path = ctx.obj["db"]
     if os.path.isdir(path):
         raise ValueError(f"--db {path} is a folder, not a database file")
-    return open_backend(path, create=create)
+    return path
+
+
+def backend_of(ctx: click.Context, *, create: bool = True):
+    """The ledger named by --db; with `create=False`, a missing one raises `NoLedger`."""
+    return open_backend(ledger_of(ctx), create=create)
 
 
 def parse_json_option(name: str, text: str) -> str:
@@ -251,7 +256,7 @@ class _DbOption(click.Option):
 @click.version_option(package_name="yieldstar", prog_name="yieldstar", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context, db: str) -> None:
-    """Yieldstar: durable workflows on one host, with execution leases and fencing tokens."""
+    """Yieldstar: durable workflows with execution leases and fencing tokens, on SQLite or PostgreSQL."""
     ctx.ensure_object(dict)
     ctx.obj["db"] = db
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..ledger.values import TERMINAL_STATUSES
 from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, main
-
-TERMINAL = ("completed", "failed", "cancelled")
 
 
 @main.command()
@@ -22,7 +21,7 @@ def cancel(ctx, execution_id: str, reason: str | None) -> None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         before = found.status
         record = backend.executions.cancel(execution_id, reason=reason)
-    if before in TERMINAL:
+    if before in TERMINAL_STATUSES:
         click.echo(f"{execution_id} was already {record.status}; nothing changed")
     else:
         click.echo(f"{execution_id} cancelled (it was {before})")
@@ -44,7 +43,7 @@ def resume(ctx, execution_id: str) -> None:
 @main.command()
 @click.option("--older-than", "older_than", required=True, metavar="DURATION",
               help="Only executions last changed longer ago than this (30s, 15m, 2h, 7d).")
-@click.option("--status", "statuses", type=click.Choice(TERMINAL), multiple=True,
+@click.option("--status", "statuses", type=click.Choice(TERMINAL_STATUSES), multiple=True,
               help="Only this terminal status (repeatable; default: all three).")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.pass_context
@@ -55,7 +54,7 @@ def purge(ctx, older_than: str, statuses: tuple[str, ...], dry_run: bool) -> Non
 
     age_ms = parse_duration(older_than)
     with backend_of(ctx, create=False) as backend:
-        count = backend.executions.purge(before=backend.clock() - age_ms, statuses=statuses or TERMINAL,
+        count = backend.executions.purge(before=backend.clock() - age_ms, statuses=statuses or TERMINAL_STATUSES,
                                          dry_run=dry_run)
     noun = "execution" if count == 1 else "executions"
     click.echo(f"{count} {noun} {'would be deleted' if dry_run else 'deleted'}")

@@ -47,7 +47,7 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
     place twice a second below the log lines."""
     from ..dispatcher import Supervisor, SupervisorConfig
-    from ..pool import AppLoadFailed
+    from ..ledger.errors import AppLoadFailed
 
     config = SupervisorConfig(
         concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
@@ -183,7 +183,7 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
                    " `ip`; leave out --db. 0: every supervisor on this machine.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Workers per supervisor.")
-@click.option("--app", default="worker.chaos_app", show_default=True,
+@click.option("--app", default="worker.apps.chaos", show_default=True,
               help="The workflows to run (a module name or a .py path): by default the built-in mixed workload,"
                    " whose evidence the checker reads; an app of your own defines chaos_workload(rng, count),"
                    " returning the (workflow name, input) pairs to admit, and gets the checks that need no"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import click
 
+from worker.client import Client
+
+from ..ledger.errors import UnknownEffect
 from ..ledger.values import SettleConflict
 from . import (
     EXIT_UNKNOWN,
@@ -14,6 +16,7 @@ from . import (
     backend_of,
     fail,
     handles_errors,
+    ledger_of,
     main,
     parse_json_option,
     read_json_option,
@@ -30,10 +33,9 @@ from . import (
 def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None:
     """Admit an execution of WORKFLOW and print its id."""
     input_json = read_json_option("--input", input_json)
-    execution_id = execution_id if execution_id is not None else uuid.uuid4().hex
-    with backend_of(ctx) as backend:
-        record = backend.executions.admit(execution_id, workflow, input_json)
-    click.echo(record.execution_id)
+    with Client(ledger_of(ctx)) as client:
+        handle = client.start_json(workflow, input_json, id=execution_id)
+    click.echo(handle.execution_id)
 
 
 @main.command()
@@ -51,11 +53,12 @@ def settle(ctx, effect_id: str, result_json: str, create: bool) -> None:
     (exit 2) and changes nothing. An effect id that no execution has begun is refused (exit 2,
     nothing written), as it is most often a typo, unless `--create` is given."""
     result_json = read_json_option("--result", result_json)
-    with backend_of(ctx, create=create) as backend:
-        if not create and backend.effects.get(effect_id) is None:
+    with Client(ledger_of(ctx), create=create) as client:
+        try:
+            reply = client.settle_json(effect_id, result_json, create=create)
+        except UnknownEffect:
             fail(f"no execution has begun effect {effect_id!r}: check the id, or pass --create to settle it"
                  " before it begins")
-        reply = backend.effects.settle(effect_id, result_json)
     if isinstance(reply, SettleConflict):
         fail(f"effect {effect_id!r} is already settled with {reply.kept_result_json}; {result_json} was not applied")
     click.echo(json.dumps(as_json(reply)))

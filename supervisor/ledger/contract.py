@@ -1,7 +1,7 @@
 """The ledger's contract: the narrow interfaces every storage backend implements.
 
 The SQLite implementation lives in `supervisor.ledger.sqlite`; the contract tests in
-`tests/test_ledger_contract.py` are written against these interfaces.
+`tests/ledger/test_ledger_contract.py` are written against these interfaces.
 
 Two rules run through every method:
 
@@ -34,6 +34,7 @@ import abc
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from .values import (
+    TERMINAL_STATUSES,
     Claimed,
     EffectState,
     ExecutionLease,
@@ -219,7 +220,7 @@ class ExecutionClient(abc.ABC):
         """
 
     @abc.abstractmethod
-    def purge(self, *, before: int, statuses=("completed", "failed", "cancelled"), now: Optional[int] = None,
+    def purge(self, *, before: int, statuses=TERMINAL_STATUSES, now: Optional[int] = None,
               dry_run: bool = False) -> int:
         """Delete terminal executions in `statuses` whose `updated_at < before`, with everything
         that is only theirs, in short batches; returns how many (with `dry_run`: how many would

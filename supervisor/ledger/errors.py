@@ -1,4 +1,27 @@
-"""The errors Yieldstar raises.
+"""The errors Yieldstar raises: one root, `YieldstarError`, and a few branches.
+
+    YieldstarError
+    +-- InvalidArgument (a ValueError)  bad input; nothing was written
+    |   +-- ExecutionConflict           an id admitted again with another workflow or input
+    |   +-- UnknownExecution            no execution has that id
+    |   +-- UnknownEffect               a settle of an effect no execution has begun
+    +-- WorkflowError                   a workflow or step ended without the value asked for
+    |   +-- WorkflowFailed              `result()` of a failed execution
+    |   +-- WorkflowCancelled           `result()` of a cancelled execution
+    |   +-- StepFailed                  raised into a workflow: a step failed for good
+    |   +-- WorkflowStuck               an in-process test run can make no progress
+    +-- AppError                        the user's app cannot be found or loaded
+    |   +-- AppNotFound                 the APP module or file cannot be imported
+    |   +-- AppLoadFailed               a worker process cannot import the app
+    |       +-- DiedWhileStarting       worker processes keep dying before they say
+    +-- LedgerInUse                     a restore refused while processes use the ledger
+    +-- StorageError                    the ledger's storage failed a call (below)
+
+Both sides import them from here: the supervisor, and the `worker` package, whose public
+surface re-exports the ones users catch. An error of one part of the supervisor is defined beside
+its raiser and still derives from `YieldstarError` (the chaos harness's `ChaosInterrupted`). The
+exceptions that unwind a workflow in a child (`worker._runtime.unwinding`) derive from `BaseException`
+instead, so a workflow's own `except Exception` cannot swallow them.
 
 A lost lease is *not* among them: at the ledger level it is a normal reply (`LeaseLost`), because
 losing a lease to a newer holder is the system working as designed, not a failure.
@@ -24,6 +47,10 @@ A transient error is worth retrying, and never a workflow's outcome; a lasting o
 supervisor with a message that says what to do.
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
 
 class YieldstarError(Exception):
     """Root of every error raised by Yieldstar."""
@@ -39,6 +66,79 @@ class ExecutionConflict(InvalidArgument):
 
 class UnknownExecution(InvalidArgument):
     """Raised when an operation names an execution that was never admitted."""
+
+
+class UnknownEffect(InvalidArgument):
+    """Raised when an effect no execution has begun is settled without asking to create it."""
+
+
+class WorkflowError(YieldstarError):
+    """Raised when a workflow or one of its steps ended without the value the caller asked for."""
+
+
+class WorkflowFailed(WorkflowError):
+    """Raised by `result()` of an execution that failed. `error` is its recorded error: a dict
+    with `type`, `message` and `traceback` (the workflow's own, as a string, or None)."""
+
+    def __init__(self, execution_id: str, error: dict):
+        self.execution_id = execution_id
+        self.error = error
+        super().__init__(f"execution {execution_id!r} failed: {error.get('type')}: {error.get('message')}")
+
+
+class WorkflowCancelled(WorkflowError):
+    """Raised by `result()` of an execution that was cancelled; `reason` is the one given, or None."""
+
+    def __init__(self, execution_id: str, reason: Optional[str]):
+        self.execution_id = execution_id
+        self.reason = reason
+        super().__init__(f"execution {execution_id!r} was cancelled" + (f": {reason}" if reason else ""))
+
+
+class StepFailed(WorkflowError):
+    """Raised into a workflow when a step failed for good (not retryable, or retries exhausted).
+
+    `error_type` and `error_message` are those of the step's last error; `attempts` how many
+    attempts were made.
+    """
+
+    def __init__(self, step_key: str, error_type: str, error_message: str, attempts: int,
+                 traceback: Optional[str] = None):
+        super().__init__(f"step {step_key!r} failed after {attempts} attempt(s): {error_type}: {error_message}")
+        self.step_key = step_key
+        self.error_type = error_type
+        self.error_message = error_message
+        self.attempts = attempts
+        self.traceback = traceback
+
+
+class WorkflowStuck(WorkflowError):
+    """Raised when an in-process run (`worker.testing`) can make no progress: the execution waits
+    for nothing due, or the ledger is unusable."""
+
+
+class AppError(YieldstarError):
+    """Raised when the user's app (the module or file that registers workflows) cannot be used."""
+
+
+class AppNotFound(AppError):
+    """Raised when an APP module name or .py path cannot be imported."""
+
+
+class AppLoadFailed(AppError):
+    """Raised when a child process cannot import the user's app.
+
+    The message's first line says what failed ("cannot load app APP: CAUSE"); the lines after
+    it, if any, are the child's traceback, kept apart in `details` so that the command line can
+    print one line, and the whole of it only when asked (`supervise --verbose`)."""
+
+    def __init__(self, text: str):
+        summary, _, self.details = text.partition("\n")
+        super().__init__(summary)
+
+
+class DiedWhileStarting(AppLoadFailed):
+    """Raised when child processes keep ending before they report whether they loaded the app."""
 
 
 class LedgerInUse(YieldstarError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 
 class ExecutionStatus(str, enum.Enum):
@@ -20,10 +20,19 @@ class ExecutionStatus(str, enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED)
+        return self in TERMINAL_STATUSES
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The statuses an execution ends in (and may be purged in), in the order operators read them.
+#: Plain strings, so they compare with a record's status and serve as click choices as they are.
+TERMINAL_STATUSES: tuple[str, ...] = tuple(
+    s.value for s in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED))
+
+#: The terminal statuses a workflow's own delivery acknowledges; `cancelled` is an operator's.
+OUTCOME_STATUSES: tuple[str, ...] = (ExecutionStatus.COMPLETED.value, ExecutionStatus.FAILED.value)
 
 
 class DeliveryEnd(str, enum.Enum):
@@ -61,12 +70,21 @@ class Claimed:
     input_json: Optional[str] = None
 
 
+def _member(enum_type: type[enum.Enum], value: Any) -> Any:
+    """`value` as a member of the `str` Enum `enum_type` (which compares equal to the plain
+    string); a value the Enum does not know is kept as it is, so that reading never fails on it."""
+    return enum_type._value2member_map_.get(value, value)
+
+
 @dataclass(frozen=True)
 class ExecutionRecord:
+    """One execution as the ledger holds it (SPEC section 3); `status` is an `ExecutionStatus`,
+    equal to its plain string ("completed" == ExecutionStatus.COMPLETED)."""
+
     execution_id: str
     workflow: str
     input_json: str
-    status: str
+    status: ExecutionStatus
     token: int
     due_at: Optional[int]
     lease_expires_at: Optional[int]
@@ -75,6 +93,9 @@ class ExecutionRecord:
     error_json: Optional[str]
     created_at: int
     updated_at: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _member(ExecutionStatus, self.status))
 
 
 @dataclass(frozen=True)
@@ -92,7 +113,8 @@ class LeaseRecord:
     """One delivery of an execution, from the lease history.
 
     `ended_by` is None while the lease is live. An expired lease reads `expired` until a later
-    claim supersedes it; either way `ended_at` is the lease's last expiry.
+    claim supersedes it; either way `ended_at` is the lease's last expiry. `outcome` is the
+    status an acknowledgement recorded (`suspended`, `completed`, `failed`), else None.
     """
 
     execution_id: str
@@ -102,8 +124,12 @@ class LeaseRecord:
     expires_at: int
     renewals: int
     ended_at: Optional[int]
-    ended_by: Optional[str]
-    outcome: Optional[str]
+    ended_by: Optional[DeliveryEnd]
+    outcome: Optional[ExecutionStatus]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ended_by", _member(DeliveryEnd, self.ended_by))
+        object.__setattr__(self, "outcome", _member(ExecutionStatus, self.outcome))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A user's own workflows under `yieldstar chaos --app` (tests/test_chaos_app.py, docs/chaos.md):
+"""A user's own workflows under `yieldstar chaos --app` (tests/chaos/test_chaos_app.py, docs/chaos.md):
 the workflow, and `chaos_workload(rng, count)`, which says what the harness admits."""
 
 import time

@@ -1,4 +1,4 @@
-"""Workflows for the application client's tests (`tests/test_client.py`), loaded by path as a
+"""Workflows for the application client's tests (`tests/worker/test_client.py`), loaded by path as a
 supervisor's APP. Names start with `cl.` so they cannot clash with other apps."""
 
 from __future__ import annotations

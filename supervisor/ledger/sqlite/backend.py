@@ -2,11 +2,8 @@
 
 Opening a ledger writes nothing until the file is known to be one (see `SqliteBackend._open`).
 
-The default clock is the wall clock. For chaos runs only, the environment variable
-`YIELDSTAR_CHAOS_CLOCK_SKEW_MS` (an int, in ms, may be negative) is added to it, so that one
-process's ledger clock can run ahead of or behind another's on the same host; it is read once,
-when a backend is opened, and a value that is not an int raises `ValueError` naming it. Never
-set it outside a chaos run: leases and timers follow the skewed clock.
+The default clock is the wall clock (`wall_clock`, looked up when a backend is opened: a chaos
+run's supervisors get one with a skew from the harness: `supervisor/chaos/skewed_clock/`).
 """
 
 from __future__ import annotations
@@ -30,35 +27,9 @@ from .connection import (
 from .nudge import NudgeListener, OutcomeListener, announce_ended, nudge
 from .schema import SCHEMA_VERSION, migrate, recognise
 
-CHAOS_CLOCK_SKEW = "YIELDSTAR_CHAOS_CLOCK_SKEW_MS"
-
-
 def wall_clock() -> int:
     """Milliseconds since the Unix epoch."""
     return time.time_ns() // 1_000_000
-
-
-def chaos_clock_skew() -> int:
-    """The skew (ms) a chaos run asks the default clock to add, from the environment; 0 unless set."""
-    text = os.environ.get(CHAOS_CLOCK_SKEW, "").strip()
-    if not text:
-        return 0
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidArgument(f"{CHAOS_CLOCK_SKEW} must be an int number of milliseconds, got {text!r}") from None
-
-
-def default_clock() -> Callable[[], int]:
-    """The wall clock, skewed by `YIELDSTAR_CHAOS_CLOCK_SKEW_MS` when a chaos run sets it."""
-    skew = chaos_clock_skew()
-    if not skew:
-        return wall_clock
-
-    def skewed_wall_clock() -> int:
-        return wall_clock() + skew
-
-    return skewed_wall_clock
 
 
 def _max_or_null(a: Optional[int], b: Optional[int]) -> Optional[int]:
@@ -89,7 +60,7 @@ class SqliteBackend(LedgerTables):
             raise InvalidArgument(f"clock must be callable, not {type(clock).__name__}")
         arguments.boolean("create", create)
         check_durability(durability)
-        self.clock = clock or default_clock()
+        self.clock = clock or wall_clock
         self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.path = os.fspath(path)
         self.durability = durability

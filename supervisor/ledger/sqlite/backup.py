@@ -97,7 +97,8 @@ def restore(src: str, path: str) -> int:
         _copy(src, copy)
         with SqliteBackend(copy) as restored:  # brings the schema up to date
             with restored.connection.write() as db:  # above the backup's epoch, and the replaced ledger's
-                epoch = epochs.raise_epoch(db, restored.connection.dialect.statements, restored.clock(), reason="restored", above=replaced_epoch)
+                epoch = epochs.raise_epoch(db, restored.connection.dialect.statements, restored.clock(),
+                                           reason="restored", above=replaced_epoch)
             restored.connection.raw.execute("PRAGMA journal_mode = DELETE")  # whole in one file
         _refuse_if_open(path)  # again: one may have started while the copy was made
         for suffix in COMPANIONS:

@@ -1,0 +1,64 @@
+"""What the SQLite ledger alone has, beside the contract both backends pass
+(`test_ledger_contract.py`): the file's mode, purge's transactions as SQLite's trace shows them,
+and the schema's migrations."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+
+from supervisor import open_backend
+from supervisor.ledger.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
+from supervisor.ledger.tables import operators as table_operators
+from supervisor.ledger.values import WaitReason
+
+
+def test_the_database_file_is_readable_and_writable_by_its_owner_only(sqlite_path, clock):
+    with open_backend(sqlite_path, clock=clock) as backend:
+        backend.executions.admit("order-42", "charge")
+        files = [p for p in (sqlite_path, sqlite_path.with_name(sqlite_path.name + "-wal"),
+                             sqlite_path.with_name(sqlite_path.name + "-shm")) if p.exists()]
+        assert sqlite_path in files
+        for path in files:
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+
+
+def test_purge_works_in_batches_each_its_own_transaction(sqlite_path, clock, monkeypatch):
+    backend = open_backend(sqlite_path, clock=clock)  # SQLite's trace shows the transactions
+    monkeypatch.setattr(table_operators, "PURGE_BATCH", 7)
+    for n in range(50):
+        backend.executions.admit(f"e{n}", "order")
+        backend.executions.cancel(f"e{n}")
+    begins = []
+    backend.connection.raw.set_trace_callback(lambda sql: begins.append(sql) if sql.startswith("BEGIN") else None)
+    try:
+        clock.advance(1)
+        assert backend.executions.purge(before=clock.now) == 50
+    finally:
+        backend.connection.raw.set_trace_callback(None)
+    assert len(begins) >= 50 // 7 + 1, begins
+    assert backend.executions.list() == []
+    backend.close()
+
+
+def test_a_version_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "v1.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0]:
+        db.execute(statement)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,"
+               " unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)"
+               " VALUES ('old', 'w', 'null', 'admitted', 0, 5, 0, 0, 5, 5, 5)")
+    db.execute("INSERT INTO waiters VALUES ('effect', 'e', 'old', 5)")
+    db.close()
+    path.chmod(0o600)
+    with open_backend(path) as backend:
+        assert backend.executions.get("old").status == "admitted"
+        assert backend.executions.waiting_for("old", now=10) == [WaitReason("effect", "e"), WaitReason("due", None, 5)]
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert "detail" in [row[1] for row in db.execute("PRAGMA table_info(waiters)")]
+    # Version 3: a ledger from before epochs ran in epoch 0, and goes on in it.
+    assert db.execute("SELECT epoch, reason FROM epochs").fetchall() == [(0, "created")]

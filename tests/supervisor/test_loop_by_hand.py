@@ -1,0 +1,129 @@
+"""The dispatcher loop, driven by hand: a worker freed while a claim is in flight is claimed for
+at once, by a claim of its own, and no worker is claimed for twice; a lease found lost is settled
+from its worker's report when one is already waiting in the pipe, and its worker killed otherwise.
+
+Real ledger threads on a real SQLite file; the workers are the supervisor's ends of socket pairs
+(what the loop sends them is read back from the other ends).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from multiprocessing.connection import Connection
+
+import pytest
+
+from faults import APP, admit, wait_until
+from supervisor import open_backend
+from supervisor.dispatcher import Stats, SupervisorConfig
+from supervisor.ledger.values import LeaseLost
+from supervisor.ledger_calls import CALLS, LedgerCalls, Renew, Reply, Wakeup
+from supervisor.loop import ON_REPLY, DispatchLoop
+from supervisor.pool import Child, ChildProcess, Delivery, Pool
+from worker._runtime.protocol import Alive, Done, Run
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def loop(sqlite_path):
+    """A loop over two idle workers (`loop.workers`: the other ends of their pipes)."""
+    exited = subprocess.Popen(["true"])  # stands in for the workers' processes, which the loop never waits on here
+    exited.wait()
+    pool = Pool(2, app=APP, db_path=str(sqlite_path), durability="normal", heartbeat_s=1.0, misses=3)
+    ends = []
+    for _ in range(2):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pool.children.append(Child(ChildProcess(exited), Connection(ours.detach()), exited.pid, ready=True))
+        ends.append(Connection(theirs.detach()))
+    calls = LedgerCalls(open_backend(str(sqlite_path)), "test-calls", gathering=True)
+    renewals = LedgerCalls(open_backend(str(sqlite_path)), "test-renewals")
+    loop = DispatchLoop(SupervisorConfig(concurrency=2, lease_ms=30_000), Stats(), pool, calls, renewals,
+                        signals=Wakeup(), stop_requests=lambda: 0)
+    loop.workers = ends
+    yield loop
+    pool.shutdown(kill=True)  # the replacements a test made the loop start, too
+    calls.close()
+    renewals.close()
+    for end in ends:
+        end.close()
+
+
+def handed(end: Connection) -> list[str]:
+    """The executions the loop has handed to the worker at `end` so far."""
+    out = []
+    while end.poll(0):
+        message = end.recv()
+        if isinstance(message, Run):
+            out.append(message.lease.execution_id)
+    return out
+
+
+def test_a_worker_freed_while_a_claim_is_in_flight_gets_a_claim_of_its_own(loop, sqlite_path, sqlite_ledger):
+    for name in ("e1", "e2"):
+        admit(sqlite_path, name, "sv.noop3")
+    _, second = loop.pool.children
+    second.delivery = Delivery(None, claimed_at=0, held_until=float("inf"))  # busy: not to be claimed for
+    now = time.monotonic()
+    loop.claim(now)
+    assert (loop.claiming, loop.promised) == (1, 1)  # for the one idle worker
+
+    second.delivery = None  # freed while the first claim is in flight
+    loop.claim_wanted = True
+    loop.claim(now)
+    assert (loop.claiming, loop.promised) == (2, 2)  # a second claim, for the freed worker alone
+    loop.claim(now)
+    assert (loop.claiming, loop.promised) == (2, 2)  # and no third: every idle worker is claimed for
+    loop.calls.flush()
+
+    def settled():
+        loop.take_replies(time.monotonic())
+        return loop.claiming == 0
+
+    wait_until(settled, message="both claims to come back")
+    assert loop.promised == 0
+    got = [handed(end) for end in loop.workers]
+    assert sorted(got) == [["e1"], ["e2"]], got  # one execution each
+    assert all(child.busy for child in loop.pool.children)
+
+
+def running(loop, ledger, db) -> tuple:
+    """The loop's first worker running a delivery of a fresh execution: (worker, its pipe's other
+    end, the delivery)."""
+    admit(db, "e1", "sv.noop3")
+    (lease,) = ledger.executions.claim_due(limit=1, duration=30_000)
+    worker = loop.pool.children[0]
+    worker.delivery = Delivery(lease, claimed_at=lease.expires_at - 30_000, held_until=float("inf"))
+    return worker, loop.workers[0], worker.delivery
+
+
+def renewal_found_lost(loop, delivery) -> None:
+    loop.on_renewed(Reply(Renew(delivery.lease, 30_000, about=delivery), LeaseLost()), time.monotonic())
+
+
+def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, sqlite_path, sqlite_ledger):
+    """The worker's report (its write was refused: lost) came before the renewal that found the
+    lease lost was read: the report settles the delivery, and the worker, idle, is kept."""
+    worker, end, delivery = running(loop, sqlite_ledger, sqlite_path)
+    end.send(Done("e1", delivery.lease.token, LeaseLost(), 5))
+    renewal_found_lost(loop, delivery)
+    assert any(child is worker for child in loop.pool.children), "a worker that had reported was killed"
+    assert worker.delivery is None and not delivery.lost
+    assert loop.stats.lost == 1
+
+
+def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loop, sqlite_path, sqlite_ledger):
+    """Only an answer to a heartbeat is waiting: the worker is still inside the delivery, and
+    is killed and replaced so that it stops at once."""
+    worker, end, delivery = running(loop, sqlite_ledger, sqlite_path)
+    end.send(Alive())
+    renewal_found_lost(loop, delivery)
+    assert not any(child is worker for child in loop.pool.children)
+    assert delivery.lost and loop.stats.lost == 1
+
+
+def test_every_kind_of_ledger_call_has_a_handler_for_its_reply():
+    assert set(ON_REPLY) == set(CALLS)
+    assert all(handler.__qualname__.startswith("DispatchLoop.on_") for handler in ON_REPLY.values())

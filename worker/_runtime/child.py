@@ -1,0 +1,108 @@
+"""The child process: load the app once, then run deliveries the supervisor hands over.
+
+The child opens its own connection to the ledger and makes every fenced write itself, with the
+token it was sent; the supervisor only acknowledges. Anything a delivery raises that the driver
+did not turn into an outcome is reported as `Retry`: a storage error as `Retry(reason,
+storage_error=kind)`, like the driver's own, anything else with the traceback, so the supervisor
+releases the lease and logs why.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.backends import open_backend
+from supervisor.ledger.sqlite import socket_folder
+from supervisor.ledger.values import Retry
+
+from .driver import run_delivery, storage_retry
+from .parent_watch import ParentWatch, die_with_parent
+from .pipe import Pipe
+from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready
+from .loading import describe_load_failure, load_app
+
+
+def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
+               misses: int) -> None:
+    """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
+    die_with_parent(parent_pid)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s yieldstar-worker[%(process)d] %(message)s")
+    # A worker sends its nudges (ctx.start) from its supervisor's user and environment, so to the
+    # same socket folder: when there is none, the supervisor says so once for all its workers,
+    # which would each repeat it, and again every time one is replaced.
+    logging.getLogger(socket_folder.LOGGER).setLevel(logging.ERROR)
+    # `kill -USR1 <worker pid>` prints every thread's stack to the supervisor's log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ctrl-C in a terminal signals the whole process group, and so do service managers stopping a
+    # service (systemd's default KillMode sends SIGTERM to every process of the unit): shutting
+    # down, and the grace period it gives running deliveries, is the supervisor's call.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watch = ParentWatch(conn, parent_pid, heartbeat_s, misses)
+    try:
+        registry = load_app(app)
+    except BaseException as exc:
+        # The first line is the whole story for the operator; the traceback follows for --verbose.
+        conn.send(AppNotLoaded(os.getpid(), f"cannot load app {app}: {describe_load_failure(exc)}\n"
+                               + traceback.format_exc()))
+        os._exit(EXIT_APP_FAILED)
+    backend = _open_ledger(conn, db_path, durability)
+    watch.start()
+    watch.send(Ready(os.getpid()))
+
+    while True:
+        task = watch.next_task()
+        if task is None:
+            break
+        lease = task.lease
+        started = time.monotonic()
+        try:
+            outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=task.claimed_at,
+                                   start=task.start)
+        except StorageError as exc:
+            outcome = storage_retry(exc)
+        except Exception:
+            outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
+        watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000)))
+    backend.close()
+    os._exit(EXIT_OK)
+
+
+def _open_ledger(conn, db_path: str, durability: str):
+    """The child's own connection. A transient storage error (a full disk, a lock held while the
+    file is created) is waited out: it says nothing about the app, and a supervisor gives up on a
+    child that does not start within its start timeout anyway. A lasting one is reported as what
+    it is, so that the supervisor stops with it instead of taking it for a broken app."""
+    delay = 0.05
+    while True:
+        try:
+            return open_backend(db_path, durability=durability)
+        except StorageError as exc:
+            if not exc.transient:
+                conn.send(LedgerNotOpened(os.getpid(), str(exc), exc.kind))
+                os._exit(EXIT_LEDGER_UNUSABLE)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def main(argv: list[str]) -> None:
+    """Serve as `boot` was asked to: `argv` is `[.../boot.py, SETTINGS_JSON]`."""
+    settings = json.loads(argv[1])
+    # After yieldstar's own packages were imported (this module's imports): the app's folder
+    # comes first for the app's imports, and cannot take their place.
+    for entry in reversed(settings["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    child_main(Pipe(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
+               settings["parent_pid"], settings["heartbeat_s"], settings["misses"])
+
+

@@ -1,0 +1,142 @@
+"""One delivery: replay a workflow function under a lease and say how it ended.
+
+`run_delivery` does not acknowledge; it returns the outcome and leaves that to the lease holder
+(the supervisor, or `worker.testing` in-process). It never raises for the workflow's sake:
+
+| the workflow...                                    | outcome     |
+| -------------------------------------------------- | ----------- |
+| returns a JSON-serialisable value                  | `Completed` |
+| raises (or returns something JSON cannot hold)     | `Failed` with `{type, message, traceback}` |
+| suspends (timer, retry backoff, waiting)           | `Suspended` |
+| meets a storage error anywhere in the delivery     | `Retry(reason, storage_error=kind)`: never a workflow outcome |
+| loses its lease, or its parent goes silent         | `LeaseLost`: stopped at once, no more writes |
+
+An `async def` workflow (a coroutine function, a partial of one, an object with an async
+`__call__`, or a plain function that returns a coroutine) runs on an event loop of its own for
+the delivery (`asyncio.run`), with an `AsyncWorkflowContext`, and ends in the same outcomes by
+the same rules: the unwinding exceptions come out of the loop as they went in.
+
+A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
+`StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
+own reads, the clock of a backend that asks its server, or a step function that called the
+ledger itself. It unwinds the workflow like a suspension (`RetryLater` is a `BaseException`),
+and every later step call raises it again, so workflow code can neither record it as an error
+nor take another path around it. The holder releases the lease, and the execution runs again
+once the fault clears; a corrupt ledger (`storage_error="corrupt"`) stops the supervisor.
+
+Time: whether a timer or a retry backoff is due is decided by `max(backend clock, claimed_at)`,
+where `claimed_at` is the ledger time of the claim that made this delivery (the claim's `now`).
+A holder whose clock lags the claimer's would otherwise find a timer that made the execution
+claimable not yet due, ask for a wake that is already due, and be claimed again at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Callable, NamedTuple, Optional
+
+from supervisor.ledger.errors import StorageError
+from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
+
+from ..async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
+from ..context import WorkflowContext, error_info
+from ..registry import Registry
+from .fenced import FencedWriter, always
+from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
+
+
+def failure(error_type: str, message: str, tb: str | None = None) -> Failed:
+    return Failed(json.dumps({"type": error_type, "message": message, "traceback": tb}))
+
+
+def storage_retry(exc: StorageError) -> Retry:
+    """How a delivery that met a storage error ends: retried, naming the kind of failure."""
+    return Retry(str(exc), storage_error=exc.kind)
+
+
+def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | None:
+    """How a delivery that began to unwind ends, however the workflow treated the unwinding
+    (a bare `except:` that returned, or raised another error in its place); None if it did not."""
+    if writer.stopped:
+        return LeaseLost()
+    if writer.storage_failure is not None:
+        return Retry(writer.storage_failure.reason, storage_error=writer.storage_failure.storage_error)
+    if ctx._unwound is not None:
+        return Suspended() if isinstance(ctx._unwound, Suspend) else failure("ReplayDiverged", str(ctx._unwound))
+    return None
+
+
+class Start(NamedTuple):
+    """What a workflow's context needs of a first delivery's execution (an `ExecutionRecord`
+    serves as well)."""
+
+    execution_id: str
+    workflow: str
+    input_json: str
+
+
+def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
+                 may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
+                 start: Optional[tuple[str, str]] = None) -> DeliveryOutcome:
+    """Run one delivery of `lease.execution_id` with its fencing token and return its outcome.
+
+    Args:
+        may_write: asked before every ledger call; False stops the delivery (`LeaseLost`).
+        claimed_at: the ledger time (ms) at which the lease was claimed. Timers and retry
+            backoffs are judged due against the backend's clock, but never against a time
+            earlier than this (see the module doc). None: the backend's clock alone.
+        start: (workflow, input JSON) of the execution when this is its first delivery, as the
+            claim found them (`Claimed`): nothing is recorded under an earlier token, so there
+            is nothing to read. None: read the execution and its recorded steps.
+    """
+    writer = FencedWriter(backend, lease, may_write)
+    try:
+        if start is not None:
+            execution, recorded = Start(lease.execution_id, *start), []
+        else:
+            found = backend.executions.get_with_steps(lease.execution_id)
+            if found is None:
+                return failure("UnknownExecution", f"execution {lease.execution_id!r} is not in the ledger")
+            execution, recorded = found
+        fn = registry.get(execution.workflow)
+        if fn is None:
+            known = ", ".join(registry.names()) or "none"
+            return failure("UnknownWorkflow",
+                           f"no workflow is registered as {execution.workflow!r} (registered: {known})")
+        asynchronous = is_async_workflow(fn)
+        context = AsyncWorkflowContext if asynchronous else WorkflowContext
+        ctx = context(writer, execution, recorded, backend.clock, claimed_at)
+        try:
+            if asynchronous:  # on an event loop of its own, closed with the delivery
+                result = run_to_end(fn(ctx, json.loads(execution.input_json)))
+            else:
+                result = fn(ctx, json.loads(execution.input_json))
+                if inspect.iscoroutine(result) and not ctx._keys_used:
+                    # A plain function that returned a coroutine, without using its context: it
+                    # is an async workflow after all (see worker/async_context.py).
+                    result.close()
+                    ctx = AsyncWorkflowContext(writer, execution, recorded, backend.clock, claimed_at)
+                    result = run_to_end(fn(ctx, json.loads(execution.input_json)))
+        except Suspend:
+            return Suspended()
+        except StopDelivery:
+            return LeaseLost()
+        except RetryLater as exc:
+            return Retry(exc.reason, storage_error=exc.storage_error)
+        except ReplayDiverged as exc:
+            return failure("ReplayDiverged", str(exc))
+        except StorageError as exc:  # workflow code that called the ledger itself, outside a step
+            return unwound(writer, ctx) or storage_retry(exc)
+        except Exception as exc:
+            return unwound(writer, ctx) or Failed(json.dumps(error_info(exc)))
+        ended = unwound(writer, ctx)
+        if ended is not None:
+            return ended
+        try:
+            return Completed(json.dumps(result, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            return failure("NonSerialisableResult", f"workflow {execution.workflow!r} returned a value that is not"
+                           f" JSON-serialisable: {exc}")
+    except StorageError as exc:  # the delivery's own reads
+        return storage_retry(exc)

@@ -1,0 +1,112 @@
+"""The messages a supervisor and its child exchange over the child's pipe.
+
+Each message is a small frozen dataclass, read by its type (`match` or `isinstance`), never by
+position, as CPython's `concurrent.futures.process` passes `_CallItem` and `_ResultItem`. They
+are pickled on every delivery and every heartbeat, so they stay small: plain fields, no methods.
+
+parent -> child                               child -> parent
+Run(lease, claimed_at, start)                 Ready(pid)                    once, after loading the
+Beat(expires_at or None)                      AppNotLoaded(pid, error)      app and opening the
+Exit()    finish and exit                     LedgerNotOpened(pid, error,   ledger: one of these
+                                                storage_error)
+                                              Alive()                       answers every Beat
+                                              Done(execution_id, token, outcome, ms)
+
+`AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
+`LedgerNotOpened` says the ledger could not be opened for a lasting reason (a corrupt or unsafe
+file; `storage_error` is the `StorageError.kind`), not that the app is broken.
+
+`claimed_at` is the ledger time (ms) of the claim that made the delivery: the child never reads
+a time earlier than that one when it decides whether a timer is due, so a child whose clock
+lags the one that decided the execution was claimable does not find the timer early and spin.
+`start` is (workflow, input JSON) on an execution's first delivery, which the child then need not
+read from the ledger, and None on every later one (see `Claimed`).
+A supervisor that finds a lease lost kills the child: it may be inside a step calling the
+outside world, and a message it would read only after that step is no way to stop it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from supervisor.ledger.values import DeliveryOutcome, ExecutionLease
+
+# -- parent -> child -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Run one delivery of `lease`, then report it with `Done`."""
+
+    lease: ExecutionLease
+    claimed_at: int  # the ledger time (ms) of the claim
+    start: Optional[tuple[str, str]] = None  # (workflow, input JSON) on a first delivery
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """A heartbeat; the child answers `Alive`."""
+
+    expires_at: Optional[int]  # the running delivery's lease expiry (ms), None while idle
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """Finish the delivery in hand, if any, and exit."""
+
+
+ToChild = Union[Run, Beat, Exit]
+
+# -- child -> parent -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The child loaded the app and opened the ledger: it may take deliveries."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppNotLoaded:
+    """The child could not import the user's app, and exits."""
+
+    pid: int
+    error: str  # "cannot load app APP: CAUSE", then the traceback
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerNotOpened:
+    """The child could not open the ledger for a lasting reason, and exits."""
+
+    pid: int
+    error: str
+    storage_error: str  # the `StorageError.kind`
+
+
+@dataclass(frozen=True, slots=True)
+class Alive:
+    """The answer to a `Beat`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The child finished the delivery it was handed."""
+
+    execution_id: str
+    token: int
+    outcome: DeliveryOutcome
+    ms: int  # how long it ran
+
+
+FromChild = Union[Ready, AppNotLoaded, LedgerNotOpened, Alive, Done]
+StartReport = Union[Ready, AppNotLoaded, LedgerNotOpened]  # a child's first message
+
+# Exit codes of a child process, so the supervisor's log can tell why a child went away.
+EXIT_OK = 0
+EXIT_APP_FAILED = 3  # the user's app could not be imported
+EXIT_PARENT_GONE = 4  # the supervisor died, froze or closed the pipe: stopped writing and left
+EXIT_LEDGER_UNUSABLE = 5  # the ledger cannot be opened until an operator acts (corrupt, unsafe, ...)
+EXIT_CODES = {EXIT_OK: "exited", EXIT_APP_FAILED: "could not load the app", EXIT_PARENT_GONE: "lost its supervisor",
+              EXIT_LEDGER_UNUSABLE: "could not open the ledger"}
