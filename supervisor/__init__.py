@@ -5,6 +5,7 @@ The ledger API (SPEC section 3) is importable from here.
 
 from .ledger.errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
 from .ledger.backends import open_backend
+from .ledger.contract import Backend
 from .ledger.sqlite.backend import SqliteBackend
 from .ledger.values import (
     Completed,
@@ -23,7 +24,7 @@ from .ledger.values import (
 )
 
 __all__ = [
-    "open_backend", "SqliteBackend",
+    "open_backend", "Backend", "SqliteBackend",
     "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord",
     "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost", "Retry",
     "ExecutionStatus", "DeliveryEnd",

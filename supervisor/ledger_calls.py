@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from .ledger.contract import Backend
 from .ledger.errors import StorageBusy, StorageError
 from .ledger.values import ExecutionLease, Outcome
 
@@ -224,7 +225,7 @@ class LedgerCalls:
     its traceback instead of being retried forever.
     """
 
-    def __init__(self, backend, name: str, *, gathering: bool = False, inline=None,
+    def __init__(self, backend: Backend, name: str, *, gathering: bool = False, inline=None,
                  inline_slow_s: float = INLINE_SLOW_S):
         """
         Args:

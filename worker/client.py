@@ -35,6 +35,7 @@ from typing import Any, Optional, Union, cast
 
 from supervisor import open_backend
 from supervisor.ledger import arguments
+from supervisor.ledger.contract import Backend
 from supervisor.ledger.errors import (
     InvalidArgument,
     UnknownEffect,
@@ -84,7 +85,7 @@ class OutcomeWatch:
     caller reads the record itself after registering, so an outcome committed before
     registration is not missed either."""
 
-    def __init__(self, backend: Any, poll_s: float = POLL_S, listen: bool = True):
+    def __init__(self, backend: Backend, poll_s: float = POLL_S, listen: bool = True):
         self._backend = backend
         self._poll_s = poll_s
         self._listener = None  # without one, the slow poll alone finds outcomes

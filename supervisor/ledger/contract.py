@@ -67,6 +67,21 @@ class DueListener(Protocol):
     def close(self) -> None: ...
 
 
+class OutcomeListener(Protocol):
+    """What a backend's `listen_for_outcomes()` returns: told the ids of executions that ended,
+    by any process (SQLite: a Unix socket of this host; PostgreSQL: LISTEN). A hint only, as for
+    `DueListener`: a waiting client polls too."""
+
+    def fileno(self) -> int:
+        """A descriptor that reads ready when executions may have ended."""
+
+    def read(self) -> Optional[set[str]]:
+        """The ids announced since the last read; None when the announcement did not say which
+        (every waiter then looks again)."""
+
+    def close(self) -> None: ...
+
+
 class NoMatch(Exception):
     """Raised by a `StoreClient.change` function to commit nothing (a `take` that found no
     matching item). A signal between caller and store, not an error."""
@@ -336,3 +351,59 @@ class StoreClient(abc.ABC):
         """Unfenced: register to be woken by the store's next change; True (and nothing
         registered) if the store already changed after `seen_version`. `match_json`, the JSON
         of what a `take` looks for, is kept for operators (`waiting_for`)."""
+
+
+class Backend(abc.ABC):
+    """The ledger as a backend opens it (`open_backend`): what everything above the ledger calls,
+    and all it may know of the database it runs on. Nothing above the ledger asks which database
+    that is; where the two differ, a backend answers one of the questions below.
+
+    Attributes:
+        executions, heap, starts, effects, stores: the table clients (the interfaces above).
+        clock: `() -> int` ms, the time the backend's calls take when given no `now`.
+        path: what the ledger was opened from, as given (a file's path, or a URI).
+
+    Usable as a context manager; `close()` closes it.
+    """
+
+    executions: ExecutionClient
+    heap: HeapClient
+    starts: WorkflowStartClient
+    effects: EffectClient
+    stores: StoreClient
+    clock: Callable[[], int]
+    path: str
+
+    @abc.abstractmethod
+    def listen_for_due(self) -> DueListener:
+        """A listener told when work becomes due, by any process; the caller closes it."""
+
+    @abc.abstractmethod
+    def listen_for_outcomes(self) -> OutcomeListener:
+        """A listener told which executions ended, by any process; the caller closes it."""
+
+    @abc.abstractmethod
+    def spot_twin(self) -> Optional["Backend"]:
+        """Another backend on the same ledger for calls made on the spot, by a loop that must not
+        wait (`supervisor.ledger_calls`): one that gives up at once instead of waiting for the
+        database, and whose commits neither cross a network nor sync the disk. None where no such
+        backend can be had (on a database server every commit is a round trip). The caller
+        closes it."""
+
+    @abc.abstractmethod
+    def check_files(self) -> None:
+        """The still-mine check: raise `LedgerGone` if what this backend opened is no longer the
+        ledger there (SQLite: the file, its -wal or its -shm was deleted or replaced); the message
+        names what and says what to do. It takes no lock, never waits for the database, and may
+        be called from any thread (a supervisor's loop calls it once a second). A backend on a
+        database server checks which server it reached on each new session instead, and does
+        nothing here."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .. import arguments
+from ..contract import Backend
 from ..errors import InvalidArgument
 from .effects import EffectTable
 from .executions import ExecutionTable
@@ -64,8 +65,8 @@ def checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
     return delay
 
 
-class LedgerTables:
-    """What every backend shares: the ledger's table clients (the modules of this package) on the
+class LedgerTables(Backend):
+    """The part of a `Backend` every backend shares: the ledger's table clients (the modules of this package) on the
     backend's connection, its checked clock, and closing. A backend sets `self.clock`,
     `self.redelivery_delay` and `self._conn`, then calls `_open_tables()`, and says how it
     announces work that became due and executions that ended."""
@@ -95,19 +96,11 @@ class LedgerTables:
         return arguments.integer("clock()", self.clock())
 
     def spot_twin(self) -> Optional["LedgerTables"]:
-        """Another backend on the same ledger, for the calls a supervisor's loop makes on the spot
-        (`supervisor.ledger_calls`): one that gives up at once instead of waiting for the
-        database, and whose commits neither cross a network nor sync the disk, so that a call made
-        there never holds up a heartbeat for long. None where no such backend can be had (the
-        default: on a database server every commit is a round trip). The caller closes it."""
+        """None: by default a backend has no twin for calls on the spot (see `Backend.spot_twin`)."""
         return None
 
     def check_files(self) -> None:
-        """Raise `LedgerGone` if a file the ledger keeps was deleted or replaced since this backend
-        opened it (SQLite: the ledger, its -wal or its -shm); the message names the file and says
-        what to do. It only looks at files: it takes no lock, never waits for the database, and
-        may be called from any thread (the supervisor's loop calls it once a second). A backend
-        on a database server has no files of its own to look at: there it does nothing."""
+        """Nothing: by default a backend keeps no files of its own (see `Backend.check_files`)."""
 
     @property
     def connection(self):
@@ -115,12 +108,6 @@ class LedgerTables:
 
     def close(self) -> None:
         self._conn.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
