@@ -16,6 +16,11 @@ each backend's `Dialect` fills in (`supervisor.ledger.sqlite.dialect`,
     $yieldstar_max        its NULL-keeping maximum                  yieldstar_max       pg_temp.yieldstar_max
     $by_<index>           an index hint for the index `<index>`     INDEXED BY <index>  (nothing)
 
+and one fragment that is the same on both, so that the statuses are spelled in one place
+(`values.TERMINAL_STATUSES`):
+
+    $terminal             the terminal statuses as SQL strings      'completed', 'failed', 'cancelled'
+
 SQLite takes a whole-database write lock in every write transaction, so it needs no row locks;
 PostgreSQL plans without hints. A `$` that is not a fragment is written `$$`; the templates hold
 no `%` (psycopg would read it as a parameter). A statement whose length varies (one `$p` per item
@@ -33,9 +38,13 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Mapping
 
+from .values import TERMINAL_STATUSES
+
 # The indexes a statement may name in a hint (`$by_<index>`): the planner's choice is right on
 # PostgreSQL, while SQLite, which keeps no statistics unless ANALYZE ran, may scan the table.
 HINTED_INDEXES = ("executions_claimable", "executions_expiring", "executions_by_update")
+# `$terminal`: the terminal statuses as a list of SQL strings, for `status [NOT] IN (...)`.
+TERMINAL_SQL = ", ".join(f"'{status}'" for status in TERMINAL_STATUSES)
 
 
 class Rendered(dict):
@@ -73,4 +82,5 @@ class Dialect:
             "p": self.parameter, "for_update": self.for_update, "for_share": self.for_share,
             "skip_locked": self.skip_locked, "row_order": self.row_order,
             "yieldstar_delay": self.session_functions + "yieldstar_delay",
-            "yieldstar_max": self.session_functions + "yieldstar_max", **hints}))
+            "yieldstar_max": self.session_functions + "yieldstar_max",
+            "terminal": TERMINAL_SQL, **hints}))

@@ -79,7 +79,7 @@ BEGIN
                     e.delivery_ended_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries)) END,
             updated_at = CASE WHEN p_at_floor THEN GREATEST(e.updated_at, p_now) ELSE p_now END
         FROM (SELECT DISTINCT waiter FROM taken) t
-        WHERE e.execution_id = t.waiter AND e.status NOT IN ('completed', 'failed', 'cancelled');
+        WHERE e.execution_id = t.waiter AND e.status NOT IN ({terminal});
         IF FOUND THEN
             RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL;
         END IF;

@@ -33,6 +33,7 @@ from typing import Optional
 from ..tables.acknowledgements import Acknowledgement
 from ..tables.executions import ExecutionTable
 from ..tables.execution_rows import COLUMNS
+from ..dialect import TERMINAL_SQL
 from ..values import Claimed, DeliveryEnd, ExecutionLease, LeaseLost
 from . import notify
 
@@ -45,7 +46,8 @@ def batch_function() -> str:
     text = resources.files(__package__).joinpath(BATCH_FILE).read_text(encoding="utf-8")
     return text.format(columns=COLUMNS, acknowledged=DeliveryEnd.ACKNOWLEDGED.value,
                        superseded=DeliveryEnd.SUPERSEDED.value, ended_channel=notify.ENDED,
-                       max_payload=notify.MAX_PAYLOAD)
+                       max_payload=notify.MAX_PAYLOAD,
+                       terminal=TERMINAL_SQL)
 
 
 BATCH = """

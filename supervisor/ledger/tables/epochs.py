@@ -51,7 +51,7 @@ RECORD = "INSERT INTO epochs (epoch, started_at, reason, incarnation) VALUES ($p
 SEE_INCARNATION = "UPDATE epochs SET incarnation = $p WHERE epoch = $p AND incarnation IS NULL"
 
 OPEN_DELIVERIES = "SELECT execution_id, token, lease_expires_at FROM executions WHERE status = 'running'"
-LIFT_TOKENS = "UPDATE executions SET token = $p WHERE status NOT IN ('completed', 'failed', 'cancelled')"
+LIFT_TOKENS = "UPDATE executions SET token = $p WHERE status NOT IN ($terminal)"
 
 
 def token_epoch(token: int) -> int:

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 from .. import arguments
 from ..connection import Connection, Transaction
 from ..errors import UnknownExecution
-from ..values import ExecutionLease, ExecutionRecord, ExecutionStatus
+from ..values import TERMINAL_STATUSES, ExecutionLease, ExecutionRecord, ExecutionStatus
 from .epochs import FLOOR
 
 RUNNING = ExecutionStatus.RUNNING.value
@@ -33,7 +33,9 @@ ADMITTED = ExecutionStatus.ADMITTED.value
 SUSPENDED = ExecutionStatus.SUSPENDED.value
 CANCELLED = ExecutionStatus.CANCELLED.value
 FAILED = ExecutionStatus.FAILED.value
-TERMINAL = (ExecutionStatus.COMPLETED.value, FAILED, CANCELLED)
+TERMINAL = TERMINAL_STATUSES
+# The terminal statuses as a list of SQL literals, for `status [NOT] IN (...)`.
+TERMINAL_SQL = ", ".join(f"'{status}'" for status in TERMINAL_STATUSES)
 RESUMABLE = (FAILED, CANCELLED)
 
 COLUMNS = (

@@ -81,7 +81,7 @@ SELECT step_key, done, step_response_json FROM steps WHERE execution_id = $p ORD
 # A child execution whose parent is not terminal: the parent may still wait for its outcome.
 AWAITED = """
 SELECT 1 FROM starts s JOIN executions p ON p.execution_id = s.parent
-WHERE s.execution_id = $p AND p.status NOT IN ('completed', 'failed', 'cancelled') LIMIT 1"""
+WHERE s.execution_id = $p AND p.status NOT IN ($terminal) LIMIT 1"""
 
 # Stored statuses read as of now: a running row whose lease ran out reads admitted or suspended.
 STATUS_AS_OF = """CASE WHEN status = 'running' AND lease_expires_at <= $p
@@ -89,7 +89,7 @@ STATUS_AS_OF = """CASE WHEN status = 'running' AND lease_expires_at <= $p
 COUNTS = f"SELECT workflow, {STATUS_AS_OF} AS st, count(*) FROM executions GROUP BY workflow, st"
 UNACKNOWLEDGED = f"""
 SELECT {COLUMNS} FROM executions
-WHERE status NOT IN ('completed', 'failed', 'cancelled')
+WHERE status NOT IN ($terminal)
     AND (unacknowledged_deliveries > 0 OR (status = 'running' AND lease_expires_at <= $p))"""
 LIVE = """
 SELECT e.execution_id, e.workflow, e.token, h.holder, h.claimed_at, e.lease_expires_at, h.renewals
@@ -226,7 +226,7 @@ class ExecutionOperators(ExecutionRows):
         self._on_due()
         return self._as_of(row, now)
 
-    def purge(self, *, before, statuses=("completed", "failed", "cancelled"), now=None, dry_run=False) -> int:
+    def purge(self, *, before, statuses=TERMINAL, now=None, dry_run=False) -> int:
         """Delete terminal executions whose `updated_at < before`, with their steps, lease
         history, store receipts, waiter registrations and start receipts, `PURGE_BATCH` at a
         time, each batch its own short transaction. Effects and stores are shared by identity
