@@ -204,7 +204,8 @@ class AsyncWorkflowContext(WorkflowContext):
         with self._lock:  # from the loop's thread, or from a thread of `parallel`
             if not self._in_flight and self._landing is not None:
                 loop, landed = self._landing
-                loop.call_soon_threadsafe(landed.set)
+                if not loop.is_closed():  # a thread that outlived its delivery wakes nobody
+                    loop.call_soon_threadsafe(landed.set)
 
     # -- the rest, awaited -------------------------------------------------------------------
     # The same calls as the sync context's, as coroutines (or an async store handle): a type
