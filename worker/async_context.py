@@ -100,13 +100,9 @@ class AsyncWorkflowContext(WorkflowContext):
                        max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
         """As `WorkflowContext.parallel`: a plain `fn` runs on threads, an `async def` one as
         tasks of this loop, at most `max_concurrency` at a time."""
-        async_fn = is_coroutine_function(fn)
         call = self._parallel_call(key, fn, items, max_concurrency, retry, asynchronous=True)
-        if not async_fn:
-            import asyncio
-
-            return await self._settled(self._threads_result(asyncio.to_thread(self._parallel_outcomes, call, fn, retry)))
-        return await self._settled(self._tasks_result(call, fn, retry))
+        on = self._tasks_result if is_coroutine_function(fn) else self._threads_result
+        return await self._settled(on(call, fn, retry))
 
     async def effect(self, key: str, fn: Callable[[str], Any], *, retry: Optional[RetryPolicy] = None,
                      external: bool = False) -> Any:
@@ -163,8 +159,11 @@ class AsyncWorkflowContext(WorkflowContext):
 
         return self._parallel_result(list(await asyncio.gather(*map(item, call.keys, call.items))))
 
-    async def _threads_result(self, outcomes: Awaitable[list[Ended]]) -> list:
-        return self._parallel_result(await outcomes)
+    async def _threads_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
+        import asyncio
+
+        # The sync context's way, on a thread of the loop's executor: the loop stays free.
+        return self._parallel_result(await asyncio.to_thread(self._parallel_outcomes, call, fn, retry))
 
     # -- suspending while other steps are in flight --------------------------------------------
 

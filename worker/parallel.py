@@ -6,28 +6,26 @@ on a thread (at most `max_concurrency` at a time), an `async def` one as a task 
 workflow's loop. Every item runs to its end before the call decides, so the results of the
 others are recorded whatever one of them did; then, once every item has ended:
 
-| some item...                                        | `ctx.parallel`                              |
-| --------------------------------------------------- | ------------------------------------------- |
-| found the delivery stopped (lost lease, storage)    | unwinds as that; items not begun never start |
-| asked to be tried again later (`RetryableError`...) | suspends; each item asked for its wake, and the ledger keeps the earliest |
-| failed for good                                     | raises the first failed item's `StepFailed` |
-| (none of these)                                     | returns the recorded results, in item order |
+| some item...                                      | `ctx.parallel`                                  |
+| -------------------------------------------------- | ----------------------------------------------- |
+| found the delivery stopped (lost lease, storage)   | unwinds as that; items not begun never start    |
+| asked to be tried again later (`RetryableError`)   | suspends; the ledger keeps the earliest wake    |
+| failed for good                                    | raises the first failed item's `StepFailed`     |
+| (none of these)                                    | returns the recorded results, in item order     |
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import MAX_ID_LENGTH
 from supervisor.ledger.errors import InvalidArgument
 
 from ._runtime.unwinding import StopDelivery
 from .retry import RetryPolicy
-
-if TYPE_CHECKING:  # the context imports this module
-    from .context import WorkflowContext
 
 
 class Ended(NamedTuple):
@@ -57,7 +55,7 @@ class ParallelCall(NamedTuple):
 
 
 class ParallelMixin:
-    def parallel(self: "WorkflowContext", key: str, fn: Callable[[Any], Any], items: Iterable, *,
+    def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,
                  max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
         """Call `fn(item)` for every item at once, each call recorded as step `f"{key}[{i}]"`,
         and return the recorded results in item order (see the module doc).
@@ -75,7 +73,7 @@ class ParallelMixin:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _parallel_call(self: "WorkflowContext", key: Any, fn: Any, items: Any, max_concurrency: Any,
+    def _parallel_call(self, key: Any, fn: Any, items: Any, max_concurrency: Any,
                        retry: Any, *, asynchronous: bool) -> ParallelCall:
         """Check every argument, then take the step keys; nothing runs or is written before."""
         self._guard()
@@ -105,7 +103,7 @@ class ParallelMixin:
             self._keys_used.update(keys)
         return ParallelCall(keys, items, min(max_concurrency or len(items), len(items)))
 
-    def _parallel_outcomes(self: "WorkflowContext", call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]
+    def _parallel_outcomes(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]
                            ) -> list[Ended]:
         """Every item's outcome: recorded ones replayed here, the others run on threads."""
         outcomes: list[Optional[Ended]] = [None] * len(call.keys)
@@ -113,7 +111,7 @@ class ParallelMixin:
         for i, key in enumerate(call.keys):
             record = self._recorded.get(key)
             if record is not None and record.done:
-                outcomes[i] = ended(lambda key=key, record=record: self._replay(key, record))
+                outcomes[i] = ended(functools.partial(self._replay, key, record))
             else:
                 missing.append(i)
         if missing:
@@ -123,21 +121,20 @@ class ParallelMixin:
 
             with concurrent.futures.ThreadPoolExecutor(min(call.limit, len(missing)),
                                                        thread_name_prefix="yieldstar-parallel") as pool:
-                running = [(i, pool.submit(ended, lambda i=i: self._parallel_item(call.keys[i], fn, call.items[i],
-                                                                                   retry)))
-                           for i in missing]
+                running = [(i, pool.submit(ended, functools.partial(
+                    self._parallel_item, call.keys[i], fn, call.items[i], retry))) for i in missing]
             for i, future in running:
                 outcomes[i] = future.result()
         return outcomes  # type: ignore[return-value]  # every slot is filled
 
-    def _parallel_item(self: "WorkflowContext", key: str, fn: Callable, item: Any,
+    def _parallel_item(self, key: str, fn: Callable, item: Any,
                        retry: Optional[RetryPolicy]) -> Any:
         # A stopped delivery starts nothing more; a sibling's suspension does not stop this one,
         # which would otherwise only run on the next delivery.
         self._writer.check()
         return self._step(key, fn, (item,), {}, retry)
 
-    def _parallel_result(self: "WorkflowContext", outcomes: list[Ended]) -> list:
+    def _parallel_result(self, outcomes: list[Ended]) -> list:
         """The call's values in item order, or what ends it (see the module doc's table)."""
         if self._writer.stopped:
             raise StopDelivery(self._writer.stopped_because)
