@@ -339,6 +339,40 @@ def test_a_delivery_stopped_mid_parallel_is_replayed_running_only_the_unrecorded
     assert steps(ledger, "test-execution") == [(f"it[{i}]", 1, True) for i in range(5)]
 
 
+def gated(i: int) -> int:
+    """Every item starts, then waits for the test's gate (on the first delivery only)."""
+    if called(f"gated {i}") == 1:
+        event(f"started {i}").set()
+        wait("gate")
+    return i
+
+
+@registry.workflow("p.gated")
+def gated_items(ctx, input):
+    return ctx.parallel("g", gated, [0, 1, 2])
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_lost_while_items_run_refuses_every_write_of_theirs(ledger, clock):
+    ledger.executions.admit("test-execution", "p.gated")
+    stale = claim(ledger)
+    ended = []
+    first = threading.Thread(target=lambda: ended.append(run_delivery(ledger, stale, registry)))
+    first.start()
+    for i in range(3):
+        wait(f"started {i}")
+    clock.advance(LEASE_MS + 1)  # the lease expires while all three run, and another holder claims it
+    assert ledger.executions.claim_due(limit=1, duration=LEASE_MS)
+    event("gate").set()  # the three write at once, each with the stale token
+    first.join(WAIT_S)
+    assert ended == [LeaseLost()] and steps(ledger, "test-execution") == []
+    clock.advance(LEASE_MS + 1)  # the new holder's lease expires unused: deliver it here
+    record = run_workflow(registry, "p.gated", backend=ledger, clock=clock)
+    assert json.loads(record.result_json) == [0, 1, 2]
+    assert calls == {f"gated {i}": 2 for i in range(3)}
+    assert {key for key, _, _ in steps(ledger, "test-execution")} == {"g[0]", "g[1]", "g[2]"}
+
+
 def retry_first_two(i: int) -> int:
     """Items 0 and 1 ask to be retried (after 5 s and 2 s) on their first attempt; item 2 ends
     only after both have asked."""
