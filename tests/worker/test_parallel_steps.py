@@ -85,6 +85,11 @@ def wait(name: str) -> None:
         raise TimeoutError(f"{name} did not happen")
 
 
+def parallel_workflow(name: str, key: str, fn, items, **kwargs) -> None:
+    """Register `name`: a plain workflow that returns `ctx.parallel(key, fn, items, **kwargs)`."""
+    registry.workflow(name)(lambda ctx, input: ctx.parallel(key, fn, items, **kwargs))
+
+
 def claim(backend):
     return backend.executions.claim_due(limit=1, duration=LEASE_MS)[0]
 
@@ -321,9 +326,7 @@ def counted(i: int) -> int:
     return i + 100
 
 
-@registry.workflow("p.one_at_a_time")
-def one_at_a_time(ctx, input):
-    return ctx.parallel("it", counted, range(5), max_concurrency=1)
+parallel_workflow("p.one_at_a_time", "it", counted, range(5), max_concurrency=1)
 
 
 @pytest.mark.timeout(60)
@@ -347,9 +350,7 @@ def gated(i: int) -> int:
     return i
 
 
-@registry.workflow("p.gated")
-def gated_items(ctx, input):
-    return ctx.parallel("g", gated, [0, 1, 2])
+parallel_workflow("p.gated", "g", gated, [0, 1, 2])
 
 
 @pytest.mark.timeout(60)
@@ -385,9 +386,7 @@ def retry_first_two(i: int) -> int:
     return i
 
 
-@registry.workflow("p.retry")
-def retry_items(ctx, input):
-    return ctx.parallel("r", retry_first_two, [0, 1, 2])
+parallel_workflow("p.retry", "r", retry_first_two, [0, 1, 2])
 
 
 @pytest.mark.timeout(60)
@@ -412,9 +411,7 @@ def busy_second(i: int) -> int:
     return i
 
 
-@registry.workflow("p.busy")
-def busy(ctx, input):
-    return ctx.parallel("b", busy_second, [0, 1, 2], max_concurrency=1)
+parallel_workflow("p.busy", "b", busy_second, [0, 1, 2], max_concurrency=1)
 
 
 @pytest.mark.timeout(30)
