@@ -229,25 +229,3 @@ async def async_hold(ctx, input):
     pid = await ctx.run("hold", held_step, log, ctx.execution_id, ctx.token, input["gate"], input.get("hold_tokens"))
     await ctx.run("after", async_logged_step, log, ctx.execution_id, ctx.token, "after")
     return {"token": ctx.token, "pid": pid}
-
-
-# -- parallel steps -----------------------------------------------------------------------------
-
-def parallel_item(item: dict) -> int:
-    """One item of `sv.parallel`: logs `begin` and `end` as step `item[i]`; the held item waits
-    for the gate on the tokens listed in `hold_tokens`."""
-    key = f"item[{item['i']}]"
-    log_event(item["log"], "begin", item["execution_id"], item["token"], key)
-    if item["held"] and item["token"] in item["hold_tokens"]:
-        wait_for_file(item["gate"])
-    log_event(item["log"], "end", item["execution_id"], item["token"], key)
-    return item["i"] * 10
-
-
-@workflow("sv.parallel")
-def parallel(ctx, input):
-    """`ctx.parallel` over `input["n"]` items, the last one held on `input["hold_tokens"]`."""
-    n = input["n"]
-    items = [{"i": i, "held": i == n - 1, "log": input["log"], "gate": input["gate"], "token": ctx.token,
-              "execution_id": ctx.execution_id, "hold_tokens": input["hold_tokens"]} for i in range(n)]
-    return ctx.parallel("item", parallel_item, items)

@@ -459,14 +459,14 @@ def test_bad_parallel_arguments_are_refused_naming_the_argument_and_nothing_is_w
 
 # -- under a real supervisor --------------------------------------------------------------------
 
-APP = str(TESTS / "apps" / "supervised_app.py")
+APP = str(TESTS / "apps" / "parallel_app.py")
 
 
 @pytest.mark.timeout(120)
 def test_a_worker_killed_mid_parallel_is_replaced_and_each_item_runs_once_per_recorded_result(
         sqlite_path, sqlite_ledger, supervisors, tmp_path):
     log, gate = str(tmp_path / "effects.log"), str(tmp_path / "gate")
-    admit(sqlite_path, "par", "sv.parallel", {"log": log, "gate": gate, "n": 5, "hold_tokens": [1]})
+    admit(sqlite_path, "par", "par.items", {"log": log, "gate": gate, "n": 5, "hold_tokens": [1]})
     supervisors.start(sqlite_path, app=APP, concurrency=1)
     recorded = [f"item[{i}]" for i in range(4)]
     # Item 4 is held under token 1 while the other four are recorded: kill its worker then.
