@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from supervisor.ledger.errors import InvalidArgument
@@ -50,6 +51,10 @@ from .context import WorkflowContext
 from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
+
+
+# The steps whose function encloses the code running now, as (id of their context, step key).
+_ENCLOSING: ContextVar[frozenset] = ContextVar("yieldstar_enclosing_steps", default=frozenset())
 
 
 def is_async_workflow(fn: Callable) -> bool:
@@ -85,7 +90,7 @@ class AsyncWorkflowContext(WorkflowContext):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        # Set, on the delivery's loop, whenever the last step in flight lands (see `_drained`).
+        # Set, on the delivery's loop, whenever a step in flight lands (see `_drained`).
         self._landing: Optional[tuple[Any, Any]] = None  # (loop, asyncio.Event)
 
     # -- steps -------------------------------------------------------------------------------
@@ -129,6 +134,9 @@ class AsyncWorkflowContext(WorkflowContext):
         if attempt is None:
             return replayed
         self._take_off(key)
+        # What runs inside this step (tasks it starts included) is enclosed by it: a suspension
+        # in there must not wait for this step to land, which waits for it.
+        enclosing = _ENCLOSING.set(_ENCLOSING.get() | {(id(self), key)})
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -138,6 +146,7 @@ class AsyncWorkflowContext(WorkflowContext):
                 return self._step_raised(key, attempt, exc, policy)
             return self._step_done(key, attempt, value)
         finally:
+            _ENCLOSING.reset(enclosing)
             self._landed(key)
 
     async def _tasks_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
@@ -185,12 +194,13 @@ class AsyncWorkflowContext(WorkflowContext):
             raise
 
     async def _drained(self) -> None:
-        """Return once no step of this delivery is in flight."""
+        """Return once no step of this delivery is in flight, but those enclosing the caller."""
         import asyncio
 
+        enclosing = _ENCLOSING.get()
         while True:
             with self._lock:
-                if not self._in_flight:
+                if all((id(self), key) in enclosing for key in self._in_flight):
                     return
                 if self._landing is None:
                     self._landing = (asyncio.get_running_loop(), asyncio.Event())
@@ -201,7 +211,7 @@ class AsyncWorkflowContext(WorkflowContext):
     def _landed(self, key: str) -> None:
         super()._landed(key)
         with self._lock:  # from the loop's thread, or from a thread of `parallel`
-            if not self._in_flight and self._landing is not None:
+            if self._landing is not None:
                 loop, landed = self._landing
                 if not loop.is_closed():  # a thread that outlived its delivery wakes nobody
                     loop.call_soon_threadsafe(landed.set)

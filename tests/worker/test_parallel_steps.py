@@ -152,6 +152,39 @@ async def gather_retry(ctx, input):
     return await asyncio.gather(ctx.run("steady", steady), ctx.run("flaky", flaky_once))
 
 
+async def outer_step(ctx):
+    """A step whose own function runs a step that asks to be retried later."""
+    called("outer")
+    return await ctx.run("inner", flaky_once)
+
+
+@registry.workflow("p.nested_retry")
+async def nested_retry(ctx, input):
+    return await ctx.run("outer", outer_step, ctx)
+
+
+async def nap_then(ctx):
+    await ctx.sleep("nap", 5)
+    return "slept"
+
+
+async def until_napping():
+    """In flight when the timer beside it suspends the workflow: ends only after that."""
+    called("until napping")
+    await asyncio.wait_for(async_event("napping").wait(), WAIT_S)
+    return "landed"
+
+
+@registry.workflow("p.gather_sleep")
+async def gather_sleep(ctx, input):
+    async def nap():
+        await asyncio.sleep(0)  # the step beside it starts first
+        async_event("napping").set()
+        return await nap_then(ctx)
+
+    return await asyncio.gather(ctx.run("landing", until_napping), nap())
+
+
 async def pause(x):
     await asyncio.sleep(0)
     return x
@@ -186,6 +219,22 @@ def test_a_gathered_step_retried_later_lets_the_other_land_then_suspends(ledger,
     record = run_workflow(registry, "p.gather_retry", backend=ledger, clock=clock)
     assert record.status == "completed" and json.loads(record.result_json) == ["steady", "flaky"]
     assert calls == {"steady": 1, "flaky": 2}
+
+
+@pytest.mark.timeout(30)
+def test_a_step_retried_later_inside_another_step_does_not_wait_for_the_step_enclosing_it():
+    record = run_workflow(registry, "p.nested_retry")
+    assert record.status == "completed" and json.loads(record.result_json) == "flaky"
+    assert calls == {"outer": 2, "flaky": 2}  # the outer step was cut short by the suspension
+
+
+@pytest.mark.timeout(30)
+def test_a_timer_beside_a_running_step_suspends_once_that_step_is_recorded(ledger, clock):
+    assert deliver(ledger, "test-execution", "p.gather_sleep") == Suspended()
+    assert steps(ledger, "test-execution") == [("nap", 1, True), ("landing", 1, True)]
+    record = run_workflow(registry, "p.gather_sleep", backend=ledger, clock=clock)
+    assert json.loads(record.result_json) == ["landed", "slept"]
+    assert calls == {"until napping": 1}
 
 
 @pytest.mark.timeout(30)
