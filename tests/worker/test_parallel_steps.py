@@ -185,6 +185,35 @@ async def gather_sleep(ctx, input):
     return await asyncio.gather(ctx.run("landing", until_napping), nap())
 
 
+async def charge(effect_id):
+    """An effect that meets its partner: both must be performed at once."""
+    called(f"charge {effect_id.rsplit('/', 1)[-1]}")
+    await asyncio.wait_for(state.setdefault("charged", asyncio.Barrier(2)).wait(), WAIT_S)
+    return {"charged": effect_id.rsplit("/", 1)[-1]}
+
+
+@registry.workflow("p.effects")
+async def two_effects(ctx, input):
+    receipts = await asyncio.gather(ctx.effect("card", charge), ctx.effect("wallet", charge))
+    await ctx.sleep("nap", 5)
+    return receipts
+
+
+async def busy_step():
+    async_event("busy").set()
+    raise StorageBusy("database is locked")
+
+
+async def after_busy():
+    await asyncio.wait_for(async_event("busy").wait(), WAIT_S)
+    return "late"
+
+
+@registry.workflow("p.gather_busy")
+async def gather_busy(ctx, input):
+    return await asyncio.gather(ctx.run("late", after_busy), ctx.run("busy", busy_step))
+
+
 async def pause(x):
     await asyncio.sleep(0)
     return x
@@ -235,6 +264,20 @@ def test_a_timer_beside_a_running_step_suspends_once_that_step_is_recorded(ledge
     record = run_workflow(registry, "p.gather_sleep", backend=ledger, clock=clock)
     assert json.loads(record.result_json) == ["landed", "slept"]
     assert calls == {"until napping": 1}
+
+
+@pytest.mark.timeout(60)
+def test_gathered_effects_are_performed_at_once_and_once_each_across_a_replay(ledger, clock):
+    record = run_workflow(registry, "p.effects", backend=ledger, clock=clock)
+    assert json.loads(record.result_json) == [{"charged": "card"}, {"charged": "wallet"}]
+    assert calls == {"charge card": 1, "charge wallet": 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_storage_error_in_a_gathered_step_ends_the_delivery_as_a_retry_recording_nothing(sqlite_backend):
+    outcome = deliver(sqlite_backend, "test-execution", "p.gather_busy")
+    assert isinstance(outcome, Retry) and outcome.storage_error == "busy"
+    assert steps(sqlite_backend, "test-execution") == []
 
 
 @pytest.mark.timeout(30)
