@@ -126,11 +126,16 @@ async def second():
     return "b"
 
 
+async def gathered_then_nap(ctx, *steps):
+    """The steps at once, then a timer: the delivery after it replays them."""
+    results = await asyncio.gather(*steps)
+    await ctx.sleep("nap", 5)
+    return results
+
+
 @registry.workflow("p.gather")
 async def gather_then_sleep(ctx, input):
-    both = await asyncio.gather(ctx.run("a", first), ctx.run("b", second))
-    await ctx.sleep("nap", 5)
-    return both
+    return await gathered_then_nap(ctx, ctx.run("a", first), ctx.run("b", second))
 
 
 async def steady():
@@ -194,9 +199,7 @@ async def charge(effect_id):
 
 @registry.workflow("p.effects")
 async def two_effects(ctx, input):
-    receipts = await asyncio.gather(ctx.effect("card", charge), ctx.effect("wallet", charge))
-    await ctx.sleep("nap", 5)
-    return receipts
+    return await gathered_then_nap(ctx, ctx.effect("card", charge), ctx.effect("wallet", charge))
 
 
 async def busy_step():
