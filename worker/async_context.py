@@ -98,16 +98,23 @@ class AsyncWorkflowContext(WorkflowContext):
     async def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None, **kwargs: Any) -> Any:
         """As `WorkflowContext.run`; `fn` may be a coroutine function. Named steps may overlap
         (`asyncio.gather`); an unnamed one may not (see `worker.context`)."""
+        return await self._settled(functools.partial(self._run, key_or_fn, args, kwargs, retry))
+
+    async def _run(self, key_or_fn: Any, args: tuple, kwargs: dict, retry: Optional[RetryPolicy]) -> Any:
         key, fn, args = self._step_call(key_or_fn, args, retry)
-        return await self._settled(self._astep(key, fn, args, kwargs, retry))
+        return await self._astep(key, fn, args, kwargs, retry)
 
     async def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,  # type: ignore[override]
                        max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
         """As `WorkflowContext.parallel`: a plain `fn` runs on threads, an `async def` one as
         tasks of this loop, at most `max_concurrency` at a time."""
+        return await self._settled(functools.partial(self._parallel, key, fn, items, max_concurrency, retry))
+
+    async def _parallel(self, key: str, fn: Callable, items: Iterable, max_concurrency: Optional[int],
+                        retry: Optional[RetryPolicy]) -> list:
         call = self._parallel_call(key, fn, items, max_concurrency, retry, asynchronous=True)
         on = self._tasks_result if is_coroutine_function(fn) else self._threads_result
-        return await self._settled(on(call, fn, retry))
+        return await on(call, fn, retry)
 
     async def effect(self, key: str, fn: Callable[[str], Any], *, retry: Optional[RetryPolicy] = None,
                      external: bool = False) -> Any:
@@ -116,7 +123,10 @@ class AsyncWorkflowContext(WorkflowContext):
             if inspect.iscoroutinefunction(fn):
                 raise InvalidArgument(f"effect {key!r}: the request function of an external effect must be a plain"
                                       " function, not a coroutine function")
-            return await self._settled_call(functools.partial(super().effect, key, fn, retry=retry, external=True))
+            return await self._settled(functools.partial(super().effect, key, fn, retry=retry, external=True))
+        return await self._settled(functools.partial(self._effect, key, fn, retry))
+
+    async def _effect(self, key: str, fn: Callable[[str], Any], retry: Optional[RetryPolicy]) -> Any:
         key = self._named_key(key)
         effect_id = self._derived_id(key)
 
@@ -127,7 +137,7 @@ class AsyncWorkflowContext(WorkflowContext):
             result = fn(effect_id)
             return self._effect_settle(key, effect_id, await result if inspect.isawaitable(result) else result)
 
-        return await self._settled(self._astep(key, perform, (), {}, retry))
+        return await self._astep(key, perform, (), {}, retry)
 
     async def _astep(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
         attempt, replayed = self._step_start(key)
@@ -176,19 +186,14 @@ class AsyncWorkflowContext(WorkflowContext):
 
     # -- suspending while other steps are in flight --------------------------------------------
 
-    async def _settled(self, operation: Awaitable) -> Any:
-        """Await `operation`; if it suspends the workflow, first let the steps still in flight
-        land, so that what they did is recorded rather than cut short (see docs/async.md)."""
+    async def _settled(self, operation: Callable[[], Any]) -> Any:
+        """Run `operation` (a coroutine function, or one of the sync context) and return its
+        result. If it suspends the workflow, however early (a step may find the workflow already
+        unwinding when it starts), first let the steps still in flight land, so that what they
+        did is recorded rather than cut short (see docs/async.md)."""
         try:
-            return await operation
-        except Suspend:
-            await self._drained()
-            raise
-
-    async def _settled_call(self, call: Callable[[], Any]) -> Any:
-        """`_settled` for an operation of the sync context."""
-        try:
-            return call()
+            result = operation()
+            return await result if inspect.iscoroutine(result) else result
         except Suspend:
             await self._drained()
             raise
@@ -221,16 +226,16 @@ class AsyncWorkflowContext(WorkflowContext):
     # checker sees an override with another return type, which is the point.
 
     async def sleep(self, key: str, seconds: float) -> None:  # type: ignore[override]
-        await self._settled_call(functools.partial(super().sleep, key, seconds))
+        await self._settled(functools.partial(super().sleep, key, seconds))
 
     async def sleep_until(self, key: str, when: Any) -> None:  # type: ignore[override]
-        await self._settled_call(functools.partial(super().sleep_until, key, when))
+        await self._settled(functools.partial(super().sleep_until, key, when))
 
     async def start(self, key: str, workflow: str, input: Any = None) -> str:  # type: ignore[override]
-        return await self._settled_call(functools.partial(super().start, key, workflow, input))
+        return await self._settled(functools.partial(super().start, key, workflow, input))
 
     async def wait_for(self, execution_id: str, key: Optional[str] = None) -> Any:
-        return await self._settled_call(functools.partial(super().wait_for, execution_id, key))
+        return await self._settled(functools.partial(super().wait_for, execution_id, key))
 
     def store(self, name: str) -> "AsyncStoreHandle":  # type: ignore[override]
         return AsyncStoreHandle(self, super().store(name))
@@ -246,16 +251,16 @@ class AsyncStoreHandle:
         self.name = handle.name
 
     async def get_or_create(self, key: str, initial: Any) -> Any:
-        return await self._ctx._settled_call(functools.partial(self._handle.get_or_create, key, initial))
+        return await self._ctx._settled(functools.partial(self._handle.get_or_create, key, initial))
 
     async def update(self, key: str, fn: Callable[[Any], Any]) -> Any:
-        return await self._ctx._settled_call(functools.partial(self._handle.update, key, fn))
+        return await self._ctx._settled(functools.partial(self._handle.update, key, fn))
 
     async def update_from(self, key: str, items: dict) -> Any:
-        return await self._ctx._settled_call(functools.partial(self._handle.update_from, key, items))
+        return await self._ctx._settled(functools.partial(self._handle.update_from, key, items))
 
     async def delete_from(self, key: str, names: Iterable[str]) -> dict:
-        return await self._ctx._settled_call(functools.partial(self._handle.delete_from, key, names))
+        return await self._ctx._settled(functools.partial(self._handle.delete_from, key, names))
 
     async def take(self, key: str, match: Any = None, *, wait: bool = True) -> Any:
-        return await self._ctx._settled_call(functools.partial(self._handle.take, key, match, wait=wait))
+        return await self._ctx._settled(functools.partial(self._handle.take, key, match, wait=wait))

@@ -217,6 +217,26 @@ async def gather_busy(ctx, input):
     return await asyncio.gather(ctx.run("late", after_busy), ctx.run("busy", busy_step))
 
 
+async def slow_to_land():
+    """In flight until a step has started after the workflow began to suspend, and a few turns
+    of the loop more."""
+    called("slow")
+    await asyncio.wait_for(async_event("late started").wait(), WAIT_S)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return "landed"
+
+
+@registry.workflow("p.late_start")
+async def late_start(ctx, input):
+    async def late():
+        await asyncio.wait_for(async_event("flaky raised").wait(), WAIT_S)
+        async_event("late started").set()
+        return await ctx.run("late", pause, "late")  # refused: the workflow is suspending
+
+    return await asyncio.gather(ctx.run("slow", slow_to_land), ctx.run("flaky", flaky_once), late())
+
+
 async def pause(x):
     await asyncio.sleep(0)
     return x
@@ -251,6 +271,15 @@ def test_a_gathered_step_retried_later_lets_the_other_land_then_suspends(ledger,
     record = run_workflow(registry, "p.gather_retry", backend=ledger, clock=clock)
     assert record.status == "completed" and json.loads(record.result_json) == ["steady", "flaky"]
     assert calls == {"steady": 1, "flaky": 2}
+
+
+@pytest.mark.timeout(30)
+def test_a_step_started_while_the_workflow_suspends_waits_for_the_steps_in_flight_too(sqlite_backend, clock):
+    assert deliver(sqlite_backend, "test-execution", "p.late_start") == Suspended()
+    assert steps(sqlite_backend, "test-execution") == [("flaky", 1, False), ("slow", 1, True)]
+    record = run_workflow(registry, "p.late_start", backend=sqlite_backend, clock=clock)
+    assert json.loads(record.result_json) == ["landed", "flaky", "late"]
+    assert calls == {"slow": 1, "flaky": 2}
 
 
 @pytest.mark.timeout(30)
