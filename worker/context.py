@@ -185,8 +185,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             self._guard()
             if self._in_flight:
                 running = ", ".join(repr(key) for key in self._in_flight)
+                running = f"steps {running} are" if len(self._in_flight) > 1 else f"step {running} is"
                 raise InvalidArgument(
-                    f"an unnamed step of {name} was started while step {running} is still running: steps that"
+                    f"an unnamed step of {name} was started while {running} still running: steps that"
                     " overlap must be named, as ctx.run(\"some-key\", fn, ...), because unnamed steps are numbered"
                     " in the order they start and a replay could not tell them apart")
             self._auto_count += 1
