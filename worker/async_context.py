@@ -14,9 +14,10 @@ and every write is fenced. What async adds:
 - A step function may be a plain function or an `async def` (or return an awaitable), in
   `ctx.run` and `ctx.effect`. A plain one runs on the event loop's thread, blocking the loop
   while it runs; that is fine, as the delivery is all the loop has.
-- Steps run one at a time: starting an operation while another of the same workflow is still
-  running (two `ctx.run` in an `asyncio.gather`, say) raises `InvalidArgument`, because unnamed
-  steps are numbered in call order and a replay must meet them in the same order.
+- Named steps may run at once (`asyncio.gather` of `ctx.run` calls, `ctx.parallel`); an unnamed
+  step may not overlap another, because unnamed steps are numbered in call order and a replay
+  must meet them in the same order (`InvalidArgument` says so). An operation that suspends
+  while other steps are in flight lets them land (end and be recorded) before it unwinds.
 - The request function of an external effect (`external=True`) must be a plain function.
 
 Each delivery runs on an event loop of its own (`asyncio.run`), closed when the delivery ends;
@@ -38,20 +39,28 @@ holds the GIL in C code for longer than the heartbeat tolerance does, as in a sy
 
 from __future__ import annotations
 
+import functools
 import inspect
+from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from supervisor.ledger.errors import InvalidArgument
 
+from ._runtime.unwinding import Suspend
 from .context import WorkflowContext
+from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
+
+
+# The steps whose function encloses the code running now, as (id of their context, step key).
+_ENCLOSING: ContextVar[frozenset] = ContextVar("yieldstar_enclosing_steps", default=frozenset())
 
 
 def is_async_workflow(fn: Callable) -> bool:
     """Whether the workflow `fn` is a coroutine function, a partial of one, or an object whose
     `__call__` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return is_coroutine_function(fn)
 
 
 def run_to_end(awaitable: Awaitable) -> Any:
@@ -81,25 +90,43 @@ class AsyncWorkflowContext(WorkflowContext):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._busy: Optional[str] = None  # the operation running now, if any
+        # Set, on the delivery's loop, whenever a step in flight lands (see `_drained`).
+        self._landing: Optional[tuple[Any, Any]] = None  # (loop, asyncio.Event)
 
     # -- steps -------------------------------------------------------------------------------
 
     async def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None, **kwargs: Any) -> Any:
-        """As `WorkflowContext.run`; `fn` may be a coroutine function."""
-        self._one_at_a_time("ctx.run")
+        """As `WorkflowContext.run`; `fn` may be a coroutine function. Named steps may overlap
+        (`asyncio.gather`); an unnamed one may not (see `worker.context`)."""
+        return await self._settled(functools.partial(self._run, key_or_fn, args, kwargs, retry))
+
+    async def _run(self, key_or_fn: Any, args: tuple, kwargs: dict, retry: Optional[RetryPolicy]) -> Any:
         key, fn, args = self._step_call(key_or_fn, args, retry)
         return await self._astep(key, fn, args, kwargs, retry)
+
+    async def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,  # type: ignore[override]
+                       max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
+        """As `WorkflowContext.parallel`: a plain `fn` runs on threads, an `async def` one as
+        tasks of this loop, at most `max_concurrency` at a time."""
+        return await self._settled(functools.partial(self._parallel, key, fn, items, max_concurrency, retry))
+
+    async def _parallel(self, key: str, fn: Callable, items: Iterable, max_concurrency: Optional[int],
+                        retry: Optional[RetryPolicy]) -> list:
+        call = self._parallel_call(key, fn, items, max_concurrency, retry, asynchronous=True)
+        on = self._tasks_result if is_coroutine_function(fn) else self._threads_result
+        return await on(call, fn, retry)
 
     async def effect(self, key: str, fn: Callable[[str], Any], *, retry: Optional[RetryPolicy] = None,
                      external: bool = False) -> Any:
         """As `WorkflowContext.effect`; `fn` may be a coroutine function unless `external`."""
-        self._one_at_a_time("ctx.effect")
         if external:
             if inspect.iscoroutinefunction(fn):
                 raise InvalidArgument(f"effect {key!r}: the request function of an external effect must be a plain"
                                       " function, not a coroutine function")
-            return super().effect(key, fn, retry=retry, external=True)
+            return await self._settled(functools.partial(super().effect, key, fn, retry=retry, external=True))
+        return await self._settled(functools.partial(self._effect, key, fn, retry))
+
+    async def _effect(self, key: str, fn: Callable[[str], Any], retry: Optional[RetryPolicy]) -> Any:
         key = self._named_key(key)
         effect_id = self._derived_id(key)
 
@@ -116,41 +143,99 @@ class AsyncWorkflowContext(WorkflowContext):
         attempt, replayed = self._step_start(key)
         if attempt is None:
             return replayed
-        self._busy = f"step {key!r}"
+        self._take_off(key)
+        # What runs inside this step (tasks it starts included) is enclosed by it: a suspension
+        # in there must not wait for this step to land, which waits for it.
+        enclosing = _ENCLOSING.set(_ENCLOSING.get() | {(id(self), key)})
         try:
-            value = fn(*args, **kwargs)
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:
-            return self._step_raised(key, attempt, exc, policy)
+            try:
+                value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception as exc:
+                return self._step_raised(key, attempt, exc, policy)
+            return self._step_done(key, attempt, value)
         finally:
-            self._busy = None
-        return self._step_done(key, attempt, value)
+            _ENCLOSING.reset(enclosing)
+            self._landed(key)
 
-    def _one_at_a_time(self, what: str) -> None:
-        if self._busy is not None:
-            raise InvalidArgument(f"{what} was called while {self._busy} of this workflow is still running: the"
-                                  " operations of one workflow run one at a time, so await each before the next")
+    async def _tasks_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
+        import asyncio
+
+        limit = asyncio.Semaphore(max(call.limit, 1))
+
+        async def item(key: str, value: Any) -> Ended:
+            async with limit:
+                try:
+                    record = self._recorded.get(key)
+                    if record is None or not record.done:
+                        self._writer.check()  # a stopped delivery starts nothing more
+                    return Ended(await self._astep(key, fn, (value,), {}, retry))
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - every item ends before the call decides
+                    return Ended(error=exc)
+
+        return self._parallel_result(list(await asyncio.gather(*map(item, call.keys, call.items))))
+
+    async def _threads_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
+        import asyncio
+
+        # The sync context's way, on a thread of the loop's executor: the loop stays free.
+        return self._parallel_result(await asyncio.to_thread(self._parallel_outcomes, call, fn, retry))
+
+    # -- suspending while other steps are in flight --------------------------------------------
+
+    async def _settled(self, operation: Callable[[], Any]) -> Any:
+        """Run `operation` (a coroutine function, or one of the sync context) and return its
+        result. If it suspends the workflow, however early (a step may find the workflow already
+        unwinding when it starts), first let the steps still in flight land, so that what they
+        did is recorded rather than cut short (see docs/async.md)."""
+        try:
+            result = operation()
+            return await result if inspect.iscoroutine(result) else result
+        except Suspend:
+            await self._drained()
+            raise
+
+    async def _drained(self) -> None:
+        """Return once no step of this delivery is in flight, but those enclosing the caller."""
+        import asyncio
+
+        enclosing = _ENCLOSING.get()
+        while True:
+            with self._lock:
+                if all((id(self), key) in enclosing for key in self._in_flight):
+                    return
+                if self._landing is None:
+                    self._landing = (asyncio.get_running_loop(), asyncio.Event())
+                loop, landed = self._landing
+                landed.clear()
+            await landed.wait()
+
+    def _landed(self, key: str) -> None:
+        super()._landed(key)
+        with self._lock:  # from the loop's thread, or from a thread of `parallel`
+            if self._landing is not None:
+                loop, landed = self._landing
+                if not loop.is_closed():  # a thread that outlived its delivery wakes nobody
+                    loop.call_soon_threadsafe(landed.set)
 
     # -- the rest, awaited -------------------------------------------------------------------
     # The same calls as the sync context's, as coroutines (or an async store handle): a type
     # checker sees an override with another return type, which is the point.
 
     async def sleep(self, key: str, seconds: float) -> None:  # type: ignore[override]
-        self._one_at_a_time("ctx.sleep")
-        super().sleep(key, seconds)
+        await self._settled(functools.partial(super().sleep, key, seconds))
 
     async def sleep_until(self, key: str, when: Any) -> None:  # type: ignore[override]
-        self._one_at_a_time("ctx.sleep_until")
-        super().sleep_until(key, when)
+        await self._settled(functools.partial(super().sleep_until, key, when))
 
     async def start(self, key: str, workflow: str, input: Any = None) -> str:  # type: ignore[override]
-        self._one_at_a_time("ctx.start")
-        return super().start(key, workflow, input)
+        return await self._settled(functools.partial(super().start, key, workflow, input))
 
     async def wait_for(self, execution_id: str, key: Optional[str] = None) -> Any:
-        self._one_at_a_time("ctx.wait_for")
-        return super().wait_for(execution_id, key)
+        return await self._settled(functools.partial(super().wait_for, execution_id, key))
 
     def store(self, name: str) -> "AsyncStoreHandle":  # type: ignore[override]
         return AsyncStoreHandle(self, super().store(name))
@@ -166,21 +251,16 @@ class AsyncStoreHandle:
         self.name = handle.name
 
     async def get_or_create(self, key: str, initial: Any) -> Any:
-        self._ctx._one_at_a_time("store.get_or_create")
-        return self._handle.get_or_create(key, initial)
+        return await self._ctx._settled(functools.partial(self._handle.get_or_create, key, initial))
 
     async def update(self, key: str, fn: Callable[[Any], Any]) -> Any:
-        self._ctx._one_at_a_time("store.update")
-        return self._handle.update(key, fn)
+        return await self._ctx._settled(functools.partial(self._handle.update, key, fn))
 
     async def update_from(self, key: str, items: dict) -> Any:
-        self._ctx._one_at_a_time("store.update_from")
-        return self._handle.update_from(key, items)
+        return await self._ctx._settled(functools.partial(self._handle.update_from, key, items))
 
     async def delete_from(self, key: str, names: Iterable[str]) -> dict:
-        self._ctx._one_at_a_time("store.delete_from")
-        return self._handle.delete_from(key, names)
+        return await self._ctx._settled(functools.partial(self._handle.delete_from, key, names))
 
     async def take(self, key: str, match: Any = None, *, wait: bool = True) -> Any:
-        self._ctx._one_at_a_time("store.take")
-        return self._handle.take(key, match, wait=wait)
+        return await self._ctx._settled(functools.partial(self._handle.take, key, match, wait=wait))

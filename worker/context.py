@@ -13,6 +13,13 @@ Unnamed steps, `ctx.run(fn, *args)`, are keyed `@<n>:<qualified name of fn>`, wh
 unnamed steps of the workflow in call order from 1. A replay that reaches unnamed step n with a
 different function than the one recorded there raises `ReplayDiverged`: the workflow code
 changed, or it took a different path, and its records can no longer be trusted to line up.
+
+Steps may overlap (`asyncio.gather` of `ctx.run` calls, `ctx.parallel`), so the context's
+bookkeeping is shared by the threads and tasks of one delivery. A step is *in flight* from the
+moment its function is called until its outcome is recorded. Unnamed steps are numbered in call
+order, and an order that depends on which of several running steps ends first would not be the
+same on a replay; so an unnamed step may neither start while another step is in flight nor be in
+flight while another starts: the step that starts then raises `InvalidArgument`.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import inspect
 import json
+import threading
 import traceback
 from typing import Any, Callable, Optional
 
@@ -30,6 +38,7 @@ from supervisor.ledger.values import ExecutionRecord, HeapRecord
 from ._runtime.derived_ids import derived_id
 from .effects import EffectsMixin
 from ._runtime.fenced import FencedWriter
+from .parallel import ParallelMixin
 from .retry import RetryableError, RetryPolicy
 from .starts import StartsMixin
 from .stores import StoresMixin
@@ -56,7 +65,7 @@ def error_info(exc: BaseException) -> dict:
     }
 
 
-class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
+class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     """What a workflow function sees of its execution. One instance per delivery."""
 
     def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
@@ -76,6 +85,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
                 self._auto_recorded[int(record.step_key[1:].split(":", 1)[0])] = record.step_key
         self._keys_used: set[str] = set()
         self._auto_count = 0
+        # Guards the bookkeeping below and above against the threads of parallel steps.
+        self._lock = threading.RLock()
+        self._in_flight: dict[str, bool] = {}  # the steps whose function runs now: key -> unnamed
         self._unwound: Optional[BaseException] = None
         self.steps_run = 0  # steps whose function ran in this delivery (replays excluded)
 
@@ -168,23 +180,49 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         return self._claim_key(key)
 
     def _auto_key(self, fn: Callable) -> str:
-        self._auto_count += 1
-        n = self._auto_count
-        key = f"{AUTO_PREFIX}{n}:{getattr(fn, '__qualname__', type(fn).__name__)}"[:255]
-        recorded = self._auto_recorded.get(n)
-        if recorded is not None and recorded != key:
-            raise self._unwind(ReplayDiverged(
-                f"unnamed step {n} was recorded as {recorded!r} but the replay reached {key!r}:"
-                " the workflow no longer takes the path it took when these steps were recorded"
-            ))
-        return self._claim_key(key)
+        name = getattr(fn, '__qualname__', type(fn).__name__)
+        with self._lock:
+            self._guard()
+            if self._in_flight:
+                running = ", ".join(repr(key) for key in self._in_flight)
+                running = f"steps {running} are" if len(self._in_flight) > 1 else f"step {running} is"
+                raise InvalidArgument(
+                    f"an unnamed step of {name} was started while {running} still running: steps that"
+                    " overlap must be named, as ctx.run(\"some-key\", fn, ...), because unnamed steps are numbered"
+                    " in the order they start and a replay could not tell them apart")
+            self._auto_count += 1
+            n = self._auto_count
+            key = f"{AUTO_PREFIX}{n}:{name}"[:255]
+            recorded = self._auto_recorded.get(n)
+            if recorded is not None and recorded != key:
+                raise self._unwind(ReplayDiverged(
+                    f"unnamed step {n} was recorded as {recorded!r} but the replay reached {key!r}:"
+                    " the workflow no longer takes the path it took when these steps were recorded"
+                ))
+            return self._claim_key(key)
 
     def _claim_key(self, key: str) -> str:
-        self._guard()
-        if key in self._keys_used:
-            raise InvalidArgument(f"step key {key!r} is used twice in one run of the workflow")
-        self._keys_used.add(key)
-        return key
+        with self._lock:
+            self._guard()
+            unnamed = next((running for running, auto in self._in_flight.items() if auto), None)
+            if unnamed is not None and not key.startswith(AUTO_PREFIX):
+                raise InvalidArgument(
+                    f"step {key!r} was started while the unnamed step {unnamed!r} is still running: steps that"
+                    " overlap must be named, so name that one as well: ctx.run(\"some-key\", fn, ...)")
+            if key in self._keys_used:
+                raise InvalidArgument(f"step key {key!r} is used twice in one run of the workflow")
+            self._keys_used.add(key)
+            return key
+
+    def _take_off(self, key: str) -> None:
+        """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`."""
+        with self._lock:
+            self._in_flight[key] = key.startswith(AUTO_PREFIX)
+
+    def _landed(self, key: str) -> None:
+        """Step `key` is no longer in flight: its outcome is recorded, or it never will be."""
+        with self._lock:
+            self._in_flight.pop(key, None)
 
     def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
         record = self._writer.write_step(key, attempt, done, _to_json(response))
@@ -207,23 +245,31 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
         """The recorded value of step `key`, or record `produce()` (a JSON value) as it."""
         record = self._recorded.get(key)
         if record is None:
-            self.steps_run += 1
+            self._count_run()
             record = self._write(key, 1, True, {"value": produce()})
         return self._replay(key, record)
+
+    def _count_run(self) -> None:
+        with self._lock:
+            self.steps_run += 1
 
     def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
         attempt, replayed = self._step_start(key)
         if attempt is None:
             return replayed
+        self._take_off(key)
         try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            return self._step_raised(key, attempt, exc, policy)
-        if inspect.iscoroutine(value):
-            value.close()  # never run: nothing of it happened
-            raise InvalidArgument(f"step {key!r}: {_name(fn)} is a coroutine function; run it from an async def"
-                                  " workflow, with await ctx.run(...)")
-        return self._step_done(key, attempt, value)
+            try:
+                value = fn(*args, **kwargs)
+            except Exception as exc:
+                return self._step_raised(key, attempt, exc, policy)
+            if inspect.iscoroutine(value):
+                value.close()  # never run: nothing of it happened
+                raise InvalidArgument(f"step {key!r}: {_name(fn)} is a coroutine function; run it from an async"
+                                      " def workflow, with await ctx.run(...)")
+            return self._step_done(key, attempt, value)
+        finally:
+            self._landed(key)
 
     def _step_start(self, key: str) -> tuple[Optional[int], Any]:
         """`(None, value)` for a step whose recorded value replays, else `(attempt, None)` for a
@@ -237,7 +283,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin):
             attempt = record.attempt + 1
             if retry_at is not None and self._now() < retry_at:
                 self._suspend_until(retry_at)
-        self.steps_run += 1
+        self._count_run()
         return attempt, None
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:

@@ -91,7 +91,7 @@ async def swallow(ctx, input):
 
 @registry.workflow("a.gather")
 async def gather(ctx, input):
-    return await asyncio.gather(ctx.run("x", fetch, 1), ctx.run("y", fetch, 2))
+    return await asyncio.gather(ctx.run(fetch, 1), ctx.run(fetch, 2))
 
 
 @registry.workflow("a.sync_calls_async")
@@ -224,11 +224,11 @@ def test_except_exception_in_an_async_workflow_cannot_swallow_a_suspension():
 
 
 @pytest.mark.timeout(30)
-def test_steps_started_together_are_refused_and_fail_the_execution():
+def test_unnamed_steps_started_together_are_refused_and_fail_the_execution():
     record = run_workflow(registry, "a.gather")
     error = json.loads(record.error_json)
     assert record.status == "failed" and error["type"] == "InvalidArgument"
-    assert "one at a time" in error["message"]
+    assert "overlap must be named" in error["message"]
 
 
 @pytest.mark.timeout(30)

@@ -8,11 +8,15 @@ stays shut: a holder whose lease is lost makes no further writes (RFC 002). A ca
 the ledger's storage (a busy database, a full disk, a corrupt file) shuts it too, and the
 delivery ends as `Retry` naming the kind of failure: a storage error is never a workflow's
 outcome.
+
+Parallel steps write through the same door from several threads at once: the backend serialises
+its calls, and the first refusal or storage failure is the one the delivery reports.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable, Optional
 
 from supervisor.ledger.errors import StorageError
@@ -34,12 +38,14 @@ class FencedWriter:
         self._may_write = may_write
         self.stopped_because: Optional[str] = None
         self.storage_failure: Optional[RetryLater] = None  # set by the first storage error
+        self._lock = threading.Lock()
 
     @property
     def stopped(self) -> bool:
         return self.stopped_because is not None
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Raise what unwinds the workflow if this delivery may write no more (safe from any thread)."""
         if self.stopped_because is None and not self._may_write():
             self.stopped_because = "the supervisor is no longer heard from"
         if self.stopped_because is not None:
@@ -50,8 +56,9 @@ class FencedWriter:
     def failed(self, exc: StorageError) -> RetryLater:
         """Shut the door on a storage error met anywhere in the delivery; returns what unwinds
         the workflow. The first failure is the one the delivery reports."""
-        if self.storage_failure is None:
-            self.storage_failure = RetryLater(str(exc), exc.kind)
+        with self._lock:  # the steps of one delivery may fail together, on several threads
+            if self.storage_failure is None:
+                self.storage_failure = RetryLater(str(exc), exc.kind)
         return self.retry_later()
 
     def retry_later(self) -> RetryLater:
@@ -59,7 +66,9 @@ class FencedWriter:
         return RetryLater(self.storage_failure.reason, self.storage_failure.storage_error)
 
     def _lost(self, what: str) -> StopDelivery:
-        self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
+        with self._lock:  # the first refusal is the one the delivery reports
+            if self.stopped_because is None:
+                self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
         log.warning("execution %s token %d: write of %s refused: the token is no longer current; stopping",
                     self.lease.execution_id, self.lease.token, what)
         return StopDelivery(self.stopped_because)
@@ -75,7 +84,7 @@ class FencedWriter:
     def call(self, method: Callable, *args, **kwargs):
         """An idempotent or unfenced ledger call (a start, an effect, a store change, a waiter):
         harmless from a stale holder, but a stopped delivery makes none."""
-        self._check()
+        self.check()
         try:
             return method(*args, **kwargs)
         except StorageError as exc:
