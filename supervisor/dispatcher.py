@@ -4,21 +4,28 @@
     +-----------------------------------------------+          +-------------------------+
     | dispatcher loop (main thread): owns all state |  Run(lease, claimed_at, start)        |
     |   wait() on pipes, child sentinels, nudges,   |--------> | run_delivery            |
-    |   signals and the two ledger wake-ups         |  Beat(expires) / Alive()               |
-    |   claim / beat / renew / settle as steps      |<-------- |   write_step(token) --+  |
-    |        | submit             ^ replies         |  Done(id, token, outcome, ms)     |  |
-    | ledger thread: claim_deliveries, acknowledge, |          | parent watch thread   |  |
-    |   release, next_ready_at (own connection)     |          +-----------------------|--+
-    | renewal thread: renew (own connection)        |                                  |
-    +--------|--------------------------------------+                                  v
+    |   signals and the two ledger wake-ups         |  Stop(id, token) (--workers only)     |
+    |   claim / beat / renew / settle as steps      |  Beat(expires) / Alive()               |
+    |        | submit             ^ replies         |<-------- |   write_step(token) --+  |
+    | ledger thread: claim_deliveries, acknowledge, |  Done(id, token, outcome, ms)     |  |
+    |   release, next_ready_at (own connection)     |          | parent watch thread   |  |
+    | renewal thread: renew (own connection)        |          +-----------------------|--+
+    +--------|--------------------------------------+                                  |
              v                                                                         v
         SQLite ledger file (WAL) <-------- fenced by the token, in the same transaction
+
+By default each child runs one delivery at a time (`concurrency` children). With `workers=P`
+there are P children, each running up to ceil(concurrency / P) deliveries at once: async
+workflows as tasks of one event loop, sync ones on threads (`worker._runtime.deliveries`), each
+with its own token and fenced writes on the child's one connection.
 
 The parent holds the leases; children make their own fenced step writes with the token they
 were sent. Heartbeats run both ways over each child's pipe: a child that stops hearing its
 supervisor stops writing and exits (`worker._runtime.parent_watch`); a busy child that stops answering
 is no longer renewed, is killed and replaced, and its lease is left to expire. A child that dies
-is replaced and its lease is left to expire too: the execution is delivered again later.
+is replaced and its lease is left to expire too: the execution is delivered again later. (A
+child of several deliveries that dies or is killed has each of them released at once instead,
+once it is confirmed gone: see `loop`.)
 
 The loop never waits for the database (`ledger_calls`): a write lock held by another process,
 a full disk or a slow file system delays claims and acknowledgements, never a heartbeat. Storage

@@ -18,6 +18,19 @@ may be inside a step calling the outside world, and a stale delivery must not ho
 does a lease that no renewal has confirmed for a whole lease length (the database cut off or
 not answering): another supervisor may hold the execution by then, and the child must not go
 on running its steps beside the new holder's.
+
+With `--workers`, a child holds up to `slots` deliveries (`Child.deliveries`, by execution and
+token), and the loop claims for free slots, never more than `concurrency` in flight in all:
+
+    claimed -> Run to the worker with a free slot, in turn -> renewed while the worker answers
+      -> Done(execution, token) -> acknowledged or released -> settled
+    lease lost / cancelled -> Stop(execution, token) to its worker alone -> its Done (LeaseLost)
+      `- no Done within the heartbeat tolerance -> worker killed and replaced, its others released
+    lease unconfirmed for a lease length -> Stop, and the lease released once it has stopped
+    worker dead, killed, frozen -> replaced (confirmed gone), every delivery it held released
+
+A released delivery is delivered again at once, its recorded steps replayed; a release is fenced
+like any write, so one whose lease is already lost is refused and counted lost.
 """
 
 from __future__ import annotations
@@ -494,6 +507,9 @@ class DispatchLoop:
             log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at)
             for child in self.pool.children:
                 child.last_answer = now
+                for delivery in child.deliveries.values():  # told to stop before the pause: from now on too
+                    if delivery.stop_sent_at is not None:
+                        delivery.stop_sent_at = now
             # Its workers may have given up on it during the pause and be reporting so now: let
             # them, and let the next renewal round decide about their leases, as before the pause.
             self.next_ended_check = now + self.cfg.renew_ms / 1000

@@ -98,7 +98,9 @@ class StatusLine:
 
     def text(self) -> str:
         s = self.supervisor.stats
-        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  running {self.supervisor.running}"
+        workers = self.supervisor.config.workers
+        running = f"running {self.supervisor.running}" + (f" in {self.supervisor.workers} workers" if workers else "")
+        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  {running}"
                 + (f"  suspended {s.suspended}" if s.suspended else "")
                 + (f"  worker deaths {s.child_deaths}" if s.child_deaths else ""))
 
