@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from faults import APP, admit, cli, read_log, sigkill, step_tokens, wait_gone, wait_until
+from faults import APP, admit, cli, freeze, gone, read_log, sigkill, step_tokens, thaw, wait_gone, wait_until
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.ledger.errors import InvalidArgument
 
@@ -109,6 +109,29 @@ def test_a_worker_holding_20_deliveries_killed_has_all_20_delivered_again_and_no
     assert runs(log, "before") == {e: 1 for e in ids}
     assert runs(log, "after") == {e: 1 for e in ids}
     assert runs(log, "hold") == {e: 1 for e in ids}
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_frozen_worker_of_5_deliveries_is_replaced_and_all_5_delivered_again(sqlite_path, sqlite_ledger,
+                                                                              tmp_path, supervisors):
+    supervisor, worker, ids, log, gate = all_waiting_in_one_worker(sqlite_path, tmp_path, supervisors, 5)
+    freeze(worker)
+    try:
+        # Silent past the tolerance (3 x 200 ms): killed, replaced, and its deliveries released.
+        supervisor.wait_log("silent for", timeout=10)
+        wait_gone([worker])
+    finally:
+        if not gone(worker):
+            thaw(worker)
+    wait_until(lambda: len(runs(log, "hold", "waiting")) == 5 and set(runs(log, "hold", "waiting").values()) == {2},
+               timeout=30, message="all 5 redelivered and waiting again")
+    gate.touch()
+    wait_until(lambda: statuses(sqlite_ledger, ids) == {"completed": 5}, timeout=30, message="all 5 completed")
+    assert runs(log, "before") == {e: 1 for e in ids}
+    for execution_id in ids:
+        assert json.loads(sqlite_ledger.executions.get(execution_id).result_json)["token"] == 2
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(20) == 0
 
