@@ -173,6 +173,33 @@ def test_a_cancel_of_one_of_10_deliveries_in_one_worker_stops_it_alone(each_back
 
 
 @pytest.mark.timeout(90)
+def test_a_stopped_sync_delivery_finds_its_next_write_refused_and_its_worker_runs_on(each_backend, each_ledger,
+                                                                                     tmp_path, supervisors):
+    db, log, gate = each_backend, str(tmp_path / "effects.log"), tmp_path / "gate"
+    admit(db, "sync", "sv.hold", {"log": log, "gate": str(gate)})
+    siblings = [f"s{i}" for i in range(3)]
+    for execution_id in siblings:
+        admit(db, execution_id, "sv.async_gate", {"log": log, "gate": str(gate)})
+    # A tolerance of 50 heartbeats (10 s): time enough for the sync step to end and meet its stop.
+    supervisor = supervisors.start(db, concurrency=4, workers=1, extra=["--heartbeat-misses", "50"])
+    (worker,) = supervisor.workers()
+    wait_until(lambda: waiting(log) == set(siblings + ["sync"]), timeout=30, message="all 4 waiting at once")
+    assert cli(db, "cancel", "sync").returncode == 0
+    supervisor.wait_log("telling worker pid")
+    gate.touch()  # the sync step returns, and its write is refused: the delivery stops there
+    wait_until(lambda: "execution=sync token=1 outcome=lost" in supervisor.log(), timeout=10,
+               message="the sync delivery to report that it stopped")
+    wait_until(lambda: statuses(each_ledger, siblings) == {"completed": 3}, timeout=30, message="the 3 others completed")
+    assert runs(log, "hold")["sync"] == 1 and [key for key, _, _ in step_tokens(db, "sync")] == ["before"]
+    assert each_ledger.executions.get("sync").status == "cancelled"
+    assert supervisor.workers() == [worker] and "killing" not in supervisor.log()
+    for execution_id in siblings:
+        assert json.loads(each_ledger.executions.get(execution_id).result_json)["pid"] == worker
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0
+
+
+@pytest.mark.timeout(90)
 def test_a_sync_delivery_that_ignores_its_stop_gets_its_worker_replaced_and_its_siblings_delivered_again(
         sqlite_path, sqlite_ledger, tmp_path, supervisors):
     log, gate = str(tmp_path / "effects.log"), tmp_path / "gate"
