@@ -1,17 +1,19 @@
 """A worker that runs several deliveries at once (`supervise --workers`).
 
     main thread (reads the pipe)          event loop thread            delivery threads
-    Run  --> prepare (reads) --+-- async --> task: run_async --+
-                               +-- sync  ------------------------------> run --+
+    Run  --> prepare ----------+-- async --> task: run_async --+
+             (a first delivery)+-- sync  ------------------------------> run --+
+         `-- a later one: prepare (reads its steps) on a delivery thread, then the same
     Stop --> stop(): writes refused; the task cancelled                         |
     Beat --> Alive (ParentWatch)              Done(execution_id, token, ...) <---+  (any thread)
 
 The main thread does nothing but read the supervisor's messages (`ParentWatch.next_task`), so
-heartbeats are answered whatever the deliveries do. It prepares each delivery handed over (a
-first delivery needs no read at all; a later one reads its recorded steps), then runs an async
-workflow as a task of the worker's one event loop, started at the first async delivery and run
-for the life of the worker on a thread of its own, and a sync workflow on a thread of a pool
-sized to the worker's slots. Each delivery has its own `FencedWriter` (its own token) and
+heartbeats are answered whatever the deliveries do. It prepares each first delivery handed over
+(nothing to read: the claim sent the input) and hands each later one, which reads its recorded
+steps, to a delivery thread to prepare. An async workflow then runs as a task of the worker's
+one event loop, started at the first async delivery and run for the life of the worker on a
+thread of its own; a sync workflow runs on a thread of a pool sized to the worker's slots (a
+delivery holds at most one thread at a time, so one is always free for it). Each delivery has its own `FencedWriter` (its own token) and
 shares the worker's ledger connection, which is safe across threads (each backend holds a lock
 around each transaction), and the parent watch: once the supervisor is no longer heard, no
 delivery of the worker writes (`may_write`), and the worker exits.
@@ -102,16 +104,34 @@ class Deliveries:
         entry = Running(run)
         with self._lock:
             self._running[(lease.execution_id, lease.token)] = entry
+        if task.start is None:
+            # A later delivery reads its recorded steps: on a delivery thread, so that this one
+            # goes on reading the pipe (the supervisor may be sending thousands of `Run`s).
+            self._threads.submit(self._prepare_and_run, entry)
+        elif self._prepare(entry):  # a first delivery: nothing to read
+            if run.asynchronous:
+                self.event_loop().call_soon_threadsafe(self._make_task, entry)
+            else:
+                self._threads.submit(self._run_sync, entry)
+
+    def _prepare(self, entry: Running) -> bool:
+        """Prepare the delivery; False if it ended there (and is reported)."""
         try:
-            outcome = run.prepare()
+            outcome = entry.run.prepare()
         except Exception:
             outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
         if outcome is not None:
             self.finish(entry, outcome)
-        elif run.asynchronous:
-            self.event_loop().call_soon_threadsafe(self._make_task, entry)
-        else:
-            self._threads.submit(self._run_sync, entry)
+        return outcome is None
+
+    def _prepare_and_run(self, entry: Running) -> None:
+        """On a delivery thread: prepare, then run a sync workflow here, or hand an async one to
+        the event loop (and free the thread)."""
+        if self._prepare(entry):
+            if entry.run.asynchronous:
+                self.event_loop().call_soon_threadsafe(self._make_task, entry)
+            else:
+                self._run_sync(entry)
 
     def stop(self, message: Stop) -> None:
         with self._lock:
