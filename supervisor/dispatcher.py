@@ -104,9 +104,9 @@ class SupervisorConfig:
                                   " run more supervisors on the same ledger for more")
         if self.workers is None and self.concurrency > MAX_WORKERS:
             raise InvalidArgument(
-                f"concurrency must be at most {MAX_WORKERS} without workers (one worker process each), got"
-                f" {self.concurrency}: set workers (--workers P, at most {MAX_WORKERS}) to run up to"
-                f" {MAX_CONCURRENCY} deliveries in fewer processes")
+                f"concurrency must be at most {MAX_WORKERS} without workers (one process per delivery), got"
+                f" {self.concurrency}: add --workers P (workers=P), P up to {MAX_WORKERS}, to run up to"
+                f" {MAX_CONCURRENCY:,} deliveries in P processes")
         if self.workers is not None:
             if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
                 raise InvalidArgument(f"workers must be an int from 1 to {MAX_WORKERS}, got {self.workers!r}")
