@@ -405,7 +405,8 @@ class DispatchLoop:
         if now < self.next_unconfirmed:
             return
         earliest = float("inf")
-        why = f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms"
+        why = (f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database out of reach or too"
+               " slow, or this supervisor paused; another supervisor may hold it)")
         for child in list(self.pool.children):
             if not child.process.is_alive() or child.conn.poll(0):
                 # It exited, or it has reported: read that first (see `stop_unconfirmed`).
@@ -418,9 +419,6 @@ class DispatchLoop:
                     earliest = min(earliest, delivery.held_until)
                     continue
                 self.stats.unconfirmed += 1
-                log.warning("execution %s token %d: %s (the database out of reach or too slow, or this supervisor"
-                            " paused); another supervisor may hold it", delivery.lease.execution_id,
-                            delivery.lease.token, why)
                 self.stop(child, delivery, why, now, release=True)
         self.next_unconfirmed = earliest
 

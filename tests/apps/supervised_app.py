@@ -233,12 +233,13 @@ async def async_hold(ctx, input):
 
 # -- many deliveries in one worker (`supervise --workers`) ---------------------------------------
 
-async def async_gate_step(log: str, execution_id: str, token: int, gate: str) -> int:
-    """Log `waiting`, then wait for `gate` without blocking the event loop (the worker's other
-    deliveries run meanwhile), log `end`; returns the pid."""
+async def async_gate_step(log: str, execution_id: str, token: int, gate: str, hold_tokens=None) -> int:
+    """Log `waiting`, then, when `token` is in `hold_tokens` (None: every token), wait for `gate`
+    without blocking the event loop (the worker's other deliveries run meanwhile); log `end`;
+    returns the pid."""
     log_event(log, "waiting", execution_id, token, "hold")
     deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not os.path.exists(gate):
+    while not os.path.exists(gate) and (hold_tokens is None or token in hold_tokens):
         if time.monotonic() > deadline:
             raise TimeoutError(f"gate {gate} did not appear within {GATE_TIMEOUT_S} s")
         await asyncio.sleep(0.01)
@@ -248,10 +249,12 @@ async def async_gate_step(log: str, execution_id: str, token: int, gate: str) ->
 
 @workflow("sv.async_gate")
 async def async_gate(ctx, input):
-    """`before`, `hold` (awaits `input["gate"]` on the event loop), `after`."""
+    """`before`, `hold` (awaits `input["gate"]` on the event loop, on the tokens listed in
+    `input["hold_tokens"]`, every token when absent), `after`."""
     log = input["log"]
     await ctx.run("before", async_logged_step, log, ctx.execution_id, ctx.token, "before")
-    pid = await ctx.run("hold", async_gate_step, log, ctx.execution_id, ctx.token, input["gate"])
+    pid = await ctx.run("hold", async_gate_step, log, ctx.execution_id, ctx.token, input["gate"],
+                        input.get("hold_tokens"))
     await ctx.run("after", async_logged_step, log, ctx.execution_id, ctx.token, "after")
     return {"token": ctx.token, "pid": pid}
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from faults import APP, admit, cli, freeze, gone, read_log, sigkill, step_tokens, thaw, wait_gone, wait_until
+from faults import (APP, admit, cli, freeze, freeze_group, gone, read_log, sigkill, step_tokens, thaw, thaw_group,
+                    wait_gone, wait_until)
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.ledger.errors import InvalidArgument
 
@@ -228,6 +229,36 @@ def test_a_sync_delivery_that_ignores_its_stop_gets_its_worker_replaced_and_its_
     assert runs(log, "before") == {e: 1 for e in siblings + ["stubborn"]}
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(20) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_paused_supervisor_resumes_to_stop_its_stale_deliveries_without_killing_their_worker(
+        each_backend, each_ledger, tmp_path, supervisors):
+    db, log, gate = each_backend, str(tmp_path / "effects.log"), tmp_path / "gate"
+    ids = [f"e{i}" for i in range(3)]
+    for execution_id in ids:
+        admit(db, execution_id, "sv.async_gate", {"log": log, "gate": str(gate), "hold_tokens": [1]})
+    # Its worker waits 50 heartbeats for it, so that it survives the pause and meets the fence.
+    first = supervisors.start(db, concurrency=3, workers=1, extra=["--heartbeat-misses", "50"])
+    (stale,) = first.workers()
+    wait_until(lambda: waiting(log) == set(ids), timeout=30, message="all 3 waiting in one worker")
+    freeze_group(first.pgid)  # the supervisor and its worker, as a paused host would be
+    try:
+        second = supervisors.start(db, concurrency=3)
+        wait_until(lambda: statuses(each_ledger, ids) == {"completed": 3}, timeout=30, message="the takeover")
+        gate.touch()  # the stale deliveries may now carry on...
+    finally:
+        thaw_group(first.pgid)
+    # ...and each is stopped alone, or meets the fence at its next write: lost, never recorded.
+    for execution_id in ids:
+        first.wait_log(f"delivery execution={execution_id} token=1 outcome=lost", timeout=15)
+    assert not gone(stale) and first.workers() == [stale]  # stopped, not killed
+    for execution_id in ids:
+        assert [(key, token) for key, _, token in step_tokens(db, execution_id)] == [
+            ("before", 1), ("hold", 2), ("after", 2)]
+        assert json.loads(each_ledger.executions.get(execution_id).result_json)["token"] == 2
+    assert ("after", 1) not in [(e.step_key, e.token) for e in read_log(log)]
+    assert first.popen.poll() is None and second.popen.poll() is None
 
 
 # -- async and sync together --------------------------------------------------------------------
