@@ -312,6 +312,8 @@ class DispatchLoop:
         """Send the delivery to `child`; `start`: (workflow, input) of a first delivery, which the
         child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
+        if self.shared and not any(c is child for c in self.pool.children):
+            return False  # replaced while this claim's deliveries were being handed out (below)
         child.take(delivery)
         if child.send(Run(lease, delivery.claimed_at, start)):
             return True
