@@ -4,21 +4,28 @@
     +-----------------------------------------------+          +-------------------------+
     | dispatcher loop (main thread): owns all state |  Run(lease, claimed_at, start)        |
     |   wait() on pipes, child sentinels, nudges,   |--------> | run_delivery            |
-    |   signals and the two ledger wake-ups         |  Beat(expires) / Alive()               |
-    |   claim / beat / renew / settle as steps      |<-------- |   write_step(token) --+  |
-    |        | submit             ^ replies         |  Done(id, token, outcome, ms)     |  |
-    | ledger thread: claim_deliveries, acknowledge, |          | parent watch thread   |  |
-    |   release, next_ready_at (own connection)     |          +-----------------------|--+
-    | renewal thread: renew (own connection)        |                                  |
-    +--------|--------------------------------------+                                  v
+    |   signals and the two ledger wake-ups         |  Stop(id, token) (--workers only)     |
+    |   claim / beat / renew / settle as steps      |  Beat(expires) / Alive()               |
+    |        | submit             ^ replies         |<-------- |   write_step(token) --+  |
+    | ledger thread: claim_deliveries, acknowledge, |  Done(id, token, outcome, ms)     |  |
+    |   release, next_ready_at (own connection)     |          | parent watch thread   |  |
+    | renewal thread: renew (own connection)        |          +-----------------------|--+
+    +--------|--------------------------------------+                                  |
              v                                                                         v
         SQLite ledger file (WAL) <-------- fenced by the token, in the same transaction
+
+By default each child runs one delivery at a time (`concurrency` children). With `workers=P`
+there are P children, each running up to ceil(concurrency / P) deliveries at once: async
+workflows as tasks of one event loop, sync ones on threads (`worker._runtime.deliveries`), each
+with its own token and fenced writes on the child's one connection.
 
 The parent holds the leases; children make their own fenced step writes with the token they
 were sent. Heartbeats run both ways over each child's pipe: a child that stops hearing its
 supervisor stops writing and exits (`worker._runtime.parent_watch`); a busy child that stops answering
 is no longer renewed, is killed and replaced, and its lease is left to expire. A child that dies
-is replaced and its lease is left to expire too: the execution is delivered again later.
+is replaced and its lease is left to expire too: the execution is delivered again later. (A
+child of several deliveries that dies or is killed has each of them released at once instead,
+once it is confirmed gone: see `loop`.)
 
 The loop never waits for the database (`ledger_calls`): a write lock held by another process,
 a full disk or a slow file system delays claims and acknowledgements, never a heartbeat. Storage
@@ -56,7 +63,7 @@ from .ledger.backends import open_backend, shown
 from .ledger.errors import AppLoadFailed, AppNotFound, InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import INLINE_SLOW_S, LedgerCalls, Wakeup
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
-from .pool import MAX_CONCURRENCY, Pool
+from .pool import MAX_CONCURRENCY, MAX_WORKERS, Pool
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -71,6 +78,7 @@ class SupervisorConfig:
     that is shorter."""
 
     concurrency: int = 4
+    workers: Optional[int] = None  # worker processes; None: one per delivery (`concurrency` of them)
     lease_ms: int = 30_000
     renew_ms: Optional[int] = None
     heartbeat_ms: Optional[int] = None
@@ -92,14 +100,34 @@ class SupervisorConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgument(f"{name} must be an int >= 1, got {value!r}")
         if self.concurrency > MAX_CONCURRENCY:
+            raise InvalidArgument(f"concurrency must be at most {MAX_CONCURRENCY}, got {self.concurrency}:"
+                                  " run more supervisors on the same ledger for more")
+        if self.workers is None and self.concurrency > MAX_WORKERS:
             raise InvalidArgument(
-                f"concurrency must be at most {MAX_CONCURRENCY} (one worker process each), got {self.concurrency}:"
-                " run more supervisors on the same ledger for more")
+                f"concurrency must be at most {MAX_WORKERS} without workers (one process per delivery), got"
+                f" {self.concurrency}: add --workers P (workers=P), P up to {MAX_WORKERS}, to run up to"
+                f" {MAX_CONCURRENCY:,} deliveries in P processes")
+        if self.workers is not None:
+            if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
+                raise InvalidArgument(f"workers must be an int from 1 to {MAX_WORKERS}, got {self.workers!r}")
+            if self.workers > self.concurrency:
+                raise InvalidArgument(f"workers ({self.workers}) must be at most concurrency ({self.concurrency}):"
+                                      " a worker process runs at least one delivery")
         arguments.boolean("listen", self.listen)
         if not isinstance(self.grace_ms, int) or isinstance(self.grace_ms, bool) or self.grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be an int >= 0, got {self.grace_ms!r}")
         if self.renew_ms >= self.lease_ms:
             raise InvalidArgument(f"renew_ms ({self.renew_ms}) must be less than lease_ms ({self.lease_ms})")
+
+    @property
+    def processes(self) -> int:
+        """How many worker processes run: `workers`, or one per delivery."""
+        return self.concurrency if self.workers is None else self.workers
+
+    @property
+    def slots(self) -> int:
+        """How many deliveries one worker process runs at once: ceil(concurrency / workers)."""
+        return -(-self.concurrency // self.processes)
 
     @property
     def silent_limit_s(self) -> float:
@@ -167,8 +195,8 @@ class Supervisor:
         except AppNotFound as exc:
             raise AppLoadFailed(f"cannot load app {self.app}: {exc}") from None
         previous_handlers = self._install_signal_handlers()
-        pool = Pool(cfg.concurrency, app=self.app, db_path=self.db_path, durability=cfg.durability,
-                    heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses)
+        pool = Pool(cfg.processes, app=self.app, db_path=self.db_path, durability=cfg.durability,
+                    heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses, slots=cfg.slots)
         self._pool = pool
         calls = renewals = nudges = loop = None
         try:
@@ -202,8 +230,9 @@ class Supervisor:
             loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, signals=self._signals,
                                 stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
                                 on_delivery=self._on_delivery)
-            log.info("supervising %s on %s: concurrency %d, lease %d ms, renew every %d ms (pid %d)",
-                     self.app, shown(self.db_path), cfg.concurrency, cfg.lease_ms, cfg.renew_ms, os.getpid())
+            shape = "" if cfg.slots == 1 else f" in {cfg.processes} workers of up to {cfg.slots} deliveries"
+            log.info("supervising %s on %s: concurrency %d%s, lease %d ms, renew every %d ms (pid %d)",
+                     self.app, shown(self.db_path), cfg.concurrency, shape, cfg.lease_ms, cfg.renew_ms, os.getpid())
             if first is not None:
                 loop.started(*first)
             try:
@@ -250,9 +279,15 @@ class Supervisor:
 
     @property
     def running(self) -> int:
-        """Deliveries running now (busy workers): for a status line, read from any thread."""
+        """Deliveries running now: for a status line, read from any thread."""
         pool = self._pool
-        return 0 if pool is None else sum(1 for child in list(pool.children) if child.busy)
+        return 0 if pool is None else sum(len(child.deliveries) for child in list(pool.children))
+
+    @property
+    def workers(self) -> int:
+        """Worker processes now (started, loading the app or ready): for a status line."""
+        pool = self._pool
+        return 0 if pool is None else len(pool.children)
 
     @staticmethod
     def _close(*all_calls: Optional[LedgerCalls], timeout: float = 5.0) -> None:

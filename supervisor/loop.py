@@ -18,6 +18,19 @@ may be inside a step calling the outside world, and a stale delivery must not ho
 does a lease that no renewal has confirmed for a whole lease length (the database cut off or
 not answering): another supervisor may hold the execution by then, and the child must not go
 on running its steps beside the new holder's.
+
+With `--workers`, a child holds up to `slots` deliveries (`Child.deliveries`, by execution and
+token), and the loop claims for free slots, never more than `concurrency` in flight in all:
+
+    claimed -> Run to the worker with a free slot, in turn -> renewed while the worker answers
+      -> Done(execution, token) -> acknowledged or released -> settled
+    lease lost / cancelled -> Stop(execution, token) to its worker alone -> its Done (LeaseLost)
+      `- no Done within the heartbeat tolerance -> worker killed and replaced, its others released
+    lease unconfirmed for a lease length -> Stop, and the lease released once it has stopped
+    worker dead, killed, frozen -> replaced (confirmed gone), every delivery it held released
+
+A released delivery is delivered again at once, its recorded steps replayed; a release is fenced
+like any write, so one whose lease is already lost is refused and counted lost.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ import selectors
 import time
 from typing import Callable, Optional
 
-from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild, LedgerNotOpened, Ready, Run
+from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild, LedgerNotOpened, Ready, Run, Stop
 
 from .ledger.errors import TRANSIENT_KINDS, AppLoadFailed, DiedWhileStarting, LedgerUnusable, StorageError
 from .ledger.contract import DueListener
@@ -53,6 +66,8 @@ TOP_UP_RETRY_S = 1.0
 # What the log says when a delivery is lost (the chaos checker counts these lines: `chaos.evidence`).
 LOST_LINE = "execution %s token %d: %s; killing worker pid %d so that it stops at once"
 RENEWAL_FOUND_LOST = "the lease is lost"
+# The same, in a worker of several deliveries: that one is told to stop, the others run on.
+STOP_LINE = "execution %s token %d: %s; telling worker pid %d to stop it"
 
 class DispatchLoop:
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
@@ -103,6 +118,14 @@ class DispatchLoop:
         self.start_deaths = 0  # children that died while loading the app, in a row
         self.ever_ready = False
         self.idle_checked = False  # until_idle: nothing runs anywhere and nothing is due
+        # Workers of several deliveries each (`--workers`): one delivery is stopped with a message,
+        # and a worker killed or dead costs its deliveries a release. Else one per process: a
+        # worker is killed to stop its delivery, and a dead one's lease is left to expire.
+        self.shared = pool.slots > 1
+        # Shared workers hold thousands of deliveries: the earliest `held_until` among them (a
+        # lower bound, kept as claims come), so that `stop_unconfirmed` and `deadline` need not
+        # look at every delivery on every turn.
+        self.next_unconfirmed = float("inf")
         self._selector: Optional[selectors.BaseSelector] = None  # see `selector`
         self._watched: list[Child] = []  # the children it watches
 
@@ -143,7 +166,7 @@ class DispatchLoop:
         """The exit code once the loop should end, else None."""
         requests = self.stop_requests()
         if requests > 1:
-            log.warning("second stop request: killing %d running deliveries", len(self.pool.busy()))
+            log.warning("second stop request: killing %d running deliveries", self.running())
             return EXIT_KILLED
         if requests and self.grace_deadline is None:
             self.grace_deadline = now + self.cfg.grace_ms / 1000
@@ -152,7 +175,7 @@ class DispatchLoop:
             # expired).
             self.settle_deadline = self.grace_deadline + max(self.cfg.lease_ms / 1000, 1.0)
             log.info("stopping: no new claims; %d deliveries have %d ms to finish",
-                     len(self.pool.busy()), self.cfg.grace_ms)
+                     self.running(), self.cfg.grace_ms)
         if self.grace_deadline is None:
             return None
         if now >= self.grace_deadline and self.pool.busy():
@@ -168,11 +191,12 @@ class DispatchLoop:
     def release_unfinished(self, now: float) -> None:
         """Grace is over: make sure the children still running are gone, then release their leases."""
         for child in self.pool.busy():
-            delivery = child.delivery
+            deliveries = list(child.deliveries.values())
             self.pool.remove(child)  # killed and joined: it can write nothing more
-            log.info("execution %s token %d: grace period over; releasing it",
-                     delivery.lease.execution_id, delivery.lease.token)
-            self.end(delivery, Retry("the supervisor stopped"), now)
+            for delivery in deliveries:
+                log.info("execution %s token %d: grace period over; releasing it",
+                         delivery.lease.execution_id, delivery.lease.token)
+                self.end(delivery, Retry("the supervisor stopped"), now)
 
     # -- ledger replies ----------------------------------------------------------------------
 
@@ -208,7 +232,7 @@ class DispatchLoop:
             return
         if not (self.claim_wanted or now >= self.next_poll):
             return
-        wanted = len(self.idle(now)) - self.promised
+        wanted = self.free_slots(now) - self.promised
         if wanted <= 0:
             return
         self.claim_wanted = False
@@ -228,7 +252,9 @@ class DispatchLoop:
         self.claim_failures = 0
         claimed = reply.value
         self.stats.claimed += len(claimed)
-        idle = self.idle(now) if self.grace_deadline is None else []
+        idle = self.takers(now, len(claimed)) if self.grace_deadline is None else []
+        if claimed:
+            self.next_unconfirmed = min(self.next_unconfirmed, sent_at + self.cfg.lease_ms / 1000)
         for each in claimed:
             lease = each.lease
             delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms,
@@ -247,23 +273,57 @@ class DispatchLoop:
             self.calls.submit(NextReadyAt(timed=True))
 
     def idle(self, now: float) -> list[Child]:
-        """The idle workers that may take a delivery: heard from within two heartbeats (each
-        answers every beat), so that one frozen moments ago, not yet found silent, gets none."""
+        """The workers with a free slot that may take a delivery: heard from within two
+        heartbeats (each answers every beat), so that one frozen moments ago, not yet found
+        silent, gets none."""
         recent = 2 * self.cfg.heartbeat_ms / 1000
         return [c for c in self.pool.idle() if now - c.last_answer <= recent]
+
+    def free_slots(self, now: float) -> int:
+        """How many deliveries the workers may take now: a free slot each, and no more than
+        `concurrency` running in all (P workers of ceil(N / P) slots may hold more than N)."""
+        idle = self.idle(now)
+        if not self.shared:
+            return len(idle)
+        room = self.cfg.concurrency - self.running()
+        return max(0, min(room, sum(c.free for c in idle)))
+
+    def takers(self, now: float, count: int) -> list[Child]:
+        """Up to `count` workers to hand claimed deliveries to, one entry per free slot, taken in
+        turn from each worker so that the deliveries spread over the workers."""
+        idle = self.idle(now)
+        if not self.shared:
+            return idle[:count]
+        count = min(count, self.free_slots(now))
+        out: list[Child] = []
+        turn = 0
+        while len(out) < count and idle:
+            idle = [c for c in idle if c.free > turn]
+            out += idle[:count - len(out)]
+            turn += 1
+        return out
+
+    def running(self) -> int:
+        """Deliveries handed to a worker and not yet reported done by it."""
+        return sum(len(c.deliveries) for c in self.pool.children)
 
     def hand_over(self, child: Child, delivery: Delivery, now: float,
                   start: Optional[tuple[str, str]] = None) -> bool:
         """Send the delivery to `child`; `start`: (workflow, input) of a first delivery, which the
         child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
-        child.delivery = delivery
+        if self.shared and not any(c is child for c in self.pool.children):
+            return False  # replaced while this claim's deliveries were being handed out (below)
+        child.take(delivery)
         if child.send(Run(lease, delivery.claimed_at, start)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
-        child.delivery = None
+        child.drop(delivery)
         self.stats.child_deaths += 1
-        self.replace(child)
+        if self.shared:
+            self.replace_and_release(child, f"worker pid {child.pid} was gone", now)
+        else:
+            self.replace(child)
         return False
 
     def on_next_ready_at(self, reply: Reply, now: float) -> None:
@@ -295,8 +355,7 @@ class DispatchLoop:
 
     def renewable(self, now: float) -> list[Delivery]:
         limit = self.cfg.silent_limit_s
-        running = [c.delivery for c in self.pool.children
-                   if c.delivery is not None and now - c.last_answer <= limit]
+        running = [d for c in self.pool.children if now - c.last_answer <= limit for d in c.deliveries.values()]
         return running + list(self.ending.values())
 
     def on_renewed(self, reply: Reply, now: float) -> None:
@@ -321,6 +380,9 @@ class DispatchLoop:
         still on its way may have extended it meanwhile). Costs time, never correctness: the
         execution is delivered again. (The child itself keeps no such timer: what stops a stale
         write is the fencing token, checked by the ledger as the write lands, never a clock.)"""
+        if self.shared:
+            self.stop_unconfirmed_shared(now)
+            return
         for child in list(self.pool.children):
             delivery = child.delivery
             if delivery is None or delivery.lost or now < delivery.held_until:
@@ -338,12 +400,63 @@ class DispatchLoop:
             self.replace(child)  # killed and joined: it can do nothing more
             self.end(delivery, Retry(why), now)
 
+    def stop_unconfirmed_shared(self, now: float) -> None:
+        """`stop_unconfirmed` in workers of several deliveries: each unconfirmed delivery is told
+        to stop, and its lease given back once it has (`done`); one that does not stop in time
+        gets its worker replaced (`beat`). Only once the earliest `held_until` has passed."""
+        if now < self.next_unconfirmed:
+            return
+        earliest = float("inf")
+        why = (f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database out of reach or too"
+               " slow, or this supervisor paused; another supervisor may hold it)")
+        for child in list(self.pool.children):
+            if not child.process.is_alive() or child.conn.poll(0):
+                # It exited, or it has reported: read that first (see `stop_unconfirmed`).
+                earliest = min([earliest, now] + [d.held_until for d in child.deliveries.values() if not d.lost])
+                continue
+            for delivery in list(child.deliveries.values()):
+                if delivery.lost:
+                    continue
+                if now < delivery.held_until:
+                    earliest = min(earliest, delivery.held_until)
+                    continue
+                self.stats.unconfirmed += 1
+                self.stop(child, delivery, why, now, release=True)
+        self.next_unconfirmed = earliest
+
+    def stop(self, child: Child, delivery: Delivery, why: str, now: float, *, release: bool = False) -> None:
+        """Tell `child`, a worker of several deliveries, to stop `delivery` and leave its others
+        running; `release`: give the lease back once it has stopped. No longer renewed from now
+        on; its worker is replaced if it has not reported within the heartbeat tolerance."""
+        delivery.lost = True
+        delivery.stop_sent_at, delivery.stop_why, delivery.release_on_stop = now, why, release
+        log.warning(STOP_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+        child.send(Stop(delivery.lease.execution_id, delivery.lease.token))  # a dead one shows on its sentinel
+
+    def replace_and_release(self, child: Child, why: str, now: float) -> None:
+        """Kill `child`, a worker of several deliveries, make sure it is gone, start another in its
+        place, and give back the lease of every delivery it held, so that each is delivered again
+        at once instead of after its lease expires. (A release is fenced: one whose lease is lost
+        already is refused, and counted lost.)"""
+        deliveries = list(child.deliveries.values())
+        child.deliveries = {}
+        self.replace(child)  # killed and joined: it can write nothing more
+        for delivery in deliveries:
+            log.warning("execution %s token %d: %s; releasing it", delivery.lease.execution_id,
+                        delivery.lease.token, why)
+            self.end(delivery, Retry(why), now)
+
     def lose(self, delivery: Delivery, why: str, now: float) -> None:
         """The delivery ended in the ledger (lost, or cancelled): kill its child, which may be
         inside a step calling the outside world, so that it stops at once."""
         child = self.child_of(delivery)
         if child is None or delivery.lost:
             return  # it raced the acknowledgement of this delivery: the acknowledgement decides
+        if self.shared:
+            # Its report, if already sent, is read as usual; a `Stop` for a delivery that has
+            # ended is ignored by the worker.
+            self.stop(child, delivery, why, now)
+            return
         # What it said already still counts, as when a worker dies (`child_died`): a report of
         # this delivery waiting in its pipe settles it, and the worker, idle again, is kept.
         while child.delivery is delivery and child.conn.poll(0):
@@ -363,7 +476,7 @@ class DispatchLoop:
         operator cancelled its execution): renewals alone would find out only at the next one."""
         if self.checking_ended or now < self.next_ended_check:
             return
-        running = [c.delivery for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
+        running = [d for c in self.pool.children for d in c.deliveries.values() if not d.lost]
         if running:
             self.checking_ended = True
             self.renewals.submit(Ended([d.lease for d in running], about=running))
@@ -379,7 +492,7 @@ class DispatchLoop:
                           "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)", now)
 
     def child_of(self, delivery: Delivery) -> Optional[Child]:
-        return next((c for c in self.pool.children if c.delivery is delivery), None)
+        return next((c for c in self.pool.children if c.deliveries.get(delivery.key) is delivery), None)
 
     # -- heartbeats ------------------------------------------------------------------------------
 
@@ -394,6 +507,9 @@ class DispatchLoop:
             log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at)
             for child in self.pool.children:
                 child.last_answer = now
+                for delivery in child.deliveries.values():  # told to stop before the pause: from now on too
+                    if delivery.stop_sent_at is not None:
+                        delivery.stop_sent_at = now
             # Its workers may have given up on it during the pause and be reporting so now: let
             # them, and let the next renewal round decide about their leases, as before the pause.
             self.next_ended_check = now + self.cfg.renew_ms / 1000
@@ -407,13 +523,19 @@ class DispatchLoop:
                     self.replace(child)
                 continue
             delivery = child.delivery
-            if not child.send(Beat(delivery.lease.expires_at if delivery else None)):
+            expires = min((d.lease.expires_at for d in child.deliveries.values()), default=None)
+            if not child.send(Beat(expires)):
                 continue  # its death shows on its sentinel
             if now - child.last_answer > limit:
                 # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
                 # Kill it and leave its lease to expire. An idle one too: it would be handed a
                 # lease it cannot run, and its pipe, unread, would fill up with beats until a send
                 # blocked this loop.
+                if self.shared and child.deliveries:
+                    self.stats.children_killed += 1
+                    self.replace_and_release(child, f"worker pid {child.pid} silent for"
+                                             f" {now - child.last_answer:.1f} s, killed and replaced", now)
+                    continue
                 if delivery is not None:
                     log.warning("execution %s token %d: worker pid %d silent for %.1f s; killing and replacing it",
                                 delivery.lease.execution_id, delivery.lease.token, child.pid,
@@ -424,6 +546,23 @@ class DispatchLoop:
                 self.stats.children_killed += 1
                 child.delivery = None
                 self.replace(child)
+                continue
+            if self.shared:
+                self.replace_unstoppable(child, now, limit)
+
+    def replace_unstoppable(self, child: Child, now: float, limit: float) -> None:
+        """A worker of several deliveries, one of which was told to stop longer than the heartbeat
+        tolerance ago and has not reported (a sync step that sleeps, or code that ignores the
+        cancellation): it is replaced, and its other deliveries are given back at once."""
+        stuck = next((d for d in child.deliveries.values()
+                      if d.stop_sent_at is not None and now - d.stop_sent_at > limit), None)
+        if stuck is None:
+            return
+        log.warning("execution %s token %d: not stopped %.1f s after worker pid %d was told to stop it; killing"
+                    " and replacing the worker, and releasing its %d other deliveries", stuck.lease.execution_id,
+                    stuck.lease.token, now - stuck.stop_sent_at, child.pid, len(child.deliveries) - 1)
+        self.stats.children_killed += 1
+        self.replace_and_release(child, f"worker pid {child.pid} replaced: a delivery of it did not stop", now)
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -504,16 +643,24 @@ class DispatchLoop:
 
     def done(self, child: Child, report: Done, now: float) -> None:
         """A child's report that it finished its delivery."""
-        delivery = child.delivery
-        child.delivery = None
         self.claim_wanted = True
-        if delivery is None or delivery.lease.token != report.token or \
-                delivery.lease.execution_id != report.execution_id:
+        if self.shared:
+            delivery = child.deliveries.pop((report.execution_id, report.token), None)
+        else:
+            delivery = child.delivery
+            child.delivery = None
+            if delivery is not None and (delivery.lease.token != report.token or
+                                         delivery.lease.execution_id != report.execution_id):
+                delivery = None
+        if delivery is None:
             log.error("worker pid %d reported %s token %s, which it was not running", child.pid, report.execution_id,
                       report.token)
             return
         delivery.ms = report.ms
-        self.end(delivery, report.outcome, now)
+        outcome = report.outcome
+        if delivery.release_on_stop and isinstance(outcome, LeaseLost):
+            outcome = Retry(delivery.stop_why)  # stopped unconfirmed: give the lease back
+        self.end(delivery, outcome, now)
 
     def started(self, child: Child, message: FromChild) -> None:
         """A child's first message: it loaded the app and may take deliveries, or it could not."""
@@ -546,7 +693,7 @@ class DispatchLoop:
     def child_died(self, child: Child) -> None:
         # What it said before it died still counts: a delivery it reported done is settled.
         try:
-            while child.ready and child.delivery is not None and child.conn.poll(0):
+            while child.ready and child.deliveries and child.conn.poll(0):
                 message = child.conn.recv()
                 if isinstance(message, Done):
                     self.done(child, message, time.monotonic())
@@ -555,6 +702,10 @@ class DispatchLoop:
         child.process.join(1)
         delivery = child.delivery
         self.stats.child_deaths += 1
+        if self.shared and child.deliveries:
+            self.replace_and_release(child, f"worker pid {child.pid} {describe_exit(child.process)} mid-delivery",
+                                     time.monotonic())
+            return
         if delivery is not None:
             log.warning("execution %s token %d: worker pid %d %s mid-delivery; its lease is left to expire",
                         delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process))
@@ -612,13 +763,16 @@ class DispatchLoop:
 
     def deadline(self, now: float) -> float:
         deadlines = [self.next_beat, self.next_file_check]
-        if self.grace_deadline is None and len(self.idle(now)) > self.promised:
+        if self.grace_deadline is None and self.free_slots(now) > self.promised:
             deadlines.append(self.next_poll)
         elif self.grace_deadline is not None:
             # Once the grace period is over, only the settlements' replies (or their deadline)
             # are worth waking for.
             deadlines += [self.grace_deadline if self.grace_deadline > now else self.settle_deadline]
-        held = [c.delivery.held_until for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
+        if self.shared:
+            held = [self.next_unconfirmed] if self.running() else []
+        else:
+            held = [c.delivery.held_until for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
         if held or self.ending:
             deadlines.append(self.next_renewal)
         deadlines += held

@@ -7,7 +7,7 @@ supervisor's `__main__`. It is started by the path of its first file, not with `
 `worker.py` or `supervisor.py` in its working folder (often the app's) cannot take the place of
 yieldstar's packages (see `worker._runtime.boot`). The child
 gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
-and then runs one delivery at a time. Nothing here waits for a child to load the app: the
+and then runs one delivery at a time, or up to `slots` at once (`supervise --workers`). Nothing here waits for a child to load the app: the
 dispatcher reads each child's first report (`Ready`, or why not) like any other message, beating the children that are
 ready while the others load.
 """
@@ -98,10 +98,12 @@ START_ATTEMPTS = 3
 # machine must not thrash, and the ones that are ready take deliveries while the rest load.
 MAX_STARTING = 8
 
-# One process per concurrent delivery: past a few hundred, a host runs out of memory (each
-# worker is an interpreter with the app loaded) long before it runs out of work. More
-# concurrency comes from more supervisors sharing the ledger.
-MAX_CONCURRENCY = 256
+# Worker processes per supervisor: past a few hundred, a host runs out of memory (each worker is
+# an interpreter with the app loaded) long before it runs out of work. More deliveries at once
+# come from several per worker (`--workers`), up to MAX_CONCURRENCY, and past that from more
+# supervisors sharing the ledger.
+MAX_WORKERS = 256
+MAX_CONCURRENCY = 10_000
 
 
 @dataclass
@@ -122,6 +124,17 @@ class Delivery:
     ms: int = 0  # how long the child took
     retry_at: float = 0.0  # after a storage error: when to try the acknowledgement again
     failures: int = 0  # storage errors in a row on its acknowledgement or release
+    # In a worker of several deliveries, once it was told to stop (`Stop`): when, and why.
+    stop_sent_at: Optional[float] = None
+    stop_why: str = ""
+    release_on_stop: bool = False  # stopped unconfirmed: give the lease back once it stops
+
+    @property
+    def key(self) -> tuple:
+        """(execution id, token): what its worker's report names."""
+        if self.lease is None:  # a placeholder (tests of the loop by hand)
+            return (None, id(self))
+        return (self.lease.execution_id, self.lease.token)
 
 
 @dataclass
@@ -129,15 +142,38 @@ class Child:
     process: ChildProcess
     conn: object  # multiprocessing.connection.Connection
     pid: int
-    delivery: Optional[Delivery] = None
     last_answer: float = field(default_factory=time.monotonic)
     ready: bool = False  # False until it reports that it loaded the app
     launched: float = field(default_factory=time.monotonic)
     start_deadline: Optional[float] = None  # while not ready: when to give up on it
+    slots: int = 1  # deliveries it runs at once
+    # What it runs, by (execution id, token): handed over and not yet reported done.
+    deliveries: dict[tuple, Delivery] = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
-        return self.delivery is not None
+        return bool(self.deliveries)
+
+    @property
+    def free(self) -> int:
+        """How many more deliveries it may take."""
+        return self.slots - len(self.deliveries)
+
+    @property
+    def delivery(self) -> Optional[Delivery]:
+        """The delivery of a one-slot worker (any one of them for more slots), None if idle."""
+        return next(iter(self.deliveries.values()), None)
+
+    @delivery.setter
+    def delivery(self, delivery: Optional[Delivery]) -> None:
+        """Make `delivery` the only one it runs (None: none)."""
+        self.deliveries = {} if delivery is None else {delivery.key: delivery}
+
+    def take(self, delivery: Delivery) -> None:
+        self.deliveries[delivery.key] = delivery
+
+    def drop(self, delivery: Delivery) -> None:
+        self.deliveries.pop(delivery.key, None)
 
     def send(self, message: ToChild) -> bool:
         """False if the child's end of the pipe is gone (the child died or is dying)."""
@@ -163,8 +199,10 @@ def describe_exit(process) -> str:
 
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float = 60.0, slots: int = 1):
+        """`size` worker processes, each running up to `slots` deliveries at once."""
         self.size = size
+        self.slots = slots
         self._args = (app, db_path, durability)
         self._heartbeat_s = heartbeat_s
         self._misses = misses
@@ -193,7 +231,8 @@ class Pool:
 
     def _fresh(self) -> Child:
         process, conn = self._launch()
-        return Child(process, conn, process.pid, start_deadline=time.monotonic() + self.start_timeout_s)
+        return Child(process, conn, process.pid, start_deadline=time.monotonic() + self.start_timeout_s,
+                     slots=self.slots)
 
     def _launch(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -201,7 +240,7 @@ class Pool:
         settings = {
             "fd": theirs.fileno(), "app": app, "db_path": anywhere(db_path), "durability": durability,
             "parent_pid": os.getpid(),
-            "heartbeat_s": self._heartbeat_s, "misses": self._misses,
+            "heartbeat_s": self._heartbeat_s, "misses": self._misses, "slots": self.slots,
             # The child imports what the supervisor could import, as multiprocessing would arrange.
             "sys_path": [p for p in sys.path if p],
         }
@@ -279,7 +318,8 @@ class Pool:
         child.conn.close()
 
     def idle(self) -> list[Child]:
-        return [c for c in self.children if c.ready and not c.busy]
+        """The ready children with a free slot."""
+        return [c for c in self.children if c.ready and c.free > 0]
 
     def busy(self) -> list[Child]:
         return [c for c in self.children if c.busy]

@@ -144,7 +144,7 @@ def is_worker(process: psutil.Process) -> bool:
 class SupervisorProcess:
     popen: subprocess.Popen
     log_path: Path
-    concurrency: int
+    concurrency: int  # its worker processes (`--workers`, else `--concurrency`)
     seen_pids: set[int] = field(default_factory=set)  # every descendant ever observed
 
     @property
@@ -214,10 +214,15 @@ class Supervisors:
     def start(self, db, *, app: str = APP, concurrency: int = 2, lease_ms: int = LEASE_MS,
               renew_ms: int = RENEW_MS, heartbeat_ms: int = HEARTBEAT_MS, poll_ms: int = POLL_MS,
               grace_ms: Optional[int] = None, until_idle: bool = False, extra: Iterable[str] = (),
-              ready: bool = True, umask: int = -1, env: Optional[dict] = None) -> SupervisorProcess:
+              ready: bool = True, umask: int = -1, env: Optional[dict] = None,
+              workers: Optional[int] = None) -> SupervisorProcess:
+        """`workers`: `--workers` (worker processes of several deliveries each); None: one
+        process per delivery."""
         args = [sys.executable, "-m", "supervisor.cli", "--db", str(db), "supervise", app,
                 "--concurrency", str(concurrency), "--lease-ms", str(lease_ms), "--renew-ms", str(renew_ms),
                 "--heartbeat-ms", str(heartbeat_ms), "--poll-ms", str(poll_ms)]
+        if workers is not None:
+            args += ["--workers", str(workers)]
         if grace_ms is not None:
             args += ["--grace-ms", str(grace_ms)]
         if until_idle:
@@ -228,7 +233,7 @@ class Supervisors:
             popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      cwd=self._tmp, start_new_session=True, umask=umask,
                                      env=None if env is None else {**os.environ, **env})
-        process = SupervisorProcess(popen, log_path, concurrency)
+        process = SupervisorProcess(popen, log_path, concurrency if workers is None else workers)
         self.started.append(process)
         if ready:
             process.wait_ready()

@@ -20,7 +20,11 @@ from . import (
 @main.command()
 @click.argument("app")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Worker processes, one per concurrent delivery (at most 256).")
+              help="Deliveries running at once (at most 10,000; at most 256 without --workers).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes (at most 256), each running up to ceil(concurrency / workers) deliveries:"
+                   " async workflows as tasks of one event loop, sync ones on threads. Default: one process per"
+                   " delivery, the strongest isolation.")
 @click.option("--lease-ms", type=click.IntRange(min=1), default=30_000, show_default=True)
 @click.option("--renew-ms", type=click.IntRange(min=1), default=None, help="Default: a third of --lease-ms.")
 @click.option("--heartbeat-ms", type=click.IntRange(min=1), default=None,
@@ -40,7 +44,7 @@ from . import (
 @click.option("--verbose", is_flag=True, help="When the app cannot be loaded, print the whole traceback too.")
 @click.pass_context
 @handles_errors
-def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, poll_only,
+def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, poll_only,
               grace_ms, durability, until_idle, summary_s, quiet, verbose) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
@@ -50,7 +54,7 @@ def supervise(ctx, app, concurrency, lease_ms, renew_ms, heartbeat_ms, heartbeat
     from ..ledger.errors import AppLoadFailed
 
     config = SupervisorConfig(
-        concurrency=concurrency, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
+        concurrency=concurrency, workers=workers, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
         heartbeat_misses=heartbeat_misses,
         poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability)
     supervisor = Supervisor(ctx.obj["db"], app, config)
@@ -94,7 +98,9 @@ class StatusLine:
 
     def text(self) -> str:
         s = self.supervisor.stats
-        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  running {self.supervisor.running}"
+        workers = self.supervisor.config.workers
+        running = f"running {self.supervisor.running}" + (f" in {self.supervisor.workers} workers" if workers else "")
+        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  {running}"
                 + (f"  suspended {s.suspended}" if s.suspended else "")
                 + (f"  worker deaths {s.child_deaths}" if s.child_deaths else ""))
 

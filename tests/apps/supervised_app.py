@@ -229,3 +229,51 @@ async def async_hold(ctx, input):
     pid = await ctx.run("hold", held_step, log, ctx.execution_id, ctx.token, input["gate"], input.get("hold_tokens"))
     await ctx.run("after", async_logged_step, log, ctx.execution_id, ctx.token, "after")
     return {"token": ctx.token, "pid": pid}
+
+
+# -- many deliveries in one worker (`supervise --workers`) ---------------------------------------
+
+async def async_gate_step(log: str, execution_id: str, token: int, gate: str, hold_tokens=None) -> int:
+    """Log `waiting`, then, when `token` is in `hold_tokens` (None: every token), wait for `gate`
+    without blocking the event loop (the worker's other deliveries run meanwhile); log `end`;
+    returns the pid."""
+    log_event(log, "waiting", execution_id, token, "hold")
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while not os.path.exists(gate) and (hold_tokens is None or token in hold_tokens):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} did not appear within {GATE_TIMEOUT_S} s")
+        await asyncio.sleep(0.01)
+    log_event(log, "end", execution_id, token, "hold")
+    return os.getpid()
+
+
+@workflow("sv.async_gate")
+async def async_gate(ctx, input):
+    """`before`, `hold` (awaits `input["gate"]` on the event loop, on the tokens listed in
+    `input["hold_tokens"]`, every token when absent), `after`."""
+    log = input["log"]
+    await ctx.run("before", async_logged_step, log, ctx.execution_id, ctx.token, "before")
+    pid = await ctx.run("hold", async_gate_step, log, ctx.execution_id, ctx.token, input["gate"],
+                        input.get("hold_tokens"))
+    await ctx.run("after", async_logged_step, log, ctx.execution_id, ctx.token, "after")
+    return {"token": ctx.token, "pid": pid}
+
+
+def stubborn_step(log: str, execution_id: str, token: int, seconds: float, stubborn_tokens) -> int:
+    """Log `begin`; on a token in `stubborn_tokens`, sleep `seconds` (a step that no stop
+    reaches: only its next write would be refused); log `end`."""
+    log_event(log, "begin", execution_id, token, "stubborn")
+    if token in stubborn_tokens:
+        time.sleep(seconds)
+    log_event(log, "end", execution_id, token, "stubborn")
+    return os.getpid()
+
+
+@workflow("sv.stubborn")
+def stubborn(ctx, input):
+    """Step `before`, then step `stubborn` (sleeps on `input["stubborn_tokens"]`)."""
+    log = input["log"]
+    ctx.run("before", logged_step, log, ctx.execution_id, ctx.token, "before")
+    pid = ctx.run("stubborn", stubborn_step, log, ctx.execution_id, ctx.token, input["seconds"],
+                  input["stubborn_tokens"])
+    return {"token": ctx.token, "pid": pid}

@@ -1,6 +1,9 @@
 """The dispatcher loop, driven by hand: a worker freed while a claim is in flight is claimed for
 at once, by a claim of its own, and no worker is claimed for twice; a lease found lost is settled
 from its worker's report when one is already waiting in the pipe, and its worker killed otherwise.
+With workers of several deliveries (`--workers`): claims fill the free slots in turn up to the
+concurrency, a lost lease is a `Stop` to its worker alone, and a worker found dead while being
+handed deliveries has them released.
 
 Real ledger threads on a real SQLite file; the workers are the supervisor's ends of socket pairs
 (what the loop sends them is read back from the other ends).
@@ -22,26 +25,27 @@ from supervisor.ledger.values import LeaseLost
 from supervisor.ledger_calls import CALLS, LedgerCalls, Renew, Reply, Wakeup
 from supervisor.loop import ON_REPLY, DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
-from worker._runtime.protocol import Alive, Done, Run
+from worker._runtime.protocol import Alive, Done, Run, Stop
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def loop(sqlite_path):
-    """A loop over two idle workers (`loop.workers`: the other ends of their pipes)."""
+def loop_by_hand(sqlite_path, config: SupervisorConfig):
+    """A loop over `config.processes` idle workers of `config.slots` slots each (`loop.workers`:
+    the other ends of their pipes); a generator, for a fixture to yield from."""
     exited = subprocess.Popen(["true"])  # stands in for the workers' processes, which the loop never waits on here
     exited.wait()
-    pool = Pool(2, app=APP, db_path=str(sqlite_path), durability="normal", heartbeat_s=1.0, misses=3)
+    pool = Pool(config.processes, app=APP, db_path=str(sqlite_path), durability="normal", heartbeat_s=1.0, misses=3,
+                slots=config.slots)
     ends = []
-    for _ in range(2):
+    for _ in range(config.processes):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pool.children.append(Child(ChildProcess(exited), Connection(ours.detach()), exited.pid, ready=True))
+        pool.children.append(Child(ChildProcess(exited), Connection(ours.detach()), exited.pid, ready=True,
+                                   slots=config.slots))
         ends.append(Connection(theirs.detach()))
     calls = LedgerCalls(open_backend(str(sqlite_path)), "test-calls", gathering=True)
     renewals = LedgerCalls(open_backend(str(sqlite_path)), "test-renewals")
-    loop = DispatchLoop(SupervisorConfig(concurrency=2, lease_ms=30_000), Stats(), pool, calls, renewals,
-                        signals=Wakeup(), stop_requests=lambda: 0)
+    loop = DispatchLoop(config, Stats(), pool, calls, renewals, signals=Wakeup(), stop_requests=lambda: 0)
     loop.workers = ends
     yield loop
     pool.shutdown(kill=True)  # the replacements a test made the loop start, too
@@ -49,6 +53,18 @@ def loop(sqlite_path):
     renewals.close()
     for end in ends:
         end.close()
+
+
+@pytest.fixture
+def loop(sqlite_path):
+    """A loop over two idle workers of one delivery each."""
+    yield from loop_by_hand(sqlite_path, SupervisorConfig(concurrency=2, lease_ms=30_000))
+
+
+@pytest.fixture
+def shared_loop(sqlite_path):
+    """A loop over two idle workers of 3 slots each, 5 deliveries at most in all (`--workers`)."""
+    yield from loop_by_hand(sqlite_path, SupervisorConfig(concurrency=5, workers=2, lease_ms=30_000))
 
 
 def handed(end: Connection) -> list[str]:
@@ -127,3 +143,54 @@ def test_a_lost_lease_whose_worker_is_still_running_it_has_its_worker_killed(loo
 def test_every_kind_of_ledger_call_has_a_handler_for_its_reply():
     assert set(ON_REPLY) == set(CALLS)
     assert all(handler.__qualname__.startswith("DispatchLoop.on_") for handler in ON_REPLY.values())
+
+
+# -- workers of several deliveries (`--workers`) -------------------------------------------------
+
+def claimed_and_handed(loop, n: int) -> list[list[str]]:
+    """Admit `n` executions, let the loop claim for its free slots, and return what each worker
+    was handed."""
+    for i in range(n):
+        admit(loop.calls.backend.path, f"e{i}", "sv.noop3")
+    loop.claim(time.monotonic())
+    loop.calls.flush()
+
+    def settled():
+        loop.take_replies(time.monotonic())
+        return loop.claiming == 0
+
+    wait_until(settled, message="the claim to come back")
+    return [[] if end.closed else handed(end) for end in loop.workers]
+
+
+def test_claims_fill_the_free_slots_in_turn_and_never_pass_the_concurrency(shared_loop):
+    got = claimed_and_handed(shared_loop, 8)
+    assert [len(each) for each in got] == [3, 2], got  # 5 in all: spread, the first worker's 3 slots full
+    assert shared_loop.running() == 5 and shared_loop.free_slots(time.monotonic()) == 0
+
+
+def test_a_lost_lease_in_a_shared_worker_stops_that_delivery_alone(shared_loop, sqlite_ledger):
+    claimed_and_handed(shared_loop, 2)  # one each
+    (worker, _), ((lost,), (other,)) = shared_loop.pool.children, [
+        list(child.deliveries.values()) for child in shared_loop.pool.children]
+    renewal_found_lost(shared_loop, lost)
+    end = shared_loop.workers[0]
+    assert end.poll(5) and end.recv() == Stop(lost.lease.execution_id, lost.lease.token)
+    assert any(child is worker for child in shared_loop.pool.children)  # not killed
+    assert lost.lost and not other.lost
+    end.send(Done(lost.lease.execution_id, lost.lease.token, LeaseLost(), 5))
+    wait_until(lambda: shared_loop.receive(worker, time.monotonic()) or lost.key not in worker.deliveries)
+    assert shared_loop.stats.lost == 1 and not other.lost
+
+
+def test_a_shared_worker_found_dead_while_handed_deliveries_has_them_all_released(shared_loop, sqlite_ledger):
+    shared_loop.workers[0].close()  # the first worker died: a send to it fails
+    claimed_and_handed(shared_loop, 5)
+    # Its 3 slots' deliveries could not be handed over, the second worker's 2 run: the loop went on
+    # past the dead worker, replaced it, and gave the 3 leases back.
+    assert shared_loop.running() == 2
+    assert len(shared_loop.ending) == 3
+    shared_loop.calls.flush()
+    wait_until(lambda: (shared_loop.take_replies(time.monotonic()) or not shared_loop.ending),
+               message="the 3 releases")
+    assert sqlite_ledger.executions.stats().by_status.get("running", 0) == 2

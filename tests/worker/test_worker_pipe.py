@@ -18,7 +18,7 @@ import pytest
 from faults import wait_until
 from supervisor.ledger.values import Completed, ExecutionLease, Retry
 from worker._runtime.pipe import Pipe
-from worker._runtime.protocol import Alive, AppNotLoaded, Beat, Done, Exit, LedgerNotOpened, Ready, Run
+from worker._runtime.protocol import Alive, AppNotLoaded, Beat, Done, Exit, LedgerNotOpened, Ready, Run, Stop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,12 +41,12 @@ MESSAGES = [
     Done("e2", 1, Retry("x" * 100_000), 0),  # larger than one write
     (ExecutionLease("e3", 7, 42), "é" * 20_000),
     Beat(None), Exit(), Alive(), Ready(123), AppNotLoaded(123, "cannot load app x: y"),
-    LedgerNotOpened(123, "corrupt", "corrupt"),
+    LedgerNotOpened(123, "corrupt", "corrupt"), Stop("e1", 3),
 ]
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=["run", "done", "large", "unicode", "beat", "exit", "alive", "ready",
-                                                   "app-not-loaded", "ledger-not-opened"])
+                                                   "app-not-loaded", "ledger-not-opened", "stop"])
 def test_messages_cross_both_ways_unchanged(ends, message):
     supervisor, child = ends
     supervisor.send(message)

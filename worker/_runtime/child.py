@@ -1,5 +1,11 @@
 """The child process: load the app once, then run deliveries the supervisor hands over.
 
+With one slot (the default: one delivery per process), the main thread runs each delivery in
+turn, and a lost lease or a cancel gets the whole process killed by the supervisor. With more
+(`supervise --workers`), the worker runs up to that many at once (`deliveries`: async ones as
+tasks of one event loop, sync ones on threads), and the supervisor stops one of them with a
+`Stop` message. Either way the parent watch covers every delivery of the process.
+
 The child opens its own connection to the ledger and makes every fenced write itself, with the
 token it was sent; the supervisor only acknowledges. Anything a delivery raises that the driver
 did not turn into an outcome is reported as `Retry`: a storage error as `Retry(reason,
@@ -26,12 +32,13 @@ from supervisor.ledger.values import Retry
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
-from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready
+from .deliveries import serve_many
+from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready, Run
 from .loading import describe_load_failure, load_app
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
-               misses: int) -> None:
+               misses: int, slots: int = 1) -> None:
     """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
     die_with_parent(parent_pid)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -58,11 +65,15 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     backend = _open_ledger(conn, db_path, durability)
     watch.start()
     watch.send(Ready(os.getpid()))
+    if slots > 1:
+        serve_many(backend, registry, watch, slots)
 
     while True:
         task = watch.next_task()
         if task is None:
             break
+        if not isinstance(task, Run):
+            continue  # a `Stop`: a one-slot worker is killed instead, and is never sent one
         lease = task.lease
         started = time.monotonic()
         try:
@@ -103,6 +114,6 @@ def main(argv: list[str]) -> None:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     child_main(Pipe(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
-               settings["parent_pid"], settings["heartbeat_s"], settings["misses"])
+               settings["parent_pid"], settings["heartbeat_s"], settings["misses"], settings.get("slots", 1))
 
 

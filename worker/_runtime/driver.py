@@ -16,6 +16,13 @@ An `async def` workflow (a coroutine function, a partial of one, an object with 
 the delivery (`asyncio.run`), with an `AsyncWorkflowContext`, and ends in the same outcomes by
 the same rules: the unwinding exceptions come out of the loop as they went in.
 
+A worker that runs several deliveries at once (`worker._runtime.deliveries`) takes a delivery
+in its phases instead (`WorkflowRun`): `prepare` reads the execution and finds its workflow,
+then `run` runs a sync one on the calling thread, or `run_async` an async one as a task of the
+worker's one event loop, with the same outcomes. `stop` ends one delivery early (its lease is
+lost, its execution cancelled): its writes are refused from then on, and a task cancelled
+because of it ends as `LeaseLost` too.
+
 A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
 `StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
 own reads, the clock of a backend that asks its server, or a step function that called the
@@ -76,6 +83,121 @@ class Start(NamedTuple):
     input_json: str
 
 
+class WorkflowRun:
+    """One delivery in its phases: `prepare`, then `run` or `run_async`; `stop` from any thread."""
+
+    def __init__(self, backend, lease: ExecutionLease, registry: Registry, *,
+                 may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
+                 start: Optional[tuple[str, str]] = None):
+        """Args: as `run_delivery`'s."""
+        self.backend = backend
+        self.lease = lease
+        self.registry = registry
+        self.writer = FencedWriter(backend, lease, may_write)
+        self.claimed_at = claimed_at
+        self.start = start
+        self.execution = None
+        self.recorded: list = []
+        self.fn: Optional[Callable] = None
+        self.asynchronous = False
+
+    def prepare(self) -> Optional[DeliveryOutcome]:
+        """Read the execution (unless `start` says what it is) and find its workflow; returns
+        the outcome if the delivery ends here (an unknown execution or workflow, a storage error)."""
+        try:
+            if self.start is not None:
+                self.execution, self.recorded = Start(self.lease.execution_id, *self.start), []
+            else:
+                found = self.backend.executions.get_with_steps(self.lease.execution_id)
+                if found is None:
+                    return failure("UnknownExecution", f"execution {self.lease.execution_id!r} is not in the ledger")
+                self.execution, self.recorded = found
+        except StorageError as exc:  # the delivery's own reads
+            return storage_retry(exc)
+        self.fn = self.registry.get(self.execution.workflow)
+        if self.fn is None:
+            known = ", ".join(self.registry.names()) or "none"
+            return failure("UnknownWorkflow",
+                           f"no workflow is registered as {self.execution.workflow!r} (registered: {known})")
+        self.asynchronous = is_async_workflow(self.fn)
+        return None
+
+    def stop(self, why: str) -> None:
+        """Refuse this delivery's writes from now on (it raises `StopDelivery` at its next one);
+        safe from any thread."""
+        if self.writer.stopped_because is None:
+            self.writer.stopped_because = why
+
+    def _context(self, asynchronous: bool) -> WorkflowContext:
+        context = AsyncWorkflowContext if asynchronous else WorkflowContext
+        return context(self.writer, self.execution, self.recorded, self.backend.clock, self.claimed_at)
+
+    def _input(self):
+        return json.loads(self.execution.input_json)
+
+    def run(self) -> DeliveryOutcome:
+        """Run the prepared workflow on this thread: a sync one, or an async one on an event loop
+        of its own (`run_to_end`)."""
+        ctx = self._context(self.asynchronous)
+        try:
+            if self.asynchronous:  # on an event loop of its own, closed with the delivery
+                result = run_to_end(self.fn(ctx, self._input()))
+            else:
+                result = self.fn(ctx, self._input())
+                if inspect.iscoroutine(result) and not ctx._keys_used:
+                    # A plain function that returned a coroutine, without using its context: it
+                    # is an async workflow after all (see worker/async_context.py).
+                    result.close()
+                    ctx = self._context(True)
+                    result = run_to_end(self.fn(ctx, self._input()))
+        except Exception as exc:
+            return self._raised(ctx, exc)
+        except (Suspend, StopDelivery, RetryLater, ReplayDiverged) as exc:
+            return self._raised(ctx, exc)
+        return self._returned(ctx, result)
+
+    async def run_async(self) -> DeliveryOutcome:
+        """Run the prepared async workflow as a task of the running event loop. Cancelled after
+        `stop`, it ends as `LeaseLost`; cancelled otherwise, the cancellation goes on up."""
+        import asyncio  # imported by the first async workflow: see `run_to_end`
+
+        ctx = self._context(True)
+        try:
+            result = await self.fn(ctx, self._input())
+        except asyncio.CancelledError:
+            if self.writer.stopped:
+                return LeaseLost()
+            raise
+        except Exception as exc:
+            return self._raised(ctx, exc)
+        except (Suspend, StopDelivery, RetryLater, ReplayDiverged) as exc:
+            return self._raised(ctx, exc)
+        return self._returned(ctx, result)
+
+    def _raised(self, ctx: WorkflowContext, exc: BaseException) -> DeliveryOutcome:
+        if isinstance(exc, Suspend):
+            return Suspended()
+        if isinstance(exc, StopDelivery):
+            return LeaseLost()
+        if isinstance(exc, RetryLater):
+            return Retry(exc.reason, storage_error=exc.storage_error)
+        if isinstance(exc, ReplayDiverged):
+            return failure("ReplayDiverged", str(exc))
+        if isinstance(exc, StorageError):  # workflow code that called the ledger itself, outside a step
+            return unwound(self.writer, ctx) or storage_retry(exc)
+        return unwound(self.writer, ctx) or Failed(json.dumps(error_info(exc)))
+
+    def _returned(self, ctx: WorkflowContext, result) -> DeliveryOutcome:
+        ended = unwound(self.writer, ctx)
+        if ended is not None:
+            return ended
+        try:
+            return Completed(json.dumps(result, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            return failure("NonSerialisableResult", f"workflow {self.execution.workflow!r} returned a value that is"
+                           f" not JSON-serialisable: {exc}")
+
+
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
                  may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
                  start: Optional[tuple[str, str]] = None) -> DeliveryOutcome:
@@ -90,53 +212,11 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
             claim found them (`Claimed`): nothing is recorded under an earlier token, so there
             is nothing to read. None: read the execution and its recorded steps.
     """
-    writer = FencedWriter(backend, lease, may_write)
+    delivery = WorkflowRun(backend, lease, registry, may_write=may_write, claimed_at=claimed_at, start=start)
+    ended = delivery.prepare()
+    if ended is not None:
+        return ended
     try:
-        if start is not None:
-            execution, recorded = Start(lease.execution_id, *start), []
-        else:
-            found = backend.executions.get_with_steps(lease.execution_id)
-            if found is None:
-                return failure("UnknownExecution", f"execution {lease.execution_id!r} is not in the ledger")
-            execution, recorded = found
-        fn = registry.get(execution.workflow)
-        if fn is None:
-            known = ", ".join(registry.names()) or "none"
-            return failure("UnknownWorkflow",
-                           f"no workflow is registered as {execution.workflow!r} (registered: {known})")
-        asynchronous = is_async_workflow(fn)
-        context = AsyncWorkflowContext if asynchronous else WorkflowContext
-        ctx = context(writer, execution, recorded, backend.clock, claimed_at)
-        try:
-            if asynchronous:  # on an event loop of its own, closed with the delivery
-                result = run_to_end(fn(ctx, json.loads(execution.input_json)))
-            else:
-                result = fn(ctx, json.loads(execution.input_json))
-                if inspect.iscoroutine(result) and not ctx._keys_used:
-                    # A plain function that returned a coroutine, without using its context: it
-                    # is an async workflow after all (see worker/async_context.py).
-                    result.close()
-                    ctx = AsyncWorkflowContext(writer, execution, recorded, backend.clock, claimed_at)
-                    result = run_to_end(fn(ctx, json.loads(execution.input_json)))
-        except Suspend:
-            return Suspended()
-        except StopDelivery:
-            return LeaseLost()
-        except RetryLater as exc:
-            return Retry(exc.reason, storage_error=exc.storage_error)
-        except ReplayDiverged as exc:
-            return failure("ReplayDiverged", str(exc))
-        except StorageError as exc:  # workflow code that called the ledger itself, outside a step
-            return unwound(writer, ctx) or storage_retry(exc)
-        except Exception as exc:
-            return unwound(writer, ctx) or Failed(json.dumps(error_info(exc)))
-        ended = unwound(writer, ctx)
-        if ended is not None:
-            return ended
-        try:
-            return Completed(json.dumps(result, allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            return failure("NonSerialisableResult", f"workflow {execution.workflow!r} returned a value that is not"
-                           f" JSON-serialisable: {exc}")
-    except StorageError as exc:  # the delivery's own reads
+        return delivery.run()
+    except StorageError as exc:  # raised outside the workflow's own code
         return storage_retry(exc)

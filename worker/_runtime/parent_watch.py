@@ -4,7 +4,9 @@ Whichever thread is free reads the pipe. The main thread, while it waits for wor
 (`next_task()`), so that a delivery handed over wakes it directly, with nothing passed between
 threads; a watch thread, while a delivery runs, every half heartbeat, so that beats are answered
 while the main thread is busy in a workflow (the supervisor gives up on a child only after
-`misses` heartbeats of silence). The watch thread also makes the checks below, whoever reads.
+`misses` heartbeats of silence). A worker that runs several deliveries at once (`Deliveries`)
+runs none on its main thread, which then reads the pipe all the time; the watch covers every
+delivery of the worker alike: `may_write()` is each one's write door. The watch thread also makes the checks below, whoever reads.
 The child treats its supervisor as gone when any of these happens, and then shuts its write door
 (`may_write()` turns false) and exits at once:
 
@@ -32,7 +34,7 @@ import threading
 import time
 from typing import NoReturn, Optional
 
-from .protocol import EXIT_PARENT_GONE, Alive, Beat, Exit, FromChild, Run, ToChild
+from .protocol import EXIT_PARENT_GONE, Alive, Beat, Exit, FromChild, Run, Stop, ToChild
 
 PR_SET_PDEATHSIG = 1
 ALIVE = Alive()  # every answer to a beat is the same one
@@ -86,7 +88,7 @@ class ParentWatch:
         self._limit = heartbeat_s * misses
         self._check_every = heartbeat_s / 2
         self._reading = threading.Lock()  # held by the thread reading the pipe
-        self._tasks: collections.deque[Run | Exit] = collections.deque()  # not yet taken
+        self._tasks: collections.deque[Run | Stop | Exit] = collections.deque()  # not yet taken
         self._send_lock = threading.Lock()
         self._last_beat = time.monotonic()
         self._gone = False
@@ -110,14 +112,14 @@ class ParentWatch:
         with self._send_lock:
             self._conn.send(message)
 
-    def next_task(self) -> Optional[Run]:
-        """The next `Run` from the supervisor, or None when it says `Exit`; waits for it,
-        answering heartbeats meanwhile."""
+    def next_task(self) -> Optional[Run | Stop]:
+        """The next `Run` or `Stop` from the supervisor, or None when it says `Exit`; waits for
+        it, answering heartbeats meanwhile."""
         with self._reading:
             while not self._tasks:
                 self._take(self._receive())
             message = self._tasks.popleft()
-        return message if isinstance(message, Run) else None
+        return None if isinstance(message, Exit) else message
 
     def _receive(self) -> ToChild:
         try:
@@ -133,7 +135,7 @@ class ParentWatch:
                     self.send(ALIVE)
                 except OSError:
                     self._leave("pipe closed")
-            case Run() | Exit():
+            case Run() | Stop() | Exit():
                 self._tasks.append(message)
 
     def _parent_alive(self) -> bool:

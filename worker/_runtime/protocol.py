@@ -6,11 +6,15 @@ are pickled on every delivery and every heartbeat, so they stay small: plain fie
 
 parent -> child                               child -> parent
 Run(lease, claimed_at, start)                 Ready(pid)                    once, after loading the
-Beat(expires_at or None)                      AppNotLoaded(pid, error)      app and opening the
-Exit()    finish and exit                     LedgerNotOpened(pid, error,   ledger: one of these
-                                                storage_error)
+Stop(execution_id, token)                     AppNotLoaded(pid, error)      app and opening the
+Beat(expires_at or None)                      LedgerNotOpened(pid, error,   ledger: one of these
+Exit()    finish and exit                       storage_error)
                                               Alive()                       answers every Beat
                                               Done(execution_id, token, outcome, ms)
+
+A worker runs up to `slots` deliveries at once (its start settings say how many: 1 unless the
+supervisor runs with `--workers`), so several `Run`s may be in flight before their `Done`s,
+which come back in the order the deliveries end, each naming its execution and token.
 
 `AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
 `LedgerNotOpened` says the ledger could not be opened for a lasting reason (a corrupt or unsafe
@@ -21,8 +25,12 @@ a time earlier than that one when it decides whether a timer is due, so a child 
 lags the one that decided the execution was claimable does not find the timer early and spin.
 `start` is (workflow, input JSON) on an execution's first delivery, which the child then need not
 read from the ledger, and None on every later one (see `Claimed`).
-A supervisor that finds a lease lost kills the child: it may be inside a step calling the
-outside world, and a message it would read only after that step is no way to stop it.
+A supervisor that finds a lease lost (or the execution cancelled) kills a worker that runs one
+delivery at a time: it may be inside a step calling the outside world, and a message it would
+read only after that step is no way to stop it. A worker that runs several is sent `Stop` for that
+one delivery instead, so that the others run on: an async delivery's task is cancelled at its next
+await, a sync one has its writes refused from then on (`StopDelivery`), and either reports `Done`
+(`LeaseLost`). One that has not reported within the heartbeat tolerance gets its worker killed.
 """
 
 from __future__ import annotations
@@ -45,18 +53,28 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the delivery of `execution_id` under `token` (its lease is lost, or its execution
+    ended in the ledger), leaving the worker's other deliveries running; it reports `Done`. A
+    delivery already ended is not found: its `Done` is on its way."""
+
+    execution_id: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class Beat:
     """A heartbeat; the child answers `Alive`."""
 
-    expires_at: Optional[int]  # the running delivery's lease expiry (ms), None while idle
+    expires_at: Optional[int]  # the earliest lease expiry (ms) of the running deliveries, None while idle
 
 
 @dataclass(frozen=True, slots=True)
 class Exit:
-    """Finish the delivery in hand, if any, and exit."""
+    """Finish the deliveries in hand, if any, and exit."""
 
 
-ToChild = Union[Run, Beat, Exit]
+ToChild = Union[Run, Stop, Beat, Exit]
 
 # -- child -> parent -------------------------------------------------------------------------
 

@@ -1,0 +1,125 @@
+"""Benchmark: I/O-bound workflows through one supervisor, one delivery per process or many.
+
+    .venv/bin/python scripts/bench_io.py [--executions 500] [--runs 1]
+        [--shape 'async:64' --shape 'async:500/4' ...]
+
+Each shape is `KIND:N` (`supervise --concurrency N`, one process per delivery) or `KIND:N/P`
+(`--concurrency N --workers P`); KIND is `async` (three steps each awaiting 200 ms) or `sync`
+(three steps each sleeping 200 ms, on threads). For each shape it admits the executions to a
+fresh SQLite ledger, runs `yieldstar supervise --until-idle` as a subprocess, and prints:
+
+- workflows/s from the first claim to the last acknowledgement (by the ledger's clock), and from
+  the exec of `supervise` to its exit (pool start-up included);
+- the most resident memory (RSS) of the supervisor and all its workers together, sampled every
+  50 ms; and the waits alone's bound (N / 0.6 s);
+- beside the raw single-row SQLite commit rate of the same run (`benchlib.raw_commit_rate`).
+
+The machine is shared and noisy: compare within one run, and the medians of several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from benchlib import raw_commit_rate  # noqa: E402
+
+from supervisor import open_backend  # noqa: E402
+
+APP = os.path.join(HERE, "bench_io_app.py")
+WORKFLOW = {"async": "io3", "sync": "io3_sync"}
+STEPS, WAIT_S = 3, 0.2
+
+
+def parse_shape(text: str) -> tuple[str, int, int | None]:
+    kind, _, size = text.partition(":")
+    n, _, p = size.partition("/")
+    return kind, int(n), int(p) if p else None
+
+
+def admitted(folder: str, name: str, n: int, workflow: str) -> str:
+    db = os.path.join(folder, f"{name}.db")
+    with open_backend(db) as backend:
+        for i in range(n):
+            backend.executions.admit(f"e{i}", workflow, "null")
+    return db
+
+
+def tree_rss(process: psutil.Process) -> int:
+    try:
+        members = [process] + process.children(recursive=True)
+    except psutil.Error:
+        return 0
+    total = 0
+    for member in members:
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_shape(folder: str, kind: str, n: int, workers: int | None, executions: int) -> dict:
+    db = admitted(folder, f"{kind}-{n}-{workers}-{time.monotonic_ns()}", executions, WORKFLOW[kind])
+    args = [sys.executable, "-m", "supervisor.cli", "--db", db, "supervise", APP, "--concurrency", str(n),
+            "--until-idle", "--quiet"]
+    if workers is not None:
+        args += ["--workers", str(workers)]
+    started = time.monotonic()
+    popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             cwd=folder)
+    process = psutil.Process(popen.pid)
+    peak = 0
+    while popen.poll() is None:
+        peak = max(peak, tree_rss(process))
+        time.sleep(0.05)
+    elapsed = time.monotonic() - started
+    if popen.returncode != 0:
+        raise SystemExit(f"supervise exited {popen.returncode}: {popen.stderr.read().decode()[-2000:]}")
+    with open_backend(db) as backend:
+        done = backend.executions.stats().by_status.get("completed", 0)
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    first, last = conn.execute("SELECT min(claimed_at), max(ended_at) FROM lease_history").fetchone()
+    conn.close()
+    return {"completed": done, "per_s": done / max(0.001, (last - first) / 1000), "exec_to_exit_per_s": done / elapsed,
+            "peak_rss_mib": peak / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--executions", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--shape", action="append", default=None)
+    options = parser.parse_args()
+    shapes = [parse_shape(s) for s in options.shape or ["async:64", "async:500/4"]]
+    with tempfile.TemporaryDirectory(prefix="bench-io-") as folder:
+        raw = raw_commit_rate(os.path.join(folder, "raw.db"))
+        print(f"raw SQLite commits: {raw:,.0f}/s")
+        for kind, n, workers in shapes:
+            results = [run_shape(folder, kind, n, workers, options.executions) for _ in range(options.runs)]
+            shape = f"--concurrency {n}" + (f" --workers {workers}" if workers else "")
+            per_s = statistics.median(r["per_s"] for r in results)
+            exec_per_s = statistics.median(r["exec_to_exit_per_s"] for r in results)
+            rss = statistics.median(r["peak_rss_mib"] for r in results)
+            bound = n / (STEPS * WAIT_S)
+            print(f"{kind:5} {shape:30} {options.executions} executions: {per_s:7,.0f} workflows/s claim to last ack"
+                  f" ({exec_per_s:,.0f}/s exec to exit; the waits allow {bound:,.0f}/s), peak RSS {rss:,.0f} MiB"
+                  f" (supervisor + workers)")
+        print(f"raw SQLite commits: {raw_commit_rate(os.path.join(folder, 'raw2.db')):,.0f}/s")
+
+
+if __name__ == "__main__":
+    main()
