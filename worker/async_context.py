@@ -13,7 +13,8 @@ and every write is fenced. What async adds:
 
 - A step function may be a plain function or an `async def` (or return an awaitable), in
   `ctx.run` and `ctx.effect`. A plain one runs on the event loop's thread, blocking the loop
-  while it runs; that is fine, as the delivery is all the loop has.
+  while it runs: with one delivery per worker the delivery is all the loop has; under
+  `supervise --workers` it holds up the worker's other async deliveries too (docs/async.md).
 - Named steps may run at once (`asyncio.gather` of `ctx.run` calls, `ctx.parallel`); an unnamed
   step may not overlap another, because unnamed steps are numbered in call order and a replay
   must meet them in the same order (`InvalidArgument` says so). An operation that suspends
