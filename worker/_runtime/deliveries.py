@@ -35,7 +35,6 @@ import os
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -70,6 +69,10 @@ class Deliveries:
         self._backend = backend
         self._registry = registry
         self._watch = watch
+        # Imported here: a worker of one delivery at a time (the default) never needs it, and
+        # starts faster without it (tests/worker/test_imports.py).
+        from concurrent.futures import ThreadPoolExecutor
+
         self._threads = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="yieldstar-delivery")
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # notified as each delivery ends
