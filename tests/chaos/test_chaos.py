@@ -863,6 +863,33 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     assert survivors == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_short_chaos_run_with_workers_loses_nothing(tmp_path, each_backend, dump_on_hang):
+    """The same run with 8 deliveries in 2 workers per supervisor (`--workers 2`): half the
+    workload async, so that a worker's deliveries share its event loop, the others on its
+    threads; a kill or a freeze of a worker takes all of them."""
+    on_postgres = is_uri(each_backend)
+    config = ChaosConfig(seed=20261207, duration_s=25, supervisors=3, concurrency=8, workers=2, executions=300,
+                         fault_interval_s=0.65, drain_timeout_s=150)
+    report = run_chaos(config, folder=str(tmp_path / "chaos"), db_path=each_backend if on_postgres else None,
+                       out=[].append)
+    check_ = report["check"]
+    summary = "\n".join(summary_lines(report))
+    assert check_["violations"] == [], summary
+    assert check_["executions"]["not_terminal"] == 0, summary
+    assert report["ok"], summary
+    assert "8 deliveries in 2 workers" in summary
+    injected = check_["faults"]["by_kind"]
+    assert injected.get("kill_child", 0) >= 1 and injected.get("freeze_child", 0) >= 1, injected
+    assert check_["takeovers"]["checked"] and sum(check_["takeovers"]["workers"]["released_with_their_worker"]
+                                                  .values()) >= 2, summary  # a worker's deliveries went with it
+    ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")
+    with open_backend(ledger) as backend:
+        done = {(r.workflow, r.status) for r in backend.executions.list()}
+    assert {(MIXED, "completed"), (MIXED_ASYNC, "completed")} <= done, done
+
+
 def test_the_checker_counts_the_renewals_that_found_a_lease_lost_as_the_loop_logs_them(tmp_path):
     from supervisor.chaos.evidence import read_refusals
     from supervisor.loop import LOST_LINE, RENEWAL_FOUND_LOST
