@@ -40,11 +40,11 @@ never interleave (the checker in `supervisor.chaos.checker` reads it back):
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import json
 import os
-import asyncio
 import random
 import time
 from typing import Any
@@ -186,17 +186,13 @@ async def flaky_step_async(folder: str, execution_id: str, token: int, key: str,
     return _flaky(folder, execution_id, token, key, p_fail, attempts, interval)
 
 
-def _requested(folder: str, execution_id: str, token: int, key: str, effect_id: str) -> dict:
-    return external_request(folder, effect_id, token, execution_id, key)
-
-
 def effect_call(folder: str, execution_id: str, token: int, key: str, effect_id: str, before: float,
                 after: float) -> dict:
     """Ask the external system; `after` is a pause between its executing and our hearing back,
     the window in which a holder that dies leaves an executed but unsettled effect."""
     log_event(folder, "begin", execution_id, token, key)
     _pause(before)
-    result = _requested(folder, execution_id, token, key, effect_id)
+    result = external_request(folder, effect_id, token, execution_id, key)
     _pause(after)
     log_event(folder, "end", execution_id, token, key, result["receipt"])
     return result
@@ -207,7 +203,7 @@ async def effect_call_async(folder: str, execution_id: str, token: int, key: str
     """`effect_call`, awaiting its pauses. (The request itself is a short locked file append.)"""
     log_event(folder, "begin", execution_id, token, key)
     await _pause_async(before)
-    result = _requested(folder, execution_id, token, key, effect_id)
+    result = external_request(folder, effect_id, token, execution_id, key)
     await _pause_async(after)
     log_event(folder, "end", execution_id, token, key, result["receipt"])
     return result
