@@ -68,6 +68,7 @@ LOST_LINE = "execution %s token %d: %s; killing worker pid %d so that it stops a
 RENEWAL_FOUND_LOST = "the lease is lost"
 # The same, in a worker of several deliveries: that one is told to stop, the others run on.
 STOP_LINE = "execution %s token %d: %s; telling worker pid %d to stop it"
+RELEASE_LINE = "execution %s token %d: %s; releasing it"  # its worker replaced (`replace_and_release`)
 
 class DispatchLoop:
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
@@ -442,8 +443,7 @@ class DispatchLoop:
         child.deliveries = {}
         self.replace(child)  # killed and joined: it can write nothing more
         for delivery in deliveries:
-            log.warning("execution %s token %d: %s; releasing it", delivery.lease.execution_id,
-                        delivery.lease.token, why)
+            log.warning(RELEASE_LINE, delivery.lease.execution_id, delivery.lease.token, why)
             self.end(delivery, Retry(why), now)
 
     def lose(self, delivery: Delivery, why: str, now: float) -> None:

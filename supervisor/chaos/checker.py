@@ -85,8 +85,9 @@ from .evidence import (
     read_refusals,
     read_run_config,
     read_step_log,
+    read_worker_ends,
 )
-from .failures import CHAOS_WORKFLOW, TOKEN_IN_ERROR, FailureChecks
+from .failures import CHAOS_WORKFLOWS, TOKEN_IN_ERROR, FailureChecks
 from .ledger_reads import LedgerReader, open_reader
 from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
@@ -205,7 +206,7 @@ class Checker(SharingChecks, FailureChecks):
             self.receipts[row[0]].append(row)
         self.starts = conn.rows("SELECT start_request_id, execution_id FROM starts")
         self.children = {child for _, child in self.starts}
-        self.plans = {eid: plan_keys(row[2]) for eid, row in self.executions.items() if row[1] == CHAOS_WORKFLOW}
+        self.plans = {eid: plan_keys(row[2]) for eid, row in self.executions.items() if row[1] in CHAOS_WORKFLOWS}
         # The recorded outcome of each step: the done row (the highest attempt is the done one).
         self.recorded: dict[tuple[str, str], tuple] = {}
         for eid, rows in self.steps.items():
@@ -287,7 +288,7 @@ class Checker(SharingChecks, FailureChecks):
     def _check_outcomes(self) -> None:
         checked = 0
         for eid, row in self.executions.items():
-            if row[1] != CHAOS_WORKFLOW or row[3] not in OUTCOME_STATUSES:
+            if row[1] not in CHAOS_WORKFLOWS or row[3] not in OUTCOME_STATUSES:
                 continue
             checked += 1
             if row[3] == "completed":
@@ -424,10 +425,13 @@ class Checker(SharingChecks, FailureChecks):
             self.result.figures["takeovers"] = {"checked": False,
                                                 "why": "no fleet journal or config.json in the work folder"}
             return
+        worker_ends = read_worker_ends(self.folder)
         figures, self.takeover_reasons = check_takeovers(
             self.history, read_fault_journal(self.folder), read_lock_holds(self.folder), self.clocks, self.step_pids,
             lease_ms=config["lease_ms"], renew_ms=config["renew_ms"], violate=self.result.violate,
-            cpu_waits=read_cpu_waits(self.folder), heartbeat_losses=frozenset(read_heartbeat_losses(self.folder)))
+            cpu_waits=read_cpu_waits(self.folder), heartbeat_losses=frozenset(read_heartbeat_losses(self.folder)),
+            worker_ends=worker_ends, shared=bool(config.get("workers")))
+        figures["workers"] = worker_ends.figures()
         skews = self.clocks.skews()
         figures["clocks"] = {"supervisors": len(skews), "skewed": sum(1 for k in skews if k),
                              "min_skew_ms": min(skews, default=0), "max_skew_ms": max(skews, default=0)}

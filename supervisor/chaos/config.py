@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from ..ledger.errors import InvalidArgument
+from ..pool import MAX_CONCURRENCY, MAX_WORKERS
 from .netns import MAX_HOSTS
 from .faults import ALL_KINDS, FaultKind
 from .workload import CHAOS_APP
@@ -29,6 +30,7 @@ class ChaosConfig:
     lenient_supervisors: Optional[int] = None  # run with fleet.LENIENT_MISSES; None: 1 if > 1 supervisor
     hosts: int = 0  # > 0: that many network-namespace hosts, one supervisor each, on the run's own server
     app: str = CHAOS_APP  # the workflows the supervisors run; another app brings its own workload (`workload`)
+    workers: Optional[int] = None  # worker processes per supervisor (`supervise --workers`); None: one per delivery
 
     def __post_init__(self) -> None:
         for name in ("supervisors", "concurrency", "executions", "lease_ms", "renew_ms", "heartbeat_ms", "poll_ms"):
@@ -44,6 +46,14 @@ class ChaosConfig:
         if self.hosts and self.supervisors != self.hosts:
             raise InvalidArgument(f"with hosts, each host runs one supervisor: supervisors ({self.supervisors})"
                                   f" must equal hosts ({self.hosts})")
+        if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool)
+                                         or not 1 <= self.workers <= MAX_WORKERS):
+            raise InvalidArgument(f"workers must be an int in 1..{MAX_WORKERS}, got {self.workers!r}")
+        limit = MAX_CONCURRENCY if self.workers else MAX_WORKERS
+        if self.concurrency > limit:
+            raise InvalidArgument(f"concurrency ({self.concurrency}) may be at most {limit}"
+                                  + ("" if self.workers else ": give workers (--workers) to run more deliveries"
+                                                             " than worker processes"))
         if self.lenient_supervisors is None:
             object.__setattr__(self, "lenient_supervisors", 1 if self.supervisors > 1 else 0)
         if not isinstance(self.lenient_supervisors, int) or not 0 <= self.lenient_supervisors <= self.supervisors:
@@ -55,6 +65,11 @@ class ChaosConfig:
             raise InvalidArgument(f"three heartbeats ({3 * self.heartbeat_ms} ms) must fit in a lease"
                                   f" ({self.lease_ms} ms): a frozen worker must be found out before its lease ends")
         object.__setattr__(self, "faults", tuple(FaultKind(k) for k in self.faults))
+
+    @property
+    def worker_processes(self) -> int:
+        """Worker processes per supervisor."""
+        return self.workers or self.concurrency
 
     @property
     def max_skew_ms(self) -> int:
@@ -71,3 +86,8 @@ class ChaosConfig:
         d["faults"] = [k.value for k in self.faults]
         d["max_skew_ms"] = self.max_skew_ms
         return d
+
+
+def per_supervisor(concurrency: int, workers: Optional[int]) -> str:
+    """What each supervisor runs: "4 workers", or "16 deliveries in 2 workers" (`--workers`)."""
+    return f"{concurrency} deliveries in {workers} workers" if workers else f"{concurrency} workers"

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 from worker.apps.chaos import EXTERNAL, STEP_LOG
 
-from ..loop import RENEWAL_FOUND_LOST
+from ..loop import LOST_LINE, RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,57 @@ def read_heartbeat_losses(folder: str) -> set[tuple[str, int]]:
     heartbeats, as the supervisors logged it."""
     return {(match.group(1), int(match.group(2))) for _, line in _supervisor_log_lines(folder)
             if (match := HEARTBEAT_LOSS.search(line))}
+
+
+def _line_pattern(template: str) -> re.Pattern:
+    """A regular expression for the log lines a printf-style `template` of the loop makes: each
+    `%s` a lazy group, each `%d` a group of digits."""
+    parts = re.split(r"(%[sd])", template)
+    return re.compile("".join({"%s": r"(.*?)", "%d": r"(\d+)"}.get(p, re.escape(p)) for p in parts) + "$")
+
+
+STOPPED = _line_pattern(STOP_LINE)  # execution, token, why, worker pid
+KILLED_FOR = _line_pattern(LOST_LINE)  # the same, one delivery per worker: its worker killed
+RELEASED = _line_pattern(RELEASE_LINE)  # execution, token, why (which names the worker)
+WORKER_IN_WHY = re.compile(r"worker pid (\d+)")
+# Why a worker of several deliveries was replaced, as `replace_and_release` words it.
+REPLACED_BECAUSE = (("did not stop", "sibling_unstoppable"), ("silent for", "silent"), ("was gone", "gone"),
+                    ("mid-delivery", "exited"))
+
+
+@dataclass
+class WorkerEnds:
+    """What the supervisors logged about the deliveries of their workers (`supervisor.loop`):
+    which worker ran each delivery, the deliveries stopped one at a time (`Stop`, with
+    `--workers`), and those released because their worker was replaced (killed, found dead or
+    silent, or replaced for a delivery of it that would not stop)."""
+
+    workers: dict  # (execution, token) -> {worker pid}: the workers a supervisor named for it
+    released: dict  # (execution, token) -> (supervisor number, worker pid, why: a REPLACED_BECAUSE reason)
+    stopped: Counter  # deliveries told to stop one at a time, by why: lease_lost | unconfirmed | other
+
+    def figures(self) -> dict:
+        return {"stopped_one_at_a_time": dict(sorted(self.stopped.items())),
+                "released_with_their_worker": dict(sorted(Counter(r[2] for r in self.released.values()).items()))}
+
+
+def read_worker_ends(folder: str) -> WorkerEnds:
+    ends = WorkerEnds(defaultdict(set), {}, Counter())
+    for number, line in _supervisor_log_lines(folder):
+        line = line.rstrip("\n")
+        if (match := STOPPED.search(line)) or (match := KILLED_FOR.search(line)):
+            eid, token, why, pid = match.groups()
+            ends.workers[(eid, int(token))].add(int(pid))
+            if match.re is STOPPED:
+                ends.stopped["lease_lost" if why == RENEWAL_FOUND_LOST
+                             else "unconfirmed" if why.startswith("no renewal has confirmed") else "other"] += 1
+        elif (match := RELEASED.search(line)) and (worker := WORKER_IN_WHY.search(match.group(3))):
+            key, pid = (match.group(1), int(match.group(2))), int(worker.group(1))
+            ends.workers[key].add(pid)
+            why = next((reason for words, reason in REPLACED_BECAUSE if words in match.group(3)), "other")
+            ends.released[key] = (number, pid, why)
+    ends.workers = dict(ends.workers)
+    return ends
 
 
 def _jsonl(path: str) -> list[dict]:

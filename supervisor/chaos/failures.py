@@ -22,10 +22,12 @@ import json
 import re
 from typing import Any, Optional
 
+from worker.apps.chaos import MIXED, MIXED_ASYNC
+
 from ..ledger import errors
 from .recorded import RecordedValues, value_of
 
-CHAOS_WORKFLOW = "chaos.mixed"
+CHAOS_WORKFLOWS = (MIXED, MIXED_ASYNC)  # the built-in workload's: same plans, same evidence
 TOKEN_IN_ERROR = re.compile(r"\(token (\d+)\)\s*$")
 # What an error that came from the storage, not from the workflow, names.
 STORAGE_ERRORS = sorted(cls.__name__ for cls in vars(errors).values()
@@ -48,7 +50,7 @@ class FailureChecks(RecordedValues):
                 error = json.loads(row[7])
             except (TypeError, ValueError):
                 error = row[7]
-            why = self._unplanned_failure(eid, error) if row[1] == CHAOS_WORKFLOW else _names_storage(error)
+            why = self._unplanned_failure(eid, error) if row[1] in CHAOS_WORKFLOWS else _names_storage(error)
             if why is None:
                 planned += 1
             else:

@@ -179,6 +179,8 @@ class Fleet:
                 "supervise", c.app, "--concurrency", str(c.concurrency), "--lease-ms", str(c.lease_ms),
                 "--renew-ms", str(c.renew_ms), "--heartbeat-ms", str(c.heartbeat_ms), "--poll-ms", str(c.poll_ms),
                 "--grace-ms", str(c.grace_ms), "--heartbeat-misses", str(LENIENT_MISSES if lenient else 3)]
+        if c.workers:
+            argv += ["--workers", str(c.workers)]
         with open(log_path, "ab") as log:
             popen = (host.popen if host is not None else subprocess.Popen)(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder, env=env,

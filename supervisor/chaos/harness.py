@@ -78,7 +78,7 @@ from ..ledger.values import OUTCOME_STATUSES
 from . import faults
 from .capabilities import BACKEND_NAMES, applicable_kinds, kinds_not_offered
 from .checker import check
-from .config import ChaosConfig
+from .config import ChaosConfig, per_supervisor
 from .disk import Burst, LedgerDisk, size_mb
 from .faults import Fault, FaultKind, FaultPlan
 from . import hosts as hosts_faults
@@ -255,6 +255,12 @@ class ChaosRun(HostFaults):
         step_info = step.as_dict() if step else None
         target = {"supervisor": handle.number, "supervisor_pid": handle.pid, "worker_pid": child.pid,
                   "lenient": handle.lenient}
+        if kind in (FaultKind.KILL_CHILD, FaultKind.FREEZE_CHILD) and self.config.workers:
+            # A worker of several deliveries: the fault takes every one of them, and the journal
+            # names those it was inside a step of (the checker knows the others from their
+            # supervisor's log).
+            target["in_steps"] = [[s.execution_id, s.token]
+                                  for s in self.watcher.inside_all(child, skew_ms=handle.wall_skew_ms)]
         now = time.monotonic()
         if kind == FaultKind.KILL_CHILD:
             if not faults.kill(child):
@@ -338,7 +344,7 @@ class ChaosRun(HostFaults):
         """Restart `handle` with an app that is slow to import; `_tend` kills its workers while
         they load it."""
         delay = self.plan.import_delay_ms()
-        wanted = self.plan.start_kills(self.config.concurrency)
+        wanted = self.plan.start_kills(self.config.worker_processes)
         offset = self.plan.kill_offset()
         at_s, at_ms = time.monotonic() - self.started, time.time_ns() // 10**6
         self.fleet.terminate(handle)
@@ -601,11 +607,11 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
     run = ChaosRun(config, folder, db_path, out, tty, disk, hosts)
     if config.app == CHAOS_APP:
         admissions = plan_workload(run.rng, config.executions, config.duration_s * ADMIT_SHARE, folder,
-                                   config.lease_ms / 1000)
+                                   config.lease_ms / 1000, with_async=bool(config.workers))
     else:
         admissions = app_workload(config.app, run.rng, config.executions, config.duration_s * ADMIT_SHARE)
     out(f"yieldstar chaos: seed {config.seed}, {config.duration_s:g} s of faults, {config.supervisors} supervisors"
-        f" x {config.concurrency} workers, {config.executions} executions on {_backend_name(db_path)} ledger"
+        f" x {per_supervisor(config.concurrency, config.workers)}, {config.executions} executions on {_backend_name(db_path)} ledger"
         f" {shown(db_path)}; work folder {folder}")
     listening = None
     if hosts:

@@ -15,6 +15,8 @@ import textwrap
 import time
 from typing import Optional
 
+from .config import per_supervisor
+
 # Each invariant of the summary, and the checker's (and harness's) violation kinds that break it.
 INVARIANTS = [
     ("every execution terminal (none stuck or lost)", ("not_terminal",)),
@@ -104,7 +106,8 @@ def summary_lines(report: dict) -> list[str]:
         t = report.get("timings", {})
         lines.append(f"yieldstar chaos  seed {config['seed']}  {config['duration_s']:g} s of faults"
                      f" (+{t.get('drain_s', 0):g} s drain, {t.get('total_s', 0):g} s in all)")
-        lines.append(f"  {config['supervisors']} supervisors x {config['concurrency']} workers, lease"
+        lines.append(f"  {config['supervisors']} supervisors x"
+                     f" {per_supervisor(config['concurrency'], config.get('workers'))}, lease"
                      f" {config['lease_ms']} ms, renew {config['renew_ms']} ms, heartbeat {config['heartbeat_ms']} ms")
         lines.append(f"  work folder {report.get('work_folder')}")
         src = report.get("source") or {}
@@ -146,6 +149,13 @@ def summary_lines(report: dict) -> list[str]:
         clocks = t.get("clocks", {})
         lines.append(f"takeovers   {t['superseded']} superseded deliveries: {why}; {t['unexplained']} unexplained;"
                      f" {t['stall_windows']} stalls, the longest {t['longest_stall_ms']} ms")
+        w = t.get("workers") or {}
+        if (config or {}).get("workers") or any(w.values()):
+            stopped = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in w.get("stopped_one_at_a_time", {}).items())
+            released = ", ".join(f"{n} {k.replace('_', ' ')}"
+                                 for k, n in w.get("released_with_their_worker", {}).items())
+            lines.append(f"workers     deliveries stopped one at a time: {stopped or 'none'}; released with their"
+                         f" worker (why it was replaced): {released or 'none'}")
         if clocks.get("skewed"):
             lines.append(f"clocks      {clocks['skewed']} of {clocks['supervisors']} supervisors skewed,"
                          f" {clocks['min_skew_ms']:+d}..{clocks['max_skew_ms']:+d} ms"

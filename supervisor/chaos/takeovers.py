@@ -26,12 +26,21 @@ times the harness takes a tick or so late):
   delivery: the fault journal names the delivery (the step it hit), or the worker was killed
   or frozen while the delivery was live (between steps, or just after it moved on from the
   step the journal names; a freeze from before the claim counts while it lasts: a supervisor
-  may hand a delivery to a worker it has not yet found silent) and no other worker left lines
-  for it in the step log. Workers killed while a `slow_start` pool loads explain nothing:
+  may hand a delivery to a worker it has not yet found silent) and no other worker ran it: none
+  left lines for it in the step log, nor did its supervisor name another for it (`evidence.
+  WorkerEnds`: the worker it told to stop the delivery, or replaced and released it with). With
+  `--workers` one worker holds many deliveries, and a kill or a freeze of it explains each of
+  them, the ones it was not inside a step of included; a delivery whose worker nothing names
+  explains nothing there (its supervisor names the worker of every delivery it releases with
+  one), and one whose worker was alive and heard explains nothing anywhere. Workers killed while a `slow_start` pool loads explain nothing:
   they never held a delivery, so a claim handed to one must be released at once. Unless the
   step log shows that the killed worker ran this delivery, and no other did: the kill landed
   after the worker had loaded the app and been handed the delivery (a harness slow to send it),
   which is a kill mid-delivery like any;
+- `worker_replaced`: (`--workers`) the holder's supervisor replaced the delivery's worker because
+  another delivery of it would not stop when told (a step that sleeps through its lost lease),
+  and released this one with it, as the runtime does by design (SPEC section 10); the release may
+  meet the lease expired when the supervisor was late;
 - `stall`: a window in which nobody could write to the ledger (a held write lock, from the lock
   holder's own log; a full disk, from the burst's own times; windows less than a renewal
   interval apart merged) began no later than one renewal interval after `renewed` (it caught the
@@ -88,10 +97,11 @@ from typing import Callable, Optional
 
 from .clocks import Clocks
 from .cpu_waits import CpuWaits
+from .evidence import WorkerEnds
 
 SLACK_MS = 500
 STALL_SLACK_MS = 100
-REASONS = ("holder_ended", "holder_frozen", "worker_fault", "stall", "host_frozen", "holder_partitioned",
+REASONS = ("holder_ended", "holder_frozen", "worker_fault", "worker_replaced", "stall", "host_frozen", "holder_partitioned",
            "server_down", "claim_unanswered", "holder_starved")
 HOST_FAULTS = {"holder_partitioned": "partition", "host_frozen": "frozen_host"}  # reason -> the fault kind
 
@@ -110,8 +120,11 @@ class Takeovers:
     """The faults of one run, indexed for the question "what made this delivery lose its lease"."""
 
     def __init__(self, faults: list[dict], lock_holds: dict, clocks: Clocks, *, lease_ms: int, renew_ms: int,
-                 cpu_waits: Optional[CpuWaits] = None, heartbeat_losses: frozenset = frozenset()):
+                 cpu_waits: Optional[CpuWaits] = None, heartbeat_losses: frozenset = frozenset(),
+                 worker_ends: Optional[WorkerEnds] = None, shared: bool = False):
         self.clocks = clocks
+        self.shared = shared  # `--workers`: each worker held several deliveries
+        self.worker_ends = worker_ends or WorkerEnds({}, {}, Counter())
         self.lease_ms = lease_ms
         self.renew_ms = renew_ms
         self.cpu_waits = cpu_waits or CpuWaits({})
@@ -173,6 +186,7 @@ class Takeovers:
         life = self.clocks.life(holder, claimed_at)
         if life is None:
             return None
+        step_pids = step_pids | self.worker_ends.workers.get((eid, token), set())
         claimed = claimed_at - life.skew_ms
         renewed = expires_at - self.lease_ms - life.skew_ms
         expired = self.clocks.true_ms(next_holder, expires_at)
@@ -186,14 +200,20 @@ class Takeovers:
             step = fault.get("step")
             if step is not None and step.get("execution_id") == eid and step.get("token") == token:
                 return "worker_fault"
+            if [eid, token] in fault["target"].get("in_steps", []):  # --workers: one of the many it held
+                return "worker_fault"
             # The step the journal names is the one the injector saw last; the worker may have
             # finished it and been handed the next delivery just before the signal landed.
             worker = fault["target"].get("worker_pid")
             # A frozen worker stays frozen: one frozen before the claim may have been handed
             # this delivery while its supervisor had not yet found it silent.
             thawed = fault["at_ms"] + int(fault["params"].get("seconds", 0) * 1000)
-            if fault["at_ms"] <= expired + SLACK_MS and thawed >= claimed - SLACK_MS and step_pids <= {worker}:
+            if (fault["at_ms"] <= expired + SLACK_MS and thawed >= claimed - SLACK_MS and step_pids <= {worker}
+                    and (step_pids or not self.shared)):
                 return "worker_fault"
+        released = self.worker_ends.released.get((eid, token))
+        if released is not None and released[0] == life.number and released[2] == "sibling_unstoppable":
+            return "worker_replaced"
         for kill in self.start_kills.get(life.number, []):
             # Sent to a worker that the harness saw still loading the app; one that ran this
             # delivery had loaded it and been handed the delivery before the signal landed.
@@ -247,13 +267,13 @@ def _spread(values: list[int]) -> dict:
 
 def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks: Clocks, step_pids: dict, *,
                     lease_ms: int, renew_ms: int, violate: Callable[[str, Optional[str], str], None],
-                    cpu_waits: Optional[CpuWaits] = None,
-                    heartbeat_losses: frozenset = frozenset()) -> tuple[dict, dict]:
+                    cpu_waits: Optional[CpuWaits] = None, heartbeat_losses: frozenset = frozenset(),
+                    worker_ends: Optional[WorkerEnds] = None, shared: bool = False) -> tuple[dict, dict]:
     """Report every superseded delivery that no fault, nor a starved holder, explains; return the
     figures, and the reason that explained each superseded delivery `(execution, token)` (None:
     unexplained)."""
     takeovers = Takeovers(faults, lock_holds, clocks, lease_ms=lease_ms, renew_ms=renew_ms, cpu_waits=cpu_waits,
-                          heartbeat_losses=heartbeat_losses)
+                          heartbeat_losses=heartbeat_losses, worker_ends=worker_ends, shared=shared)
     reasons: Counter = Counter()
     by_delivery: dict[tuple[str, int], Optional[str]] = {}
     superseded = 0

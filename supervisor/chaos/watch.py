@@ -55,33 +55,40 @@ class OpenStep:
 
 
 class StepWatcher:
-    """Tails the step log: a `begin` line opens a step for its pid, any later line of that pid
-    closes it."""
+    """Tails the step log: a `begin` line opens a step for its pid and delivery, any later line of
+    that pid and delivery closes it. (A worker of several deliveries, `--workers`, is inside the
+    steps of several at once.)"""
 
     def __init__(self, path: str):
         self._tail = LogTail(path)
-        self.open: dict[int, OpenStep] = {}
+        self.open: dict[int, dict[tuple[str, int], OpenStep]] = {}  # pid -> (execution, token) -> its step
 
     def poll(self) -> None:
         for fields in self._tail.lines():
             if len(fields) < 6:
                 continue
-            pid = int(fields[3])
+            pid, delivery = int(fields[3]), (fields[1], int(fields[2]))
             if fields[0] == "begin":
-                self.open[pid] = OpenStep(fields[1], int(fields[2]), fields[4], pid, int(fields[5]))
-            else:
-                self.open.pop(pid, None)
+                self.open.setdefault(pid, {})[delivery] = OpenStep(fields[1], int(fields[2]), fields[4], pid,
+                                                                   int(fields[5]))
+            elif pid in self.open:
+                self.open[pid].pop(delivery, None)
+
+    def inside_all(self, process: psutil.Process, skew_ms: int = 0) -> list[OpenStep]:
+        """The steps `process` is in now, the latest first: those whose begin line is its own and
+        recent. `skew_ms`: how far the process's wall clock, which wrote the lines' times, runs
+        ahead (a host's, `--hosts`)."""
+        found = []
+        for step in self.open.get(process.pid, {}).values():
+            begun_ns = step.begun_ns - skew_ms * 1_000_000
+            if time.time_ns() - begun_ns <= 30e9 and _own_line(process, begun_ns):
+                found.append(step)
+        return sorted(found, key=lambda s: s.begun_ns, reverse=True)
 
     def inside(self, process: psutil.Process, skew_ms: int = 0) -> Optional[OpenStep]:
-        """The step `process` is in now, if its begin line is its own and recent. `skew_ms`: how far
-        the process's wall clock, which wrote the line's time, runs ahead (a host's, `--hosts`)."""
-        step = self.open.get(process.pid)
-        if step is None:
-            return None
-        begun_ns = step.begun_ns - skew_ms * 1_000_000
-        if time.time_ns() - begun_ns > 30e9 or not _own_line(process, begun_ns):
-            return None
-        return step
+        """The step `process` began last among those it is in now (see `inside_all`)."""
+        steps = self.inside_all(process, skew_ms)
+        return steps[0] if steps else None
 
 
 IMPORT_LOG = os.path.join("logs", "imports.log")  # in the work folder

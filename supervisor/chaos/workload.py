@@ -11,6 +11,7 @@ from `rng` if they vary; they are admitted evenly over the same window, as `u000
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -18,8 +19,11 @@ import random
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Optional
+
+from worker.apps.chaos import MIXED, MIXED_ASYNC
 
 from ..ledger.errors import InvalidArgument, StorageError
 
@@ -33,7 +37,7 @@ class Admission:
     execution_id: str
     input: object
     at_s: float  # seconds into the fault phase
-    workflow: str = "chaos.mixed"
+    workflow: str = MIXED
 
 
 def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
@@ -72,8 +76,11 @@ def collider_plans(rng: random.Random, execution_id: str) -> tuple[tuple[str, li
     return (execution_id, first), (f"{execution_id}/z", second)
 
 
-def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, lease_s: float) -> list[Admission]:
-    """`count` executions of `chaos.mixed`, admitted over `window_s` seconds. About one in eight
+def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, lease_s: float, *,
+                  with_async: bool = False) -> list[Admission]:
+    """`count` executions of `chaos.mixed`, admitted over `window_s` seconds; `with_async`: about
+    half of them (by a hash of the execution id, so that the plans the rng draws stay those of
+    the same seed without it) run `chaos.mixed_async` instead, the same plan. About one in eight
     is half of a mailbox pair: a producer that puts an item and a consumer that takes it, admitted
     close together in either order (a consumer that comes first waits for the item). The put
     comes first in its plan: a producer whose retries run out later must not leave its consumer
@@ -103,6 +110,9 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
         admissions.append(Admission(f"c{i:06d}", {"dir": folder, "plan": plan, "fail": fail}, at))
         i += 1
     admissions.sort(key=lambda a: a.at_s)
+    if with_async:
+        admissions = [dataclasses.replace(a, workflow=MIXED_ASYNC) if zlib.crc32(a.execution_id.encode()) % 2 else a
+                      for a in admissions]
     return admissions
 
 

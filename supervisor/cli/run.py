@@ -188,7 +188,11 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
                    " frozen_host and server_restart (clock_skew then shifts a host's wall clock). Needs root and"
                    " `ip`; leave out --db. 0: every supervisor on this machine.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Workers per supervisor.")
+              help="Deliveries each supervisor runs at once: its workers, or with --workers up to 10,000.")
+@click.option("--workers", type=click.IntRange(min=1, max=256), default=None,
+              help="Worker processes per supervisor (passed to each as supervise --workers), each running several"
+                   " deliveries at once: kill_child and freeze_child then take all of a worker's deliveries, and"
+                   " the built-in workload adds async workflows. Default: one delivery per process.")
 @click.option("--app", default="worker.apps.chaos", show_default=True,
               help="The workflows to run (a module name or a .py path): by default the built-in mixed workload,"
                    " whose evidence the checker reads; an app of your own defines chaos_workload(rng, count),"
@@ -225,7 +229,7 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
 @click.option("--summary", "summary_path", default=None,
               help="Write the one-screen summary to this file too (default: summary.txt in the work folder).")
 @handles_errors
-def chaos(seed, duration_s, supervisors, hosts, concurrency, app, executions, lease_ms, renew_ms, heartbeat_ms,
+def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, executions, lease_ms, renew_ms, heartbeat_ms,
           fault_kinds, fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path,
           summary_path) -> None:
     """Kill, freeze and orphan supervisors and workers mid-step, then prove nothing was lost.
@@ -239,7 +243,7 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, app, executions, le
     from ..chaos.report import save
 
     config = ChaosConfig(seed=seed, duration_s=duration_s, supervisors=supervisors or hosts or 3, hosts=hosts,
-                         concurrency=concurrency, app=app,
+                         concurrency=concurrency, workers=workers, app=app,
                          executions=executions, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
                          faults=parse_kinds(fault_kinds), fault_interval_s=fault_interval_ms / 1000,
                          lenient_supervisors=lenient_supervisors, drain_timeout_s=drain_timeout_s)

@@ -32,9 +32,11 @@ from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
 from supervisor.chaos.workload import plan_workload
+from supervisor.loop import RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
-from worker.apps.chaos import COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
+from supervisor.chaos.watch import StepWatcher
+from worker.apps.chaos import MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500
 
@@ -315,7 +317,8 @@ def fleet(ledger: Ledger, *supervisors: tuple) -> None:
 
 def fault(ledger: Ledger, kind: str, at_ms: int, *, step=None, supervisor: int = 1, **params) -> None:
     target = {"supervisor": supervisor, "supervisor_pid": os.getpid(), "worker_pid": params.pop("worker_pid", 4242),
-              "pid": params.pop("holder_pid", None), "replacement": params.pop("replacement", None)}
+              "pid": params.pop("holder_pid", None), "replacement": params.pop("replacement", None),
+              "in_steps": params.pop("in_steps", [])}
     with open(os.path.join(ledger.folder, "faults.jsonl"), "a") as f:
         f.write(json.dumps({"kind": kind, "at_s": 0, "at_ms": at_ms, "target": target, "step": step,
                             "params": params}) + "\n")
@@ -393,6 +396,77 @@ def test_a_lock_held_past_the_lease_explains_the_lost_lease(chaos_ledger):
 def test_a_lock_shorter_than_the_lease_explains_nothing(chaos_ledger):
     hold_lock(chaos_ledger, 1_000_200, 1_000_900)  # 700 ms: the lease had 800 ms left after it
     assert kinds(takeover(chaos_ledger)) == {"superseded_while_alive"}
+
+
+def shared_takeover(ledger: Ledger, *log_lines: str):
+    """`takeover` in a run with `--workers 2`: each worker held several deliveries, and the
+    supervisor logged `log_lines` (made with the loop's own templates)."""
+    sound_history(ledger)
+    fleet(ledger, (1, os.getpid(), 0))
+    with open(os.path.join(ledger.folder, "config.json"), "w") as f:
+        json.dump({"lease_ms": LEASE, "renew_ms": 300, "concurrency": 8, "workers": 2}, f)
+    os.makedirs(os.path.join(ledger.folder, "logs"), exist_ok=True)
+    with open(os.path.join(ledger.folder, "logs", "supervisor-001.log"), "a") as f:
+        f.writelines(f"2026-12-05 07:00:00,000 yieldstar[{os.getpid()}] {line}\n" for line in log_lines)
+    return ledger.check()
+
+
+def test_a_delivery_of_a_killed_worker_that_held_several_is_explained_though_the_kill_aimed_at_another(
+        chaos_ledger):
+    # The injector saw worker 4242 inside a step of e0; it held e1 too, and its supervisor
+    # released both when it found the worker killed.
+    fault(chaos_ledger, "kill_child", 1_000_300, step={"execution_id": "e0", "token": 1, "key": "k1", "pid": 4242},
+          in_steps=[["e0", 1]])
+    why = "worker pid 4242 killed by SIGKILL mid-delivery"
+    result = shared_takeover(chaos_ledger, RELEASE_LINE % ("e0", 1, why), RELEASE_LINE % ("e1", 1, why))
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["worker_fault"] == 1
+    assert result.figures["takeovers"]["workers"]["released_with_their_worker"] == {"exited": 2}
+
+
+def test_a_delivery_the_fault_journal_names_among_a_frozen_workers_many_is_explained(chaos_ledger):
+    fault(chaos_ledger, "freeze_child", 1_000_300, seconds=3,
+          step={"execution_id": "e0", "token": 1, "key": "k1", "pid": 4242}, in_steps=[["e0", 1], ["e1", 1]])
+    assert shared_takeover(chaos_ledger).figures["takeovers"]["explained"]["worker_fault"] == 1
+
+
+def test_a_delivery_superseded_while_its_worker_was_alive_and_heard_is_caught(chaos_ledger):
+    # Worker 5151 of the same supervisor was killed with its deliveries; e1 ran on 4242, which
+    # its supervisor still heard: it told 4242 to stop e1 once its renewal found the lease lost.
+    fault(chaos_ledger, "kill_child", 1_000_300, worker_pid=5151,
+          step={"execution_id": "e0", "token": 1, "key": "k1", "pid": 5151}, in_steps=[["e0", 1]])
+    result = shared_takeover(chaos_ledger,
+                             RELEASE_LINE % ("e0", 1, "worker pid 5151 killed by SIGKILL mid-delivery"),
+                             STOP_LINE % ("e1", 1, RENEWAL_FOUND_LOST, 4242))
+    assert kinds(result) == {"superseded_while_alive"}
+    assert result.figures["takeovers"]["workers"]["stopped_one_at_a_time"] == {"lease_lost": 1}
+
+
+def test_a_worker_named_by_its_supervisor_for_a_delivery_counts_beside_the_step_log(chaos_ledger):
+    # The step log says 4242 ran e1, but its supervisor also told 6161 to stop it: a kill of 4242
+    # alone does not explain it.
+    fault(chaos_ledger, "kill_child", 1_000_300, step={"execution_id": "e0", "token": 1, "key": "k1", "pid": 4242})
+    result = shared_takeover(chaos_ledger, STOP_LINE % ("e1", 1, RENEWAL_FOUND_LOST, 6161))
+    assert kinds(result) == {"superseded_while_alive"}
+
+
+def test_a_delivery_released_with_a_worker_replaced_for_a_sibling_that_would_not_stop_is_explained(chaos_ledger):
+    why = "worker pid 4242 replaced: a delivery of it did not stop"
+    result = shared_takeover(chaos_ledger, STOP_LINE % ("e0", 1, RENEWAL_FOUND_LOST, 4242),
+                             RELEASE_LINE % ("e0", 1, why), RELEASE_LINE % ("e1", 1, why))
+    assert result.violations == []
+    assert result.figures["takeovers"]["explained"]["worker_replaced"] == 1
+    assert result.figures["takeovers"]["workers"]["released_with_their_worker"] == {"sibling_unstoppable": 2}
+
+
+def test_a_worker_replaced_by_another_supervisor_explains_nothing(chaos_ledger):
+    why = "worker pid 4242 replaced: a delivery of it did not stop"
+    sound_history(chaos_ledger)
+    fleet(chaos_ledger, (1, os.getpid(), 0))
+    os.makedirs(os.path.join(chaos_ledger.folder, "logs"), exist_ok=True)
+    with open(os.path.join(chaos_ledger.folder, "logs", "supervisor-002.log"), "w") as f:
+        f.write("2026-12-05 07:00:00,000 yieldstar[1] " + RELEASE_LINE % ("e1", 1, why) + "\n")
+    assert kinds(chaos_ledger.check()) == {"superseded_while_alive"}
 
 
 def effect_step(ledger: Ledger, eid: str, key: str, effect_id: str, receipt: str) -> None:
@@ -630,6 +704,36 @@ def test_the_same_seed_gives_the_same_workload_and_fault_plan(tmp_path):
     assert all(freeze > 1.5 for _, _, freeze in faults)  # frozen for longer than a lease
 
 
+def test_with_workers_half_the_workload_is_async_and_the_plans_stay_those_of_the_seed(tmp_path):
+    plain = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5)
+    mixed = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5, with_async=True)
+    assert [(a.execution_id, a.input, a.at_s) for a in plain] == [(a.execution_id, a.input, a.at_s) for a in mixed]
+    assert {a.workflow for a in plain} == {MIXED}
+    assert 60 <= sum(a.workflow == MIXED_ASYNC for a in mixed) <= 140
+
+
+def test_workers_lets_concurrency_go_above_256_and_is_bounded():
+    with pytest.raises(InvalidArgument, match="at most 256: give workers"):
+        ChaosConfig(concurrency=300)
+    assert ChaosConfig(concurrency=300, workers=4).worker_processes == 4
+    assert ChaosConfig(concurrency=8).worker_processes == 8
+    for workers in (0, 257, True):
+        with pytest.raises(InvalidArgument, match="workers must be an int in 1..256"):
+            ChaosConfig(workers=workers)
+
+
+def test_the_step_watcher_follows_each_delivery_of_a_worker_of_several(tmp_path):
+    log = tmp_path / "steps.log"
+    me = psutil.Process()
+    now = time.time_ns()
+    log.write_text(f"begin e1 1 {me.pid} a {now}\nbegin e2 1 {me.pid} b {now + 1}\nbegin e3 1 {me.pid} c {now + 2}\n"
+                   f"saw e2 1 {me.pid} b {now + 3} d\n")
+    watcher = StepWatcher(str(log))
+    watcher.poll()
+    assert [s.execution_id for s in watcher.inside_all(me)] == ["e3", "e1"]  # the latest first; e2 moved on
+    assert watcher.inside(me).execution_id == "e3"
+
+
 def test_the_plan_holds_locks_for_half_a_lease_to_two_and_skews_clocks_within_bounds():
     plan = FaultPlan(random.Random(3), ALL_KINDS, interval_s=1.0, lease_s=1.5)
     holds = [plan.hold_lock_s() for _ in range(200)]
@@ -757,6 +861,33 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
         if ledger in " ".join(process.info["cmdline"] or []):
             survivors.append(process.pid)
     assert survivors == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_short_chaos_run_with_workers_loses_nothing(tmp_path, each_backend, dump_on_hang):
+    """The same run with 8 deliveries in 2 workers per supervisor (`--workers 2`): half the
+    workload async, so that a worker's deliveries share its event loop, the others on its
+    threads; a kill or a freeze of a worker takes all of them."""
+    on_postgres = is_uri(each_backend)
+    config = ChaosConfig(seed=20261207, duration_s=25, supervisors=3, concurrency=8, workers=2, executions=300,
+                         fault_interval_s=0.65, drain_timeout_s=150)
+    report = run_chaos(config, folder=str(tmp_path / "chaos"), db_path=each_backend if on_postgres else None,
+                       out=[].append)
+    check_ = report["check"]
+    summary = "\n".join(summary_lines(report))
+    assert check_["violations"] == [], summary
+    assert check_["executions"]["not_terminal"] == 0, summary
+    assert report["ok"], summary
+    assert "8 deliveries in 2 workers" in summary
+    injected = check_["faults"]["by_kind"]
+    assert injected.get("kill_child", 0) >= 1 and injected.get("freeze_child", 0) >= 1, injected
+    assert check_["takeovers"]["checked"] and sum(check_["takeovers"]["workers"]["released_with_their_worker"]
+                                                  .values()) >= 2, summary  # a worker's deliveries went with it
+    ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")
+    with open_backend(ledger) as backend:
+        done = {(r.workflow, r.status) for r in backend.executions.list()}
+    assert {(MIXED, "completed"), (MIXED_ASYNC, "completed")} <= done, done
 
 
 def test_the_checker_counts_the_renewals_that_found_a_lease_lost_as_the_loop_logs_them(tmp_path):

@@ -5,6 +5,8 @@ so that every kind of durable call is exercised: plain steps (fast and slow, som
 lease), retried steps (`RetryableError`), durable timers, effects against a fake external
 system, a shared counter store, a mailbox store used by producer and consumer executions, and
 child executions started and waited for. Plans are data, so a replay takes the same path.
+`chaos.mixed_async` is the same workflow written `async def`, its steps awaiting instead of
+sleeping: with `supervise --workers`, many of them run as tasks of one worker's event loop.
 
 Evidence, all appended with one `O_APPEND` write per line so lines from concurrent processes
 never interleave (the checker in `supervisor.chaos.checker` reads it back):
@@ -38,6 +40,7 @@ never interleave (the checker in `supervisor.chaos.checker` reads it back):
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import json
@@ -48,6 +51,8 @@ from typing import Any
 
 from worker import RetryableError, StepFailed, workflow
 
+MIXED = "chaos.mixed"
+MIXED_ASYNC = "chaos.mixed_async"
 COUNTER = "chaos.counter"
 MAILBOX = "chaos.mailbox"
 STEP_LOG = "steps.log"
@@ -137,22 +142,48 @@ def _produced(folder: str, execution_id: str, token: int, key: str) -> dict:
     return {"token": token, "pid": os.getpid(), "nonce": nonce}
 
 
-def timed_step(folder: str, execution_id: str, token: int, key: str, seconds: float) -> dict:
-    log_event(folder, "begin", execution_id, token, key)
+def _pause(seconds: float) -> None:
     if seconds:
         time.sleep(seconds)
+
+
+async def _pause_async(seconds: float) -> None:
+    if seconds:
+        await asyncio.sleep(seconds)  # a lost lease cancels the delivery here
+
+
+def _flaky(folder: str, execution_id: str, token: int, key: str, p_fail: float, attempts: int,
+           interval: float) -> dict:
+    if random.random() < p_fail:
+        log_event(folder, "fail", execution_id, token, key)
+        raise RetryableError(f"flaky step {key} (token {token})", max_attempts=attempts, interval=interval)
+    return _produced(folder, execution_id, token, key)
+
+
+def timed_step(folder: str, execution_id: str, token: int, key: str, seconds: float) -> dict:
+    log_event(folder, "begin", execution_id, token, key)
+    _pause(seconds)
+    return _produced(folder, execution_id, token, key)
+
+
+async def timed_step_async(folder: str, execution_id: str, token: int, key: str, seconds: float) -> dict:
+    log_event(folder, "begin", execution_id, token, key)
+    await _pause_async(seconds)
     return _produced(folder, execution_id, token, key)
 
 
 def flaky_step(folder: str, execution_id: str, token: int, key: str, seconds: float, p_fail: float,
                attempts: int, interval: float) -> dict:
     log_event(folder, "begin", execution_id, token, key)
-    if seconds:
-        time.sleep(seconds)
-    if random.random() < p_fail:
-        log_event(folder, "fail", execution_id, token, key)
-        raise RetryableError(f"flaky step {key} (token {token})", max_attempts=attempts, interval=interval)
-    return _produced(folder, execution_id, token, key)
+    _pause(seconds)
+    return _flaky(folder, execution_id, token, key, p_fail, attempts, interval)
+
+
+async def flaky_step_async(folder: str, execution_id: str, token: int, key: str, seconds: float, p_fail: float,
+                           attempts: int, interval: float) -> dict:
+    log_event(folder, "begin", execution_id, token, key)
+    await _pause_async(seconds)
+    return _flaky(folder, execution_id, token, key, p_fail, attempts, interval)
 
 
 def effect_call(folder: str, execution_id: str, token: int, key: str, effect_id: str, before: float,
@@ -160,11 +191,20 @@ def effect_call(folder: str, execution_id: str, token: int, key: str, effect_id:
     """Ask the external system; `after` is a pause between its executing and our hearing back,
     the window in which a holder that dies leaves an executed but unsettled effect."""
     log_event(folder, "begin", execution_id, token, key)
-    if before:
-        time.sleep(before)
+    _pause(before)
     result = external_request(folder, effect_id, token, execution_id, key)
-    if after:
-        time.sleep(after)
+    _pause(after)
+    log_event(folder, "end", execution_id, token, key, result["receipt"])
+    return result
+
+
+async def effect_call_async(folder: str, execution_id: str, token: int, key: str, effect_id: str, before: float,
+                            after: float) -> dict:
+    """`effect_call`, awaiting its pauses. (The request itself is a short locked file append.)"""
+    log_event(folder, "begin", execution_id, token, key)
+    await _pause_async(before)
+    result = external_request(folder, effect_id, token, execution_id, key)
+    await _pause_async(after)
     log_event(folder, "end", execution_id, token, key, result["receipt"])
     return result
 
@@ -184,30 +224,64 @@ def _perform(ctx, folder: str, op: list, seen: dict) -> None:
     if kind == "run":
         value = ctx.run(key, timed_step, folder, eid, token, key, op[2])
     elif kind == "retry":
-        _, _, seconds, p_fail, attempts, interval = op
-        value = ctx.run(key, flaky_step, folder, eid, token, key, seconds, p_fail, attempts, interval)
+        value = ctx.run(key, flaky_step, folder, eid, token, key, *op[2:])
     elif kind == "sleep":
         value = ctx.sleep(key, op[2])
     elif kind == "effect":
         value = ctx.effect(key, lambda effect_id: effect_call(folder, eid, token, key, effect_id, op[2], op[3]))
-    elif kind == "inc":
-        value = ctx.store(COUNTER).update(key, lambda n: n + 1)
-    elif kind == "put":
-        item = {"pair": op[2], "from": eid}
-        value = ctx.store(MAILBOX).update(key, lambda items: items + [item])
-    elif kind == "take":
-        value = ctx.store(MAILBOX).take(key, {"pair": op[2]})
     elif kind == "child":
-        child = ctx.start(key, "chaos.mixed", {"dir": folder, "plan": op[2]})
+        child = ctx.start(key, MIXED, {"dir": folder, "plan": op[2]})
         _saw(ctx, folder, key, child, seen)
         key = f"{key}.wait"
         value = ctx.wait_for(child, key=key)
     else:
-        raise ValueError(f"unknown chaos operation {kind!r}")
+        value = _store_call(ctx, op, eid)
     _saw(ctx, folder, key, value, seen)
 
 
-@workflow("chaos.mixed")
+async def _perform_async(ctx, folder: str, op: list, seen: dict) -> None:
+    """`_perform`, awaited; a child is a `chaos.mixed_async` too."""
+    kind, key = op[0], op[1]
+    eid, token = ctx.execution_id, ctx.token
+    if kind == "run":
+        value = await ctx.run(key, timed_step_async, folder, eid, token, key, op[2])
+    elif kind == "retry":
+        value = await ctx.run(key, flaky_step_async, folder, eid, token, key, *op[2:])
+    elif kind == "sleep":
+        value = await ctx.sleep(key, op[2])
+    elif kind == "effect":
+        value = await ctx.effect(key, lambda effect_id: effect_call_async(folder, eid, token, key, effect_id, op[2],
+                                                                          op[3]))
+    elif kind == "child":
+        child = await ctx.start(key, MIXED_ASYNC, {"dir": folder, "plan": op[2]})
+        _saw(ctx, folder, key, child, seen)
+        key = f"{key}.wait"
+        value = await ctx.wait_for(child, key=key)
+    else:
+        value = await _store_call(ctx, op, eid)
+    _saw(ctx, folder, key, value, seen)
+
+
+def _store_call(ctx, op: list, eid: str):
+    """A store operation of the plan: its value, or (in an async workflow) its awaitable."""
+    kind, key = op[0], op[1]
+    if kind == "inc":
+        return ctx.store(COUNTER).update(key, lambda n: n + 1)
+    if kind == "put":
+        item = {"pair": op[2], "from": eid}
+        return ctx.store(MAILBOX).update(key, lambda items: items + [item])
+    if kind == "take":
+        return ctx.store(MAILBOX).take(key, {"pair": op[2]})
+    raise ValueError(f"unknown chaos operation {kind!r}")
+
+
+def _outcome(ctx, input: dict, seen: dict) -> dict:
+    if input.get("fail"):
+        raise ChaosFailure(f"deliberate failure (token {ctx.token})")
+    return {"token": ctx.token, "seen": seen}
+
+
+@workflow(MIXED)
 def mixed(ctx, input: dict) -> dict:
     """Perform `input["plan"]` in order; fail on purpose at the end if `input["fail"]`.
 
@@ -220,6 +294,17 @@ def mixed(ctx, input: dict) -> dict:
             _perform(ctx, folder, op, seen)
         except StepFailed as exc:
             raise ChaosFailure(f"{exc} (token {ctx.token})") from None
-    if input.get("fail"):
-        raise ChaosFailure(f"deliberate failure (token {ctx.token})")
-    return {"token": ctx.token, "seen": seen}
+    return _outcome(ctx, input, seen)
+
+
+@workflow(MIXED_ASYNC)
+async def mixed_async(ctx, input: dict) -> dict:
+    """`mixed`, written `async def`: the same plans, the same evidence, the same result."""
+    folder = input["dir"]
+    seen: dict[str, str] = {}
+    for op in input["plan"]:
+        try:
+            await _perform_async(ctx, folder, op, seen)
+        except StepFailed as exc:
+            raise ChaosFailure(f"{exc} (token {ctx.token})") from None
+    return _outcome(ctx, input, seen)
