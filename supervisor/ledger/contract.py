@@ -33,6 +33,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+from .errors import StorageBusy
 from .values import (
     TERMINAL_STATUSES,
     Claimed,
@@ -146,6 +147,25 @@ class ExecutionClient(abc.ABC):
         """Fenced: extend the lease to `now + duration` if its token is current and its delivery
         has not ended by a release, an acknowledgement or a later claim. (An expired lease that
         nobody claimed since is still current.)"""
+
+    @abc.abstractmethod
+    def renew_many(self, leases: Sequence[ExecutionLease], *, duration: int, now: Optional[int] = None
+                   ) -> list[Renewed | LeaseLost | StorageBusy]:
+        """Fenced, each lease by its own token: `renew` for every lease of `leases`, a few
+        transactions for all of them (one per `RENEW_MANY_LEASES`), the replies in the order of
+        `leases`. A stale lease gets `LeaseLost` and changes nothing; the others are renewed all
+        the same.
+
+        A batch never waits behind one busy row: where the database locks rows (PostgreSQL), the
+        batch skips the rows another transaction holds, and each of those is then renewed on
+        its own with `renew`'s bounded lock wait. A row still held after that wait is neither
+        renewed nor lost: its reply is the `StorageBusy` error as a value, and the caller
+        renews it again at its next round (its lease has slack for that).
+
+        Raises:
+            InvalidArgument: a lease that is not an `ExecutionLease`, or a bad `duration` or
+                `now`; nothing is renewed then.
+        """
 
     @abc.abstractmethod
     def release(self, lease: ExecutionLease, *, now: Optional[int] = None) -> Released | LeaseLost:

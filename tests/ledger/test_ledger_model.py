@@ -367,6 +367,20 @@ class LedgerMachine(RuleBasedStateMachine):
             self.leases.append(got.lease)
 
     @precondition(lambda self: self.leases)
+    @rule(indices=st.lists(LEASE_INDEX, max_size=4), duration=st.integers(1, 200), explicit=st.booleans())
+    def renew_many(self, indices, duration, explicit):
+        leases = [self.pick(index) for index in indices]
+        expected, by_lease = [], {}  # a lease given twice in one batch is renewed once
+        for lease in leases:
+            key = (lease.execution_id, lease.token)
+            if key not in by_lease:
+                by_lease[key] = self.model.renew(lease, duration, self.clock.now)
+            expected.append(by_lease[key])
+        got = self.backend.executions.renew_many(leases, duration=duration, now=self.now_arg(explicit))
+        assert got == expected
+        self.leases += [reply.lease for reply in got if isinstance(reply, Renewed)]
+
+    @precondition(lambda self: self.leases)
     @rule(index=LEASE_INDEX, explicit=st.booleans())
     def release(self, index, explicit):
         lease = self.pick(index)
