@@ -48,6 +48,7 @@ from .values import (
     Released,
     Renewed,
     SettleConflict,
+    StepWrite,
     StoreReceipt,
     StoreState,
     WaitReason,
@@ -294,6 +295,24 @@ class HeapClient(abc.ABC):
         rejected write changes nothing and returns `LeaseLost`. Idempotent for the current
         holder: an attempt already recorded is returned unchanged, and the caller must continue
         with the recorded value.
+        """
+
+    @abc.abstractmethod
+    def write_steps(self, writes: Sequence[StepWrite]) -> list[HeapRecord | LeaseLost]:
+        """Fenced, each write by its own lease's token: `write_step` for every write of `writes`
+        (of any executions), all in one transaction with one commit; the replies in the order of
+        `writes`. A write whose token is stale, or whose delivery has ended, is refused alone
+        (`LeaseLost`, nothing of it written); the others are written all the same. Idempotent
+        as `write_step`: an attempt already recorded (before, or by an earlier write of the same
+        batch) is returned as recorded.
+
+        On PostgreSQL the fence locks the executions' rows in the order of their ids (so two
+        batches never wait for each other in a circle), and the batch is one statement when every
+        write is new: a round trip for it, with the transaction's begin and commit.
+
+        Raises:
+            InvalidArgument: a write that is not a `StepWrite`, or any of its fields as
+                `write_step` would refuse it; nothing is written then.
         """
 
     @abc.abstractmethod
