@@ -48,7 +48,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 from supervisor.ledger.errors import InvalidArgument
 
 from ._runtime.unwinding import Suspend
-from .context import WorkflowContext
+from .context import WorkflowContext, Writes
 from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
@@ -154,11 +154,22 @@ class AsyncWorkflowContext(WorkflowContext):
                 if inspect.isawaitable(value):
                     value = await value
             except Exception as exc:
-                return self._step_raised(key, attempt, exc, policy)
-            return self._step_done(key, attempt, value)
+                return await self._written_async(self._step_raised_writes(key, attempt, exc, policy))
+            return await self._written_async(self._step_done_writes(key, attempt, value))
         finally:
             _ENCLOSING.reset(enclosing)
             self._landed(key)
+
+    async def _written_async(self, writes: Writes) -> Any:
+        """`_written`, each write awaited (see `Writes`)."""
+        try:
+            write = next(writes)
+            while True:
+                record = await self._writer.write_step_async(write.key, write.attempt, write.done, write.response_json)
+                self._recorded[write.key] = record
+                write = writes.send(record)
+        except StopIteration as stop:
+            return stop.value
 
     async def _tasks_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
         import asyncio

@@ -29,7 +29,7 @@ import inspect
 import json
 import threading
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generator, NamedTuple, Optional
 
 from supervisor.ledger.arguments import finite, identifier
 from supervisor.ledger.errors import InvalidArgument, StepFailed, StorageError
@@ -50,6 +50,22 @@ AUTO_PREFIX = "@"
 _to_json = json.JSONEncoder(allow_nan=False).encode
 # Values of exactly these types come back from a JSON round trip unchanged.
 _JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+class Write(NamedTuple):
+    """A step attempt to record, as what the end of a step yields (`Writes`)."""
+
+    key: str
+    attempt: int
+    done: bool
+    response_json: str
+
+
+# What the end of a step records and then returns, written once for both contexts: a generator
+# that yields each `Write` and is sent its `HeapRecord`. The sync context makes the write in its
+# thread (`_written`); the async one awaits it (`AsyncWorkflowContext._written_async`), so the
+# event loop runs the worker's other deliveries while the write waits for its commit.
+Writes = Generator[Write, HeapRecord, Any]
 
 
 def _name(fn: Callable) -> str:
@@ -225,9 +241,22 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             self._in_flight.pop(key, None)
 
     def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
-        record = self._writer.write_step(key, attempt, done, _to_json(response))
-        self._recorded[key] = record
+        return self._record(Write(key, attempt, done, _to_json(response)))
+
+    def _record(self, write: Write) -> HeapRecord:
+        record = self._writer.write_step(write.key, write.attempt, write.done, write.response_json)
+        self._recorded[write.key] = record
         return record
+
+    def _written(self, writes: Writes) -> Any:
+        """Run `writes` (what a step's end records, as a generator: see `Write`) with each write
+        made here, in this thread; its value."""
+        try:
+            write = next(writes)
+            while True:
+                write = writes.send(self._record(write))
+        except StopIteration as stop:
+            return stop.value
 
     def _suspend_until(self, at: int) -> None:
         self._writer.request_wake(at)
@@ -288,37 +317,43 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:
         """Record the value a step's function returned, and return the recorded value."""
+        return self._written(self._step_done_writes(key, attempt, value))
+
+    def _step_done_writes(self, key: str, attempt: int, value: Any) -> Writes:
         try:
             response = _to_json({"value": value})
         except (TypeError, ValueError) as exc:
             info = {"type": "NonSerialisableResult",
                     "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",
                     "traceback": None}
-            return self._replay(key, self._write(key, attempt, True, {"error": info, "retry_at": None}))
-        record = self._writer.write_step(key, attempt, True, response)
-        self._recorded[key] = record
+            return self._replay(key, (yield Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))))
+        record = yield Write(key, attempt, True, response)
         if type(value) in _JSON_SCALARS and record.step_response_json == response:
             return value  # recorded as sent, so decoding the record would give this very value
         return self._replay(key, record)
 
     def _step_raised(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
         """What a step's function raising `exc` comes to: a recorded failed attempt (see
-        `_failed_attempt`), or, for a storage error, the end of the delivery."""
+        `_failed_attempt_writes`), or, for a storage error, the end of the delivery."""
+        return self._written(self._step_raised_writes(key, attempt, exc, policy))
+
+    def _step_raised_writes(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Writes:
         if isinstance(exc, StorageError):
             # The step called the ledger itself and its storage failed: a fault of the host, not
             # of the step, so it is not recorded as the step's error; the delivery is retried.
             raise self._writer.failed(exc) from exc
-        return self._failed_attempt(key, attempt, exc, policy)
+        return (yield from self._failed_attempt_writes(key, attempt, exc, policy))
 
-    def _failed_attempt(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
+    def _failed_attempt_writes(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]
+                               ) -> Writes:
         if isinstance(exc, RetryableError):
             policy = exc.policy
         info = error_info(exc)
         if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
-            record = self._write(key, attempt, False, {"error": info, "retry_at": retry_at})
+            record = yield Write(key, attempt, False, _to_json({"error": info, "retry_at": retry_at}))
         else:
-            record = self._write(key, attempt, True, {"error": info, "retry_at": None})
+            record = yield Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))
         return self._replay(key, record)
 
     def _replay(self, key: str, record: HeapRecord) -> Any:
