@@ -153,8 +153,8 @@ class ExecutionClient(abc.ABC):
     def renew_many(self, leases: Sequence[ExecutionLease], *, duration: int, now: Optional[int] = None
                    ) -> list[Renewed | LeaseLost | StorageBusy]:
         """Fenced, each lease by its own token: `renew` for every lease of `leases`, a few
-        transactions for all of them (one per `RENEW_MANY_LEASES`), the replies in the order of
-        `leases`. A stale lease gets `LeaseLost` and changes nothing; the others are renewed all
+        transactions for all of them (one per 1,000 leases), the replies in the order of
+        `leases`. A lease given twice is renewed once, both replies the same. A stale lease gets `LeaseLost` and changes nothing; the others are renewed all
         the same.
 
         A batch never waits behind one busy row: where the database locks rows (PostgreSQL), the

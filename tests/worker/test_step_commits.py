@@ -104,3 +104,24 @@ def test_an_async_delivery_awaits_its_write_while_the_loop_runs_on(sqlite_backen
     records = asyncio.run(all_at_once())
     assert [r.step_response_json for r in records] == [f'"{i}"' for i in range(30)]
     assert commits.transactions < 30
+
+
+def test_a_delivery_stopped_while_its_write_waited_for_a_batch_sends_nothing(sqlite_backend, commits):
+    lease, other = leases(sqlite_backend, 2)
+    writer = FencedWriter(sqlite_backend, lease, commits=commits)
+    gate, entered = threading.Event(), threading.Event()
+    write_steps = sqlite_backend.heap.write_steps
+
+    def slow(writes):
+        entered.set()
+        gate.wait(10)
+        return write_steps(writes)
+
+    sqlite_backend.heap.write_steps = slow
+    commits.submit(StepWrite(other, "s", 0, True, '"first"'), lambda: True)
+    assert entered.wait(10)
+    queued = writer._submit("s", 0, True, '"x"')
+    writer.stopped_because = "cancelled"  # WorkflowRun.stop, from the worker's main thread
+    gate.set()
+    assert queued.result(10) is NOT_SENT
+    assert sqlite_backend.heap.read_step(lease.execution_id, "s") is None

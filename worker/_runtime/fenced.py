@@ -113,14 +113,19 @@ class FencedWriter:
 
     def _submit(self, step_key: str, attempt: int, done: bool, response_json: str):
         self.check()
-        return self._commits.submit(StepWrite(self.lease, step_key, attempt, done, response_json), self._may_write)
+        return self._commits.submit(StepWrite(self.lease, step_key, attempt, done, response_json), self._may_send)
+
+    def _may_send(self) -> bool:
+        """Asked by the writer thread just before a queued write goes: a delivery stopped (or
+        no longer heard from) while its write waited for a batch sends nothing."""
+        return self.stopped_because is None and self._may_write()
 
     def _recorded(self, reply, step_key: str) -> HeapRecord:
         from .step_commits import NOT_SENT
 
         if isinstance(reply, LeaseLost):
             raise self._lost(f"step {step_key!r}")
-        if reply is NOT_SENT:  # the parent watch said no just before the batch went
+        if reply is NOT_SENT:  # stopped, or the parent watch said no, just before the batch went
             self.check()
             raise StopDelivery(self.stopped_because or "the supervisor is no longer heard from")
         return reply

@@ -15,9 +15,10 @@ deliveries meanwhile, instead of blocking for the commit. A sync one blocks on i
 
 The rules of a single write hold for each write of a batch:
 
-- the parent watch is asked just before the batch is sent, each write by its own delivery's
-  `may_write`: a write of a delivery whose supervisor is no longer heard is not sent (its reply
-  is `NOT_SENT`, and its writer stops the delivery);
+- each write's `may_write` is asked just before the batch is sent (its delivery's: not stopped,
+  and the parent watch still hears the supervisor): a write of a delivery stopped meanwhile, or
+  whose supervisor is no longer heard, is not sent (its reply is `NOT_SENT`, and its writer
+  stops the delivery);
 - a write whose delivery has given up on it (its task cancelled: its future is cancelled) is not
   sent;
 - a storage error is every write's of the batch (each writer shuts its own door on it);
