@@ -29,7 +29,7 @@ import inspect
 import json
 import threading
 import traceback
-from typing import Any, Callable, Generator, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import finite, identifier
 from supervisor.ledger.errors import InvalidArgument, StepFailed, StorageError
@@ -53,19 +53,16 @@ _JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 class Write(NamedTuple):
-    """A step attempt to record, as what the end of a step yields (`Writes`)."""
+    """A step attempt to record. The end of a step is said once for both contexts, in three
+    parts: what to write (`_done_write`, `_raised_write`), the write (made in the caller's thread
+    by `_record`; awaited by `AsyncWorkflowContext._record_async`, so that the event loop runs the
+    worker's other deliveries while the write waits for its commit), and what the workflow sees
+    of the record (`_done_value`, `_replay`)."""
 
     key: str
     attempt: int
     done: bool
     response_json: str
-
-
-# What the end of a step records and then returns, written once for both contexts: a generator
-# that yields each `Write` and is sent its `HeapRecord`. The sync context makes the write in its
-# thread (`_written`); the async one awaits it (`AsyncWorkflowContext._written_async`), so the
-# event loop runs the worker's other deliveries while the write waits for its commit.
-Writes = Generator[Write, HeapRecord, Any]
 
 
 def _name(fn: Callable) -> str:
@@ -248,16 +245,6 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         self._recorded[write.key] = record
         return record
 
-    def _written(self, writes: Writes) -> Any:
-        """Run `writes` (what a step's end records, as a generator: see `Write`) with each write
-        made here, in this thread; its value."""
-        try:
-            write = next(writes)
-            while True:
-                write = writes.send(self._record(write))
-        except StopIteration as stop:
-            return stop.value
-
     def _suspend_until(self, at: int) -> None:
         self._writer.request_wake(at)
         raise self._unwind(Suspend(f"waiting until {at}"))
@@ -317,44 +304,41 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:
         """Record the value a step's function returned, and return the recorded value."""
-        return self._written(self._step_done_writes(key, attempt, value))
+        write, as_value = self._done_write(key, attempt, value)
+        return self._done_value(key, value, write, as_value, self._record(write))
 
-    def _step_done_writes(self, key: str, attempt: int, value: Any) -> Writes:
+    def _done_write(self, key: str, attempt: int, value: Any) -> tuple[Write, bool]:
+        """What records `value`, and whether it records it as the step's value (not as an error)."""
         try:
-            response = _to_json({"value": value})
+            return Write(key, attempt, True, _to_json({"value": value})), True
         except (TypeError, ValueError) as exc:
             info = {"type": "NonSerialisableResult",
                     "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",
                     "traceback": None}
-            return self._replay(key, (yield Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))))
-        record = yield Write(key, attempt, True, response)
-        if type(value) in _JSON_SCALARS and record.step_response_json == response:
+            return Write(key, attempt, True, _to_json({"error": info, "retry_at": None})), False
+
+    def _done_value(self, key: str, value: Any, write: Write, as_value: bool, record: HeapRecord) -> Any:
+        if as_value and type(value) in _JSON_SCALARS and record.step_response_json == write.response_json:
             return value  # recorded as sent, so decoding the record would give this very value
         return self._replay(key, record)
 
     def _step_raised(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
         """What a step's function raising `exc` comes to: a recorded failed attempt (see
-        `_failed_attempt_writes`), or, for a storage error, the end of the delivery."""
-        return self._written(self._step_raised_writes(key, attempt, exc, policy))
+        `_raised_write`), or, for a storage error, the end of the delivery."""
+        return self._replay(key, self._record(self._raised_write(key, attempt, exc, policy)))
 
-    def _step_raised_writes(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Writes:
+    def _raised_write(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Write:
         if isinstance(exc, StorageError):
             # The step called the ledger itself and its storage failed: a fault of the host, not
             # of the step, so it is not recorded as the step's error; the delivery is retried.
             raise self._writer.failed(exc) from exc
-        return (yield from self._failed_attempt_writes(key, attempt, exc, policy))
-
-    def _failed_attempt_writes(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]
-                               ) -> Writes:
         if isinstance(exc, RetryableError):
             policy = exc.policy
         info = error_info(exc)
         if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
-            record = yield Write(key, attempt, False, _to_json({"error": info, "retry_at": retry_at}))
-        else:
-            record = yield Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))
-        return self._replay(key, record)
+            return Write(key, attempt, False, _to_json({"error": info, "retry_at": retry_at}))
+        return Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))
 
     def _replay(self, key: str, record: HeapRecord) -> Any:
         response = json.loads(record.step_response_json)

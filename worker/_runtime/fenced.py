@@ -121,14 +121,13 @@ class FencedWriter:
         return self.stopped_because is None and self._may_write()
 
     def _recorded(self, reply, step_key: str) -> HeapRecord:
-        from .step_commits import NOT_SENT
-
+        if isinstance(reply, HeapRecord):
+            return reply
         if isinstance(reply, LeaseLost):
             raise self._lost(f"step {step_key!r}")
-        if reply is NOT_SENT:  # stopped, or the parent watch said no, just before the batch went
-            self.check()
-            raise StopDelivery(self.stopped_because or "the supervisor is no longer heard from")
-        return reply
+        # `step_commits.NOT_SENT`: stopped, or the parent watch said no, just before the batch went.
+        self.check()
+        raise StopDelivery(self.stopped_because or "the supervisor is no longer heard from")
 
     def call(self, method: Callable, *args, **kwargs):
         """An idempotent or unfenced ledger call (a start, an effect, a store change, a waiter):
