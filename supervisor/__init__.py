@@ -20,12 +20,13 @@ from .ledger.values import (
     Released,
     Renewed,
     Retry,
+    StepWrite,
     Suspended,
 )
 
 __all__ = [
     "open_backend", "Backend", "SqliteBackend",
-    "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord",
+    "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord", "StepWrite",
     "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost", "Retry",
     "ExecutionStatus", "DeliveryEnd",
     "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy",

@@ -139,11 +139,14 @@ class Release(Call, name="release"):
 
 
 @dataclass(frozen=True)
-class Renew(Call, name="renew"):
-    """Extend a lease by `duration` ms. Made by the renewal thread, apart from claims and
+class Renew(Call, name="renew_many"):
+    """Extend every lease of `leases` by `duration` ms, each fenced by its own token, a few
+    transactions for all of them (`renew_many`); the reply is a list, one item per lease in
+    order (`Renewed`, `LeaseLost`, or `StorageBusy` for a row another transaction held), and
+    `about` the list of the leases' deliveries. Made by the renewal thread, apart from claims and
     settlements, so that a renewal never waits behind them."""
 
-    lease: ExecutionLease
+    leases: list[ExecutionLease]
     duration: int
 
 
@@ -170,7 +173,7 @@ def make(call: Call, executions) -> Any:
         case Release():
             return executions.release(call.lease)
         case Renew():
-            return executions.renew(call.lease, duration=call.duration)
+            return executions.renew_many(call.leases, duration=call.duration)
         case Ended():
             return executions.ended(call.leases)
         case NextReadyAt():

@@ -349,10 +349,11 @@ class DispatchLoop:
         if now < self.next_renewal:
             return
         self.next_renewal = now + self.cfg.renew_ms / 1000
-        for delivery in self.renewable(now):
-            if not delivery.renewing and not delivery.lost:
-                delivery.renewing, delivery.renew_sent_at = True, now
-                self.renewals.submit(Renew(delivery.lease, self.cfg.lease_ms, about=delivery))
+        due = [d for d in self.renewable(now) if not d.renewing and not d.lost]
+        for delivery in due:
+            delivery.renewing, delivery.renew_sent_at = True, now
+        if due:  # one call for the round: a few transactions for thousands of leases
+            self.renewals.submit(Renew([d.lease for d in due], self.cfg.lease_ms, about=due))
 
     def renewable(self, now: float) -> list[Delivery]:
         limit = self.cfg.silent_limit_s
@@ -360,16 +361,19 @@ class DispatchLoop:
         return running + list(self.ending.values())
 
     def on_renewed(self, reply: Reply, now: float) -> None:
-        delivery: Delivery = reply.call.about
-        delivery.renewing = False
+        deliveries: list[Delivery] = reply.call.about
+        for delivery in deliveries:
+            delivery.renewing = False
         if reply.error is not None:
-            return  # the lease has slack for the next round
-        if isinstance(reply.value, Renewed):
-            delivery.lease = reply.value.lease
-            # The ledger set the new expiry after the call was sent: it lasts at least this long.
-            delivery.held_until = max(delivery.held_until, delivery.renew_sent_at + self.cfg.lease_ms / 1000)
-            return
-        self.lose(delivery, RENEWAL_FOUND_LOST, now)
+            return  # the leases have slack for the next round
+        for delivery, renewal in zip(deliveries, reply.value):
+            if isinstance(renewal, Renewed):
+                delivery.lease = renewal.lease
+                # The ledger set the new expiry after the call was sent: it lasts at least this long.
+                delivery.held_until = max(delivery.held_until, delivery.renew_sent_at + self.cfg.lease_ms / 1000)
+            elif isinstance(renewal, LeaseLost):
+                self.lose(delivery, RENEWAL_FOUND_LOST, now)
+            # else a row another transaction held (StorageBusy): the lease has slack for the next round
 
     def stop_unconfirmed(self, now: float) -> None:
         """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease

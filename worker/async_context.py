@@ -46,9 +46,10 @@ from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from supervisor.ledger.errors import InvalidArgument
+from supervisor.ledger.values import HeapRecord
 
 from ._runtime.unwinding import Suspend
-from .context import WorkflowContext
+from .context import Write, WorkflowContext
 from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
@@ -154,11 +155,18 @@ class AsyncWorkflowContext(WorkflowContext):
                 if inspect.isawaitable(value):
                     value = await value
             except Exception as exc:
-                return self._step_raised(key, attempt, exc, policy)
-            return self._step_done(key, attempt, value)
+                return self._replay(key, await self._record_async(self._raised_write(key, attempt, exc, policy)))
+            write, as_value = self._done_write(key, attempt, value)
+            return self._done_value(key, value, write, as_value, await self._record_async(write))
         finally:
             _ENCLOSING.reset(enclosing)
             self._landed(key)
+
+    async def _record_async(self, write: Write) -> HeapRecord:
+        """`_record`, awaited: the event loop runs on while the write waits for its commit."""
+        record = await self._writer.write_step_async(write.key, write.attempt, write.done, write.response_json)
+        self._recorded[write.key] = record
+        return record
 
     async def _tasks_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
         import asyncio

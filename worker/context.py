@@ -29,7 +29,7 @@ import inspect
 import json
 import threading
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import finite, identifier
 from supervisor.ledger.errors import InvalidArgument, StepFailed, StorageError
@@ -50,6 +50,19 @@ AUTO_PREFIX = "@"
 _to_json = json.JSONEncoder(allow_nan=False).encode
 # Values of exactly these types come back from a JSON round trip unchanged.
 _JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+class Write(NamedTuple):
+    """A step attempt to record. The end of a step is said once for both contexts, in three
+    parts: what to write (`_done_write`, `_raised_write`), the write (made in the caller's thread
+    by `_record`; awaited by `AsyncWorkflowContext._record_async`, so that the event loop runs the
+    worker's other deliveries while the write waits for its commit), and what the workflow sees
+    of the record (`_done_value`, `_replay`)."""
+
+    key: str
+    attempt: int
+    done: bool
+    response_json: str
 
 
 def _name(fn: Callable) -> str:
@@ -225,8 +238,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             self._in_flight.pop(key, None)
 
     def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
-        record = self._writer.write_step(key, attempt, done, _to_json(response))
-        self._recorded[key] = record
+        return self._record(Write(key, attempt, done, _to_json(response)))
+
+    def _record(self, write: Write) -> HeapRecord:
+        record = self._writer.write_step(write.key, write.attempt, write.done, write.response_json)
+        self._recorded[write.key] = record
         return record
 
     def _suspend_until(self, at: int) -> None:
@@ -288,38 +304,41 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:
         """Record the value a step's function returned, and return the recorded value."""
+        write, as_value = self._done_write(key, attempt, value)
+        return self._done_value(key, value, write, as_value, self._record(write))
+
+    def _done_write(self, key: str, attempt: int, value: Any) -> tuple[Write, bool]:
+        """What records `value`, and whether it records it as the step's value (not as an error)."""
         try:
-            response = _to_json({"value": value})
+            return Write(key, attempt, True, _to_json({"value": value})), True
         except (TypeError, ValueError) as exc:
             info = {"type": "NonSerialisableResult",
                     "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",
                     "traceback": None}
-            return self._replay(key, self._write(key, attempt, True, {"error": info, "retry_at": None}))
-        record = self._writer.write_step(key, attempt, True, response)
-        self._recorded[key] = record
-        if type(value) in _JSON_SCALARS and record.step_response_json == response:
+            return Write(key, attempt, True, _to_json({"error": info, "retry_at": None})), False
+
+    def _done_value(self, key: str, value: Any, write: Write, as_value: bool, record: HeapRecord) -> Any:
+        if as_value and type(value) in _JSON_SCALARS and record.step_response_json == write.response_json:
             return value  # recorded as sent, so decoding the record would give this very value
         return self._replay(key, record)
 
     def _step_raised(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
         """What a step's function raising `exc` comes to: a recorded failed attempt (see
-        `_failed_attempt`), or, for a storage error, the end of the delivery."""
+        `_raised_write`), or, for a storage error, the end of the delivery."""
+        return self._replay(key, self._record(self._raised_write(key, attempt, exc, policy)))
+
+    def _raised_write(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Write:
         if isinstance(exc, StorageError):
             # The step called the ledger itself and its storage failed: a fault of the host, not
             # of the step, so it is not recorded as the step's error; the delivery is retried.
             raise self._writer.failed(exc) from exc
-        return self._failed_attempt(key, attempt, exc, policy)
-
-    def _failed_attempt(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Any:
         if isinstance(exc, RetryableError):
             policy = exc.policy
         info = error_info(exc)
         if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
-            record = self._write(key, attempt, False, {"error": info, "retry_at": retry_at})
-        else:
-            record = self._write(key, attempt, True, {"error": info, "retry_at": None})
-        return self._replay(key, record)
+            return Write(key, attempt, False, _to_json({"error": info, "retry_at": retry_at}))
+        return Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))
 
     def _replay(self, key: str, record: HeapRecord) -> Any:
         response = json.loads(record.step_response_json)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+from .errors import StorageBusy
 from .values import (
     TERMINAL_STATUSES,
     Claimed,
@@ -47,6 +48,7 @@ from .values import (
     Released,
     Renewed,
     SettleConflict,
+    StepWrite,
     StoreReceipt,
     StoreState,
     WaitReason,
@@ -146,6 +148,25 @@ class ExecutionClient(abc.ABC):
         """Fenced: extend the lease to `now + duration` if its token is current and its delivery
         has not ended by a release, an acknowledgement or a later claim. (An expired lease that
         nobody claimed since is still current.)"""
+
+    @abc.abstractmethod
+    def renew_many(self, leases: Sequence[ExecutionLease], *, duration: int, now: Optional[int] = None
+                   ) -> list[Renewed | LeaseLost | StorageBusy]:
+        """Fenced, each lease by its own token: `renew` for every lease of `leases`, a few
+        transactions for all of them (one per 1,000 leases), the replies in the order of
+        `leases`. A lease given twice is renewed once, both replies the same. A stale lease gets `LeaseLost` and changes nothing; the others are renewed all
+        the same.
+
+        A batch never waits behind one busy row: where the database locks rows (PostgreSQL), the
+        batch skips the rows another transaction holds, and each of those is then renewed on
+        its own with `renew`'s bounded lock wait. A row still held after that wait is neither
+        renewed nor lost: its reply is the `StorageBusy` error as a value, and the caller
+        renews it again at its next round (its lease has slack for that).
+
+        Raises:
+            InvalidArgument: a lease that is not an `ExecutionLease`, or a bad `duration` or
+                `now`; nothing is renewed then.
+        """
 
     @abc.abstractmethod
     def release(self, lease: ExecutionLease, *, now: Optional[int] = None) -> Released | LeaseLost:
@@ -274,6 +295,24 @@ class HeapClient(abc.ABC):
         rejected write changes nothing and returns `LeaseLost`. Idempotent for the current
         holder: an attempt already recorded is returned unchanged, and the caller must continue
         with the recorded value.
+        """
+
+    @abc.abstractmethod
+    def write_steps(self, writes: Sequence[StepWrite]) -> list[HeapRecord | LeaseLost]:
+        """Fenced, each write by its own lease's token: `write_step` for every write of `writes`
+        (of any executions), all in one transaction with one commit; the replies in the order of
+        `writes`. A write whose token is stale, or whose delivery has ended, is refused alone
+        (`LeaseLost`, nothing of it written); the others are written all the same. Idempotent
+        as `write_step`: an attempt already recorded (before, or by an earlier write of the same
+        batch) is returned as recorded.
+
+        On PostgreSQL the fence locks the executions' rows in the order of their ids (so two
+        batches never wait for each other in a circle), and the batch is one statement when every
+        write is new: a round trip for it, with the transaction's begin and commit.
+
+        Raises:
+            InvalidArgument: a write that is not a `StepWrite`, or any of its fields as
+                `write_step` would refuse it; nothing is written then.
         """
 
     @abc.abstractmethod

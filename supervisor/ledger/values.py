@@ -109,6 +109,17 @@ class HeapRecord:
 
 
 @dataclass(frozen=True)
+class StepWrite:
+    """One step attempt to record, fenced by its lease (`HeapClient.write_steps`)."""
+
+    lease: ExecutionLease
+    step_key: str
+    step_attempt: int
+    done: bool
+    step_response_json: str
+
+
+@dataclass(frozen=True)
 class LeaseRecord:
     """One delivery of an execution, from the lease history.
 

@@ -817,3 +817,160 @@ def test_two_backends_on_the_same_file_in_one_process_see_each_others_writes(eac
         assert second.executions.acknowledge(lease, Completed('"again"')) == LeaseLost()
         assert second.executions.get("order-42").result_json == '"ok"'
 
+
+
+# -- batched renewals (SPEC section 10) --------------------------------------------------------
+
+
+def test_a_batch_of_renewals_renews_each_current_lease_and_refuses_only_the_stale_one(
+        backend, clock, each_backend, db_snapshot):
+    for i in range(4):
+        backend.executions.admit(f"order-{i}", "charge")
+    stale = backend.executions.claim_due(limit=1, duration=100)[0]
+    clock.now = stale.expires_at + default_delay(1)
+    leases = sorted(backend.executions.claim_due(limit=10, duration=100), key=lambda lease: lease.execution_id)
+    current = next(lease for lease in leases if lease.execution_id == stale.execution_id)
+    clock.now += 10
+
+    replies = backend.executions.renew_many([leases[3], stale, leases[0], leases[1], leases[2]], duration=5_000)
+
+    expected = [Renewed(ExecutionLease(lease.execution_id, lease.token, clock.now + 5_000)) for lease in leases]
+    assert replies == [expected[3], LeaseLost(), *expected[:3]]
+    assert backend.executions.get(stale.execution_id).lease_expires_at == clock.now + 5_000
+    assert current.token == stale.token + 1
+    for lease in leases:
+        (*_, live) = backend.executions.history(lease.execution_id)
+        assert (live.token, live.renewals, live.expires_at) == (lease.token, 1, clock.now + 5_000)
+
+
+def test_a_batch_of_only_stale_renewals_changes_nothing(backend, clock, each_backend, db_snapshot):
+    backend.executions.admit("order-42", "charge")
+    stale = claim_one(backend, duration=100)
+    assert backend.executions.acknowledge(stale, Suspended()) == Suspended()
+    before = db_snapshot(each_backend)
+
+    assert backend.executions.renew_many([stale, stale], duration=10_000) == [LeaseLost(), LeaseLost()]
+    assert backend.executions.renew_many([], duration=10_000) == []
+    assert db_snapshot(each_backend) == before
+
+
+@pytest.mark.parametrize("leases, duration, now", [
+    (None, 100, None), ("order-1", 100, None), ([("order-1", 1, 100)], 100, None), ([None], 100, None),
+    ([], 0, None), ([], True, None), ([], 100, "now")])
+def test_a_batch_of_renewals_with_bad_input_raises_and_renews_nothing(backend, each_backend, db_snapshot, leases,
+                                                                      duration, now):
+    backend.executions.admit("order-1", "charge")
+    lease = claim_one(backend)
+    before = db_snapshot(each_backend)
+    with pytest.raises(ValueError):
+        backend.executions.renew_many([lease, *leases] if isinstance(leases, list) else leases, duration=duration,
+                                      now=now)
+    assert db_snapshot(each_backend) == before
+
+
+def test_a_batch_of_renewals_larger_than_one_transaction_keeps_its_order(backend, clock):
+    from supervisor.ledger.tables.leases import RENEW_MANY_LEASES
+
+    count = RENEW_MANY_LEASES + 7
+    for i in range(count):
+        backend.executions.admit(f"order-{i:05}", "charge")
+    leases = backend.executions.claim_due(limit=count, duration=100)
+    assert len(leases) == count
+    replies = backend.executions.renew_many(leases[::-1], duration=1_000)
+    assert [reply.lease.execution_id for reply in replies] == [lease.execution_id for lease in leases[::-1]]
+    assert {reply.lease.expires_at for reply in replies} == {clock.now + 1_000}
+
+
+# -- batched step writes (SPEC section 10) -----------------------------------------------------
+
+
+def step(lease, key, response, *, attempt=0, done=True):
+    from supervisor import StepWrite
+
+    return StepWrite(lease, key, attempt, done, response)
+
+
+def test_a_batch_of_step_writes_records_each_and_refuses_only_the_stale_one(backend, clock, each_backend):
+    for i in range(3):
+        backend.executions.admit(f"order-{i}", "charge")
+    stale = backend.executions.claim_due(limit=1, duration=100)[0]
+    clock.now = stale.expires_at + default_delay(1)
+    leases = {lease.execution_id: lease for lease in backend.executions.claim_due(limit=10, duration=LEASE_MS)}
+    a, b = leases["order-1"], leases["order-2"]
+    writes = [step(a, "load", '"a"'), step(stale, "charge", '"stale"'), step(b, "load", '"b"'),
+              step(a, "charge", '{"n": 1}', attempt=2, done=False)]
+
+    replies = backend.heap.write_steps(writes)
+
+    assert replies == [HeapRecord("order-1", "load", 0, True, '"a"'), LeaseLost(),
+                       HeapRecord("order-2", "load", 0, True, '"b"'),
+                       HeapRecord("order-1", "charge", 2, False, '{"n": 1}')]
+    assert backend.heap.read_step(stale.execution_id, "charge") is None
+    assert backend.heap.steps("order-1") == [replies[0], replies[3]]
+
+
+def test_a_batch_of_step_writes_returns_what_is_already_recorded(backend, clock, each_backend, db_snapshot):
+    backend.executions.admit("order-42", "charge")
+    lease = claim_one(backend)
+    first = backend.heap.write_step(lease, step_key="charge", step_attempt=0, done=True, step_response_json='"ch_1"')
+    before = db_snapshot(each_backend)
+
+    replies = backend.heap.write_steps([step(lease, "charge", '"ch_2"'), step(lease, "charge", '"ch_3"')])
+
+    assert replies == [first, first]
+    assert db_snapshot(each_backend) == before
+    # Twice in one batch: written once, and both replies are the record that was written.
+    both = backend.heap.write_steps([step(lease, "ship", '"x"'), step(lease, "ship", '"y"')])
+    assert both[0] == both[1] == backend.heap.read_step("order-42", "ship")
+    assert backend.heap.write_steps([]) == []
+
+
+def test_a_batch_of_only_stale_step_writes_changes_nothing(backend, clock, each_backend, db_snapshot):
+    backend.executions.admit("order-42", "charge")
+    lease = claim_one(backend)
+    backend.heap.write_step(lease, step_key="charge", step_attempt=0, done=True, step_response_json='"ch_1"')
+    assert backend.executions.acknowledge(lease, Suspended()) == Suspended()
+    before = db_snapshot(each_backend)
+
+    assert backend.heap.write_steps([step(lease, "charge", '"ch_1"'), step(lease, "ship", '"x"')]) == [
+        LeaseLost(), LeaseLost()]
+    assert db_snapshot(each_backend) == before
+
+
+@pytest.mark.parametrize("bad", [
+    None, "charge", [None], [("lease", "charge", 0, True, '"x"')], ["lease-key", 0],
+    [{"step_key": "x"}]], ids=["none", "str", "none item", "tuple item", "list item", "dict item"])
+def test_a_batch_of_step_writes_with_bad_input_raises_and_writes_nothing(backend, each_backend, db_snapshot, bad):
+    backend.executions.admit("order-1", "charge")
+    lease = claim_one(backend)
+    before = db_snapshot(each_backend)
+    with pytest.raises(ValueError):
+        backend.heap.write_steps([step(lease, "ok", '"x"'), *bad] if isinstance(bad, list) else bad)
+    assert db_snapshot(each_backend) == before
+
+
+@pytest.mark.parametrize("field, value", [
+    ("step_key", ""), ("step_key", 7), ("step_attempt", -1), ("step_attempt", True), ("done", 1),
+    ("step_response_json", "not json"), ("lease", None)])
+def test_a_batch_of_step_writes_with_one_bad_field_raises_and_writes_nothing(backend, each_backend, db_snapshot,
+                                                                             field, value):
+    import dataclasses
+
+    backend.executions.admit("order-1", "charge")
+    lease = claim_one(backend)
+    before = db_snapshot(each_backend)
+    with pytest.raises(ValueError):
+        backend.heap.write_steps([step(lease, "ok", '"x"'), dataclasses.replace(step(lease, "bad", '"y"'),
+                                                                                 **{field: value})])
+    assert db_snapshot(each_backend) == before
+
+
+def test_a_batch_of_step_writes_larger_than_one_statement_keeps_its_order(backend, clock):
+    from supervisor.ledger.tables.heap import WRITE_MANY_ROWS
+
+    for i in range(3):
+        backend.executions.admit(f"order-{i}", "charge")
+    leases = backend.executions.claim_due(limit=3, duration=LEASE_MS)
+    writes = [step(leases[i % 3], f"s{i}", str(i)) for i in range(WRITE_MANY_ROWS + 11)]
+    replies = backend.heap.write_steps(writes)
+    assert replies == [HeapRecord(w.lease.execution_id, w.step_key, 0, True, w.step_response_json) for w in writes]

@@ -36,6 +36,7 @@ from supervisor import (
     LeaseLost,
     Released,
     Renewed,
+    StepWrite,
     Suspended,
     open_backend,
 )
@@ -367,6 +368,20 @@ class LedgerMachine(RuleBasedStateMachine):
             self.leases.append(got.lease)
 
     @precondition(lambda self: self.leases)
+    @rule(indices=st.lists(LEASE_INDEX, max_size=4), duration=st.integers(1, 200), explicit=st.booleans())
+    def renew_many(self, indices, duration, explicit):
+        leases = [self.pick(index) for index in indices]
+        expected, by_lease = [], {}  # a lease given twice in one batch is renewed once
+        for lease in leases:
+            key = (lease.execution_id, lease.token)
+            if key not in by_lease:
+                by_lease[key] = self.model.renew(lease, duration, self.clock.now)
+            expected.append(by_lease[key])
+        got = self.backend.executions.renew_many(leases, duration=duration, now=self.now_arg(explicit))
+        assert got == expected
+        self.leases += [reply.lease for reply in got if isinstance(reply, Renewed)]
+
+    @precondition(lambda self: self.leases)
     @rule(index=LEASE_INDEX, explicit=st.booleans())
     def release(self, index, explicit):
         lease = self.pick(index)
@@ -393,6 +408,20 @@ class LedgerMachine(RuleBasedStateMachine):
         got = self.backend.heap.write_step(lease, step_key=key, step_attempt=attempt, done=done,
                                            step_response_json=response)
         assert got == expected
+
+    @precondition(lambda self: self.leases)
+    @rule(items=st.lists(st.tuples(LEASE_INDEX, st.sampled_from(["load", "charge"]), st.integers(0, 2),
+                                   st.booleans(), st.sampled_from(RESPONSES)), max_size=4))
+    def write_steps(self, items):
+        writes, keys = [], set()
+        for index, key, attempt, done, response in items:
+            lease = self.pick(index)
+            if (lease.execution_id, key, attempt) not in keys:  # which of two writes of one attempt wins is open
+                keys.add((lease.execution_id, key, attempt))
+                writes.append(StepWrite(lease, key, attempt, done, response))
+        expected = [self.model.write_step(w.lease, w.step_key, w.step_attempt, w.done, w.step_response_json)
+                    for w in writes]
+        assert self.backend.heap.write_steps(writes) == expected
 
     @rule(execution_id=st.sampled_from(IDS), key=st.sampled_from(["load", "charge"]))
     def read_step(self, execution_id, key):

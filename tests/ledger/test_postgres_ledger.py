@@ -115,6 +115,28 @@ def test_a_renewal_does_not_wait_long_behind_a_row_a_stuck_transaction_holds_and
         assert isinstance(backend.executions.renew(leases["stuck"], duration=3_000), Renewed)
 
 
+def test_a_batch_of_renewals_skips_a_row_a_stuck_transaction_holds_renews_the_others_and_says_busy_for_it(pg_uri):
+    # The batch must not stall behind the stuck row: it renews the free rows at once (SKIP
+    # LOCKED), then tries the stuck one alone with the bounded wait, and says busy for it alone.
+    with open_backend(pg_uri) as backend:
+        for eid in ("free-1", "stuck", "free-2", "gone"):
+            backend.executions.admit(eid, "w")
+        leases = {lease.execution_id: lease for lease in backend.executions.claim_due(limit=4, duration=3_000)}
+        assert backend.executions.acknowledge(leases["gone"], Suspended()) == Suspended()
+        order = [leases[eid] for eid in ("free-1", "stuck", "gone", "free-2")]
+        with psycopg.connect(pg_uri) as stuck:
+            stuck.execute("SELECT 1 FROM executions WHERE execution_id = 'stuck' FOR UPDATE")
+            started = time.monotonic()
+            replies = backend.executions.renew_many(order, duration=3_000)
+            waited = time.monotonic() - started
+            assert waited < 2.0, f"the batch waited {waited:.1f} s for the stuck row"
+            assert [type(reply) for reply in replies] == [Renewed, StorageBusy, LeaseLost, Renewed]
+            stuck.rollback()
+        again = backend.executions.renew_many(order, duration=3_000)
+        assert [type(reply) for reply in again] == [Renewed, Renewed, LeaseLost, Renewed]
+        assert [h.renewals for h in backend.executions.history("stuck")] == [1]
+
+
 @pytest.mark.parametrize("call", [
     # A renewal waits for a row lock at most a tenth of its lease: long enough here.
     lambda b, lease: b.executions.renew(lease, duration=30_000),

@@ -116,7 +116,7 @@ def running(loop, ledger, db) -> tuple:
 
 
 def renewal_found_lost(loop, delivery) -> None:
-    loop.on_renewed(Reply(Renew(delivery.lease, 30_000, about=delivery), LeaseLost()), time.monotonic())
+    loop.on_renewed(Reply(Renew([delivery.lease], 30_000, about=[delivery]), [LeaseLost()]), time.monotonic())
 
 
 def test_a_lost_lease_whose_worker_has_already_reported_is_settled_from_the_report(loop, sqlite_path, sqlite_ledger):

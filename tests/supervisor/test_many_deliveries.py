@@ -285,3 +285,41 @@ def test_async_and_sync_workflows_run_at_once_in_one_worker(each_backend, each_l
         assert (result["token"], result["pid"]) == (1, worker)
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(20) == 0
+
+
+# -- group commit ---------------------------------------------------------------------------------
+
+def transactions_that_wrote(uri: str, sql: str) -> int:
+    """How many transactions wrote the rows `sql` selects (their `xmin`, on PostgreSQL)."""
+    import psycopg
+
+    with psycopg.connect(uri) as conn:
+        return conn.execute(sql).fetchone()[0]
+
+
+@pytest.mark.timeout(120)
+def test_the_step_writes_of_many_deliveries_of_one_worker_share_transactions_and_a_renewal_round_is_one(
+        pg_uri, tmp_path, supervisors):
+    # PostgreSQL says which transaction wrote each row (xmin): 40 deliveries of one worker that
+    # end their `hold` steps at once commit them in far fewer than 40 transactions, and a
+    # renewal round of their 40 leases is one transaction.
+    from supervisor import open_backend
+
+    n = 40
+    supervisor, worker, ids, log, gate = all_waiting_in_one_worker(pg_uri, tmp_path, supervisors, n)
+    with open_backend(pg_uri) as ledger:
+        wait_until(lambda: all(ledger.executions.history(e)[-1].renewals >= 2 for e in ids), timeout=30,
+                   message="two renewal rounds of every lease")
+        renewal_rounds = transactions_that_wrote(
+            pg_uri, "SELECT count(DISTINCT xmin::text) FROM executions WHERE status = 'running'")
+        print(f"{n} leases last renewed in {renewal_rounds} transactions")
+        assert renewal_rounds <= 2, renewal_rounds  # the last round; a round may be midway
+        gate.touch()
+        wait_until(lambda: statuses(ledger, ids) == {"completed": n}, timeout=30, message=f"all {n} completed")
+    for key in ("hold", "after"):
+        wrote = transactions_that_wrote(
+            pg_uri, f"SELECT count(DISTINCT xmin::text) FROM steps WHERE step_key = '{key}'")
+        print(f"{n} {key!r} steps written in {wrote} transactions")
+        assert wrote < n // 2, (key, wrote)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0

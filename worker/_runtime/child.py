@@ -32,7 +32,6 @@ from supervisor.ledger.values import Retry
 from .driver import run_delivery, storage_retry
 from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
-from .deliveries import serve_many
 from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready, Run
 from .loading import describe_load_failure, load_app
 
@@ -66,6 +65,9 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     watch.start()
     watch.send(Ready(os.getpid()))
     if slots > 1:
+        # Imported here: a worker of one delivery has no use for its thread pool and group commit.
+        from .deliveries import serve_many
+
         serve_many(backend, registry, watch, slots)
 
     while True:

@@ -13,10 +13,12 @@ heartbeats are answered whatever the deliveries do. It prepares each first deliv
 steps, to a delivery thread to prepare. An async workflow then runs as a task of the worker's
 one event loop, started at the first async delivery and run for the life of the worker on a
 thread of its own; a sync workflow runs on a thread of a pool sized to the worker's slots (a
-delivery holds at most one thread at a time, so one is always free for it). Each delivery has its own `FencedWriter` (its own token) and
-shares the worker's ledger connection, which is safe across threads (each backend holds a lock
-around each transaction), and the parent watch: once the supervisor is no longer heard, no
-delivery of the worker writes (`may_write`), and the worker exits.
+delivery holds at most one thread at a time, so one is always free for it). Each delivery has
+its own `FencedWriter` (its own token); its step writes go through the worker's one writer
+thread (`step_commits.StepCommits`), which sends those that are ready together in one
+transaction. The deliveries share the worker's ledger connection, which is safe across threads
+(each backend holds a lock around each transaction), and the parent watch: once the supervisor
+is no longer heard, no delivery of the worker writes (`may_write`), and the worker exits.
 
 `Stop` ends one delivery and leaves the others running: its writes are refused from then on,
 and an async one's task is cancelled at its next await. It reports `Done` with `LeaseLost`. A
@@ -44,6 +46,7 @@ from supervisor.ledger.values import DeliveryOutcome, LeaseLost, Retry
 from .driver import WorkflowRun, storage_retry
 from .parent_watch import ParentWatch
 from .protocol import EXIT_OK, Done, Run, Stop
+from .step_commits import StepCommits
 
 log = logging.getLogger("yieldstar.worker")
 
@@ -79,6 +82,8 @@ class Deliveries:
         self._running: dict[tuple[str, int], Running] = {}
         self._loop = None  # the event loop, once an async delivery came
         self._closing = False
+        # The deliveries' step writes that are ready together share a transaction.
+        self._commits = StepCommits(backend)
 
     def serve(self) -> None:
         """Take the supervisor's messages until it says `Exit`, then let the deliveries in hand
@@ -99,11 +104,12 @@ class Deliveries:
         self._threads.shutdown(wait=True)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
+        self._commits.close()
 
     def begin(self, task: Run) -> None:
         lease = task.lease
         run = WorkflowRun(self._backend, lease, self._registry, may_write=self._watch.may_write,
-                          claimed_at=task.claimed_at, start=task.start)
+                          claimed_at=task.claimed_at, start=task.start, commits=self._commits)
         entry = Running(run)
         with self._lock:
             self._running[(lease.execution_id, lease.token)] = entry

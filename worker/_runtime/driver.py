@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
@@ -51,6 +51,9 @@ from ..context import WorkflowContext, error_info
 from ..registry import Registry
 from .fenced import FencedWriter, always
 from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
+
+if TYPE_CHECKING:  # a worker of one delivery has no group commit, and does not import it
+    from .step_commits import StepCommits
 
 
 def failure(error_type: str, message: str, tb: str | None = None) -> Failed:
@@ -88,12 +91,13 @@ class WorkflowRun:
 
     def __init__(self, backend, lease: ExecutionLease, registry: Registry, *,
                  may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
-                 start: Optional[tuple[str, str]] = None):
-        """Args: as `run_delivery`'s."""
+                 start: Optional[tuple[str, str]] = None, commits: Optional[StepCommits] = None):
+        """Args: as `run_delivery`'s; `commits`: the worker's group commit of step writes, if it
+        runs several deliveries."""
         self.backend = backend
         self.lease = lease
         self.registry = registry
-        self.writer = FencedWriter(backend, lease, may_write)
+        self.writer = FencedWriter(backend, lease, may_write, commits)
         self.claimed_at = claimed_at
         self.start = start
         self.execution = None

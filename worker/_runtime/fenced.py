@@ -11,18 +11,27 @@ outcome.
 
 Parallel steps write through the same door from several threads at once: the backend serialises
 its calls, and the first refusal or storage failure is the one the delivery reports.
+
+In a worker of several deliveries, step writes go through the worker's group commit
+(`step_commits.StepCommits`, given as `commits`): each write still carries this door's token and
+its refusal or storage error is this door's alone, but the writes of the worker's deliveries that
+are ready together share one transaction, and an async delivery awaits its write
+(`write_step_async`) while the event loop runs the others.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from supervisor.ledger.errors import StorageError
-from supervisor.ledger.values import ExecutionLease, HeapRecord, LeaseLost
+from supervisor.ledger.values import ExecutionLease, HeapRecord, LeaseLost, StepWrite
 
 from .unwinding import RetryLater, StopDelivery
+
+if TYPE_CHECKING:  # a worker of one delivery has no group commit, and does not import it
+    from .step_commits import StepCommits
 
 log = logging.getLogger("yieldstar.worker")
 
@@ -32,10 +41,12 @@ def always() -> bool:
 
 
 class FencedWriter:
-    def __init__(self, backend, lease: ExecutionLease, may_write: Callable[[], bool] = always):
+    def __init__(self, backend, lease: ExecutionLease, may_write: Callable[[], bool] = always,
+                 commits: Optional[StepCommits] = None):
         self.backend = backend
         self.lease = lease
         self._may_write = may_write
+        self._commits = commits  # the worker's group commit, or None: each write its own transaction
         self.stopped_because: Optional[str] = None
         self.storage_failure: Optional[RetryLater] = None  # set by the first storage error
         self._lock = threading.Lock()
@@ -75,11 +86,48 @@ class FencedWriter:
 
     def write_step(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:
         """Record a step attempt; returns the recorded record (which may predate this call)."""
-        reply = self.call(self.backend.heap.write_step, self.lease, step_key=step_key, step_attempt=attempt,
-                          done=done, step_response_json=response_json)
+        if self._commits is None:
+            reply = self.call(self.backend.heap.write_step, self.lease, step_key=step_key, step_attempt=attempt,
+                              done=done, step_response_json=response_json)
+        else:
+            future = self._submit(step_key, attempt, done, response_json)
+            try:
+                reply = future.result()
+            except StorageError as exc:
+                raise self.failed(exc) from exc
+        return self._recorded(reply, step_key)
+
+    async def write_step_async(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:
+        """`write_step`, awaited: with the worker's group commit, the event loop runs the
+        worker's other deliveries while this write waits for its batch's commit."""
+        if self._commits is None:
+            return self.write_step(step_key, attempt, done, response_json)
+        import asyncio
+
+        future = self._submit(step_key, attempt, done, response_json)
+        try:
+            reply = await asyncio.wrap_future(future)
+        except StorageError as exc:
+            raise self.failed(exc) from exc
+        return self._recorded(reply, step_key)
+
+    def _submit(self, step_key: str, attempt: int, done: bool, response_json: str):
+        self.check()
+        return self._commits.submit(StepWrite(self.lease, step_key, attempt, done, response_json), self._may_send)
+
+    def _may_send(self) -> bool:
+        """Asked by the writer thread just before a queued write goes: a delivery stopped (or
+        no longer heard from) while its write waited for a batch sends nothing."""
+        return self.stopped_because is None and self._may_write()
+
+    def _recorded(self, reply, step_key: str) -> HeapRecord:
+        if isinstance(reply, HeapRecord):
+            return reply
         if isinstance(reply, LeaseLost):
             raise self._lost(f"step {step_key!r}")
-        return reply
+        # `step_commits.NOT_SENT`: stopped, or the parent watch said no, just before the batch went.
+        self.check()
+        raise StopDelivery(self.stopped_because or "the supervisor is no longer heard from")
 
     def call(self, method: Callable, *args, **kwargs):
         """An idempotent or unfenced ledger call (a start, an effect, a store change, a waiter):

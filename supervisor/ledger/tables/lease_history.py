@@ -24,6 +24,11 @@ WHERE execution_id = $p AND token = $p"""
 HISTORY_RENEWED = """
 UPDATE lease_history SET renewals = renewals + 1, expires_at = $p WHERE execution_id = $p AND token = $p"""
 
+# The same for a batch of renewals (`renew_many`), all to one expiry: `{deliveries}` is "($p, $p)"
+# (execution id, token) once per delivery renewed.
+HISTORY_RENEWED_MANY = """
+UPDATE lease_history SET renewals = renewals + 1, expires_at = $p WHERE (execution_id, token) IN (VALUES {deliveries})"""
+
 # `{deliveries}`: "(execution_id = $p AND token = $p)" once per delivery ended the same way, joined
 # by OR, at most HISTORY_END_ROWS (`history_end`): a batch of acknowledgements ends its
 # deliveries in one statement.
@@ -51,3 +56,9 @@ def history_open(count: int) -> str:
     """HISTORY_OPEN for `count` leases."""
     return HISTORY_OPEN.format(rows=", ".join(["($p, $p, $p, $p, $p)"] * count))
 
+
+
+@functools.lru_cache(maxsize=64)
+def history_renewed_many(count: int) -> str:
+    """HISTORY_RENEWED_MANY for `count` deliveries."""
+    return HISTORY_RENEWED_MANY.format(deliveries=", ".join(["($p, $p)"] * count))

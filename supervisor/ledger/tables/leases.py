@@ -13,7 +13,7 @@ from typing import Optional
 
 from .. import arguments
 from ..connection import Transaction
-from ..errors import ExecutionConflict
+from ..errors import ExecutionConflict, StorageBusy
 from ..values import (
     Claimed,
     DeliveryEnd,
@@ -34,6 +34,7 @@ from .lease_history import (
     HISTORY_OPEN_ROWS,
     HISTORY_RENEWED,
     history_end,
+    history_renewed_many,
     history_open,
 )
 
@@ -63,6 +64,20 @@ RENEW = """
 UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
     updated_at = $p
 WHERE execution_id = $p AND token = $p AND status = 'running'"""
+
+# A batch of renewals (`renew_many`), each fenced by its own token as RENEW is: `{leases}` is
+# "($p, $p)" (execution id, token) once per lease (`renew_many_statement`), at most
+# RENEW_MANY_LEASES. The inner SELECT locks the rows it renews, skipping (on PostgreSQL) those
+# another transaction holds, so that one busy row does not stall the batch; the skipped ones are
+# renewed one by one afterwards, with `renew`'s bounded wait. What it returns is what it renewed.
+RENEW_MANY = """
+UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
+    updated_at = $p
+WHERE execution_id IN (
+    SELECT execution_id FROM executions
+    WHERE (execution_id, token) IN (VALUES {leases}) AND status = 'running' $skip_locked)
+RETURNING execution_id, token"""
+RENEW_MANY_LEASES = 1000
 
 RELEASE = """
 UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
@@ -206,6 +221,60 @@ class ExecutionLeases(ExecutionRows):
             db.execute(self._sql[HISTORY_RENEWED], (expires, lease.execution_id, lease.token))
         return Renewed(ExecutionLease(lease.execution_id, lease.token, expires))
 
+    def renew_many(self, leases, *, duration, now=None) -> list[Renewed | LeaseLost | StorageBusy]:
+        if isinstance(leases, (str, bytes)) or not hasattr(leases, "__iter__"):
+            raise arguments.InvalidArgument(f"leases must be a sequence of ExecutionLease, not {type(leases).__name__}")
+        leases = [self._lease(lease) for lease in leases]
+        arguments.integer("duration", duration, minimum=1)
+        given = now
+        self._now(now)
+        renewed: dict[tuple[str, int], ExecutionLease] = {}
+        maybe_held: list[ExecutionLease] = []  # current, but skipped: another transaction holds the row
+        for start in range(0, len(leases), RENEW_MANY_LEASES):
+            some = leases[start:start + RENEW_MANY_LEASES]
+            chunk, held = self._renew_chunk(some, duration, given)
+            renewed.update(chunk)
+            maybe_held += held
+        busy: dict[tuple[str, int], StorageBusy] = {}
+        for lease in maybe_held:
+            try:
+                reply = self.renew(lease, duration=duration, now=given)
+            except StorageBusy as error:
+                busy[lease.execution_id, lease.token] = error
+                continue
+            if isinstance(reply, Renewed):
+                renewed[lease.execution_id, lease.token] = reply.lease
+        replies: list[Renewed | LeaseLost | StorageBusy] = []
+        for lease in leases:
+            key = (lease.execution_id, lease.token)
+            replies.append(Renewed(renewed[key]) if key in renewed else busy.get(key) or LeaseLost())
+        return replies
+
+    def _renew_chunk(self, leases: list[ExecutionLease], duration: int, given: Optional[int]
+                     ) -> tuple[dict[tuple[str, int], ExecutionLease], list[ExecutionLease]]:
+        """One transaction of `renew_many`: the leases it renewed, and the current ones it
+        skipped because another transaction held their rows (never any on SQLite, whose write
+        lock is the whole database's)."""
+        pairs = [value for lease in leases for value in (lease.execution_id, lease.token)]
+        with self._conn.write(lock_wait_ms=renewal_lock_wait_ms(duration)) as db:
+            now = self._now_locked(given, self._now(given))
+            expires = now + duration
+            done = {(eid, token) for eid, token in
+                    db.execute(self._sql[renew_many_statement(len(leases))], (expires, expires, now, *pairs))}
+            if done:
+                ids = [value for key in done for value in key]
+                db.execute(self._sql[history_renewed_many(len(done))], (expires, *ids))
+            missed = [lease for lease in leases if (lease.execution_id, lease.token) not in done]
+            current: dict[str, tuple[int, str]] = {}
+            if missed:
+                ids = [lease.execution_id for lease in missed]
+                for start in range(0, len(ids), CURRENT_TOKENS_IDS):
+                    part = ids[start:start + CURRENT_TOKENS_IDS]
+                    for eid, token, status in db.execute(self._sql[current_tokens(len(part))], part):
+                        current[eid] = (token, status)
+        held = [lease for lease in missed if current.get(lease.execution_id) == (lease.token, RUNNING)]
+        return {key: ExecutionLease(key[0], key[1], expires) for key in done}, held
+
     def release(self, lease, *, now=None) -> Released | LeaseLost:
         lease = self._lease(lease)
         given, now = now, self._now(now)
@@ -315,6 +384,12 @@ class ExecutionLeases(ExecutionRows):
                 for eid, token, status in db.execute(self._sql[current_tokens(len(ids))], ids):
                     current[eid] = (token, status)
         return [lease for lease in leases if current.get(lease.execution_id) != (lease.token, RUNNING)]
+
+
+@functools.lru_cache(maxsize=64)
+def renew_many_statement(count: int) -> str:
+    """RENEW_MANY for `count` leases."""
+    return RENEW_MANY.format(leases=", ".join(["($p, $p)"] * count))
 
 
 @functools.lru_cache(maxsize=64)
