@@ -14,6 +14,14 @@ fresh SQLite ledger, runs `yieldstar supervise --until-idle` as a subprocess, an
   50 ms; and the waits alone's bound (N / 0.6 s);
 - beside the raw single-row SQLite commit rate of the same run (`benchlib.raw_commit_rate`).
 
+When DBOS is installed (`pip install dbos`), the same executions run once more per run in DBOS
+Transact, between the two raw SQLite rates: an async workflow of three async `@DBOS.step()`s each
+awaiting 200 ms, its system database on SQLite in the same temporary folder, all the executions
+started at once (`DBOS.start_workflow_async`) and their results awaited together. DBOS runs in
+its own process (`--dbos-child`), so that its imports and threads stay out of this one; the line
+gives workflows/s from the first start to the last result (that process's clock) and from the
+exec of the process to its exit, and the peak RSS of that process, sampled as the supervisor's.
+
 With `--postgres`, each shape runs again on a throwaway PostgreSQL server
 (`supervisor.chaos.cluster`, as `bench_postgres.py` starts it), in a fresh database each, and
 prints besides: transactions per workflow (the database's `pg_stat_database.xact_commit` delta
@@ -26,6 +34,8 @@ The machine is shared and noisy: compare within one run, and the medians of seve
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import statistics
 import subprocess
@@ -75,6 +85,23 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
+def watched(args: list[str], cwd: str) -> tuple[int, float, int, str, str]:
+    """Run `args` to its exit, sampling the resident memory of its process tree every 50 ms:
+    (exit code, seconds from exec to exit, peak RSS in bytes, its stdout, its stderr)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.monotonic()
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd)
+        process = psutil.Process(popen.pid)
+        peak = 0
+        while popen.poll() is None:
+            peak = max(peak, tree_rss(process))
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        out.seek(0)
+        err.seek(0)
+        return popen.returncode, elapsed, peak, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+
+
 def committed(uri: str) -> int:
     """The transactions committed in the database at `uri` so far (PostgreSQL's statistics)."""
     import psycopg
@@ -95,17 +122,9 @@ def run_shape(folder: str, kind: str, n: int, workers: int | None, executions: i
             "--until-idle", "--quiet"]
     if workers is not None:
         args += ["--workers", str(workers)]
-    started = time.monotonic()
-    popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             cwd=folder)
-    process = psutil.Process(popen.pid)
-    peak = 0
-    while popen.poll() is None:
-        peak = max(peak, tree_rss(process))
-        time.sleep(0.05)
-    elapsed = time.monotonic() - started
-    if popen.returncode != 0:
-        raise SystemExit(f"supervise exited {popen.returncode}: {popen.stderr.read().decode()[-2000:]}")
+    code, elapsed, peak, _, err = watched(args, folder)
+    if code != 0:
+        raise SystemExit(f"supervise exited {code}: {err[-2000:]}")
     with open_backend(db) as backend:
         done = backend.executions.stats().by_status.get("completed", 0)
     result = {"completed": done, "exec_to_exit_per_s": done / elapsed, "peak_rss_mib": peak / 2**20}
@@ -136,6 +155,66 @@ def report(kind: str, n: int, workers: int | None, executions: int, results: lis
     print(f"{kind:5} {shape:30} {executions} executions: {per_s:7,.0f} workflows/s claim to last ack"
           f" ({exec_per_s:,.0f}/s exec to exit; the waits allow {bound:,.0f}/s), peak RSS {rss:,.0f} MiB"
           f" (supervisor + workers){extra}", flush=True)
+
+
+def dbos_child(executions: int, folder: str) -> None:
+    """`--dbos-child`: the workload in DBOS, in this process; prints one JSON line of its figures."""
+    import asyncio
+    from importlib.metadata import version
+
+    from dbos import DBOS, DBOSConfig
+
+    DBOS(config=DBOSConfig(name="bench-io", system_database_url=f"sqlite:///{os.path.join(folder, 'dbos.sqlite')}",
+                           run_admin_server=False, log_level="WARNING"))
+
+    @DBOS.step()
+    async def wait(step: int) -> int:
+        await asyncio.sleep(WAIT_S)
+        return step
+
+    @DBOS.workflow()
+    async def io3() -> None:
+        for step in range(STEPS):
+            await wait(step)
+
+    DBOS.launch()
+
+    async def run() -> tuple[int, float]:
+        started = time.monotonic()
+        handles = await asyncio.gather(*(DBOS.start_workflow_async(io3) for _ in range(executions)))
+        results = await asyncio.gather(*(handle.get_result() for handle in handles), return_exceptions=True)
+        return sum(not isinstance(r, BaseException) for r in results), time.monotonic() - started
+
+    try:
+        done, elapsed = asyncio.run(run())
+    finally:
+        DBOS.destroy()
+    print(json.dumps({"completed": done, "seconds": elapsed, "version": version("dbos")}), flush=True)
+
+
+def run_dbos(folder: str, executions: int) -> dict:
+    """One run of `dbos_child` in a process of its own, its resident memory sampled from here."""
+    child = tempfile.mkdtemp(prefix="dbos-", dir=folder)
+    code, elapsed, peak, out, err = watched(
+        [sys.executable, os.path.abspath(__file__), "--dbos-child", child, "--executions", str(executions)], child)
+    if code != 0:
+        raise SystemExit(f"the DBOS run exited {code}: {err[-2000:]}")
+    figures = json.loads(out.strip().splitlines()[-1])
+    done = figures["completed"]
+    return {"completed": done, "per_s": done / figures["seconds"], "exec_to_exit_per_s": done / elapsed,
+            "peak_rss_mib": peak / 2**20, "version": figures["version"]}
+
+
+def report_dbos(executions: int, results: list[dict]) -> None:
+    per_s = statistics.median(r["per_s"] for r in results)
+    exec_per_s = statistics.median(r["exec_to_exit_per_s"] for r in results)
+    rss = statistics.median(r["peak_rss_mib"] for r in results)
+    done = min(r["completed"] for r in results)
+    shape = f"DBOS {results[0]['version']}, all at once"
+    failed = f"; only {done} of {executions} completed" if done < executions else ""
+    print(f"dbos  {shape:30} {executions} executions: {per_s:7,.0f} workflows/s first start to last result"
+          f" ({exec_per_s:,.0f}/s exec to exit; the waits allow {executions / (STEPS * WAIT_S):,.0f}/s),"
+          f" peak RSS {rss:,.0f} MiB (its one process){failed}", flush=True)
 
 
 def postgres_runs(folder: str, shapes: list, options) -> None:
@@ -172,7 +251,11 @@ def main() -> None:
     parser.add_argument("--shape", action="append", default=None)
     parser.add_argument("--postgres", action="store_true", help="each shape on PostgreSQL too")
     parser.add_argument("--no-sqlite", action="store_true", help="with --postgres: PostgreSQL alone")
+    parser.add_argument("--dbos-child", metavar="FOLDER", help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.dbos_child:
+        dbos_child(options.executions, options.dbos_child)
+        return
     shapes = [parse_shape(s) for s in options.shape or ["async:64", "async:500/4"]]
     with tempfile.TemporaryDirectory(prefix="bench-io-") as folder:
         if not options.no_sqlite:
@@ -181,6 +264,11 @@ def main() -> None:
             for kind, n, workers in shapes:
                 results = [run_shape(folder, kind, n, workers, options.executions) for _ in range(options.runs)]
                 report(kind, n, workers, options.executions, results)
+            if importlib.util.find_spec("dbos") is not None:
+                report_dbos(options.executions, [run_dbos(folder, options.executions) for _ in range(options.runs)])
+            else:
+                print("dbos: not installed (pip install dbos to print DBOS on the same workload beside these)",
+                      flush=True)
             print(f"raw SQLite commits: {raw_commit_rate(os.path.join(folder, 'raw2.db')):,.0f}/s", flush=True)
         if options.postgres:
             postgres_runs(folder, shapes, options)
