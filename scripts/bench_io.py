@@ -221,15 +221,12 @@ def postgres_runs(folder: str, shapes: list, options) -> None:
     """Each shape on a throwaway PostgreSQL server, beside its 4-client raw insert rate."""
     import psycopg
 
-    from bench_postgres import raw_rate
+    from bench_postgres import raw_database, raw_rate
     from supervisor.chaos.cluster import Cluster
 
     cluster = Cluster().start()
     try:
-        raw_db = cluster.new_database()
-        with psycopg.connect(raw_db, autocommit=True) as conn:
-            conn.execute("CREATE TABLE raw_steps (execution_id TEXT, step_key TEXT, attempt INTEGER,"
-                         " step_response_json TEXT, PRIMARY KEY (execution_id, step_key, attempt))")
+        raw_db = raw_database(cluster)
         for kind, n, workers in shapes:
             results, raws = [], []
             for _ in range(options.runs):

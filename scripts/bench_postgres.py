@@ -60,6 +60,15 @@ def _raw_client(uri: str, n: int, tag: str, out) -> None:
     out.put(raw_inserts(uri, n, tag))
 
 
+def raw_database(cluster) -> str:
+    """A new database of `cluster` with the table the raw inserts write to; its URI."""
+    uri = cluster.new_database()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("CREATE TABLE raw_steps (execution_id TEXT, step_key TEXT, attempt INTEGER,"
+                     " step_response_json TEXT, PRIMARY KEY (execution_id, step_key, attempt))")
+    return uri
+
+
 def raw_rate(uri: str, clients: int, n: int) -> float:
     if clients == 1:
         return n / raw_inserts(uri, n, "one")
@@ -202,10 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     cluster = Cluster().start()
     try:
-        raw_db = cluster.new_database()
-        with psycopg.connect(raw_db, autocommit=True) as conn:
-            conn.execute("CREATE TABLE raw_steps (execution_id TEXT, step_key TEXT, attempt INTEGER,"
-                         " step_response_json TEXT, PRIMARY KEY (execution_id, step_key, attempt))")
+        raw_db = raw_database(cluster)
 
         def raw4() -> float:
             with psycopg.connect(raw_db, autocommit=True) as conn:
