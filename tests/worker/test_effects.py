@@ -16,7 +16,8 @@ import sys
 import pytest
 
 import worker.apps.demo_shop  # noqa: F401  registers the shop's "order" workflow
-from holders import LEASE_MS, ROOT, Interposed, World, cli_command, deliveries, result_of, step_rows, table
+from faults import cli
+from holders import LEASE_MS, ROOT, Interposed, World, deliveries, result_of, step_rows, table
 from supervisor import Completed, InvalidArgument, LeaseLost, Suspended, open_backend
 from supervisor.ledger.sqlite.backend import wall_clock
 from supervisor.ledger.values import EffectState, SettleConflict
@@ -193,7 +194,7 @@ def test_an_external_effect_suspends_the_workflow_until_yieldstar_settle_settles
         assert world.claim_and_deliver(holder, "e1", registry) == Suspended()
         (effect_id,) = requests
 
-        settled = yieldstar(world.path, "settle", effect_id, "--result", '{"approved": false}')
+        settled = cli(world.path, "settle", effect_id, "--result", '{"approved": false}')
 
         assert settled.returncode == 0, settled.stderr
         assert json.loads(settled.stdout) == {"effect_id": effect_id, "status": "settled",
@@ -206,28 +207,23 @@ def test_an_external_effect_suspends_the_workflow_until_yieldstar_settle_settles
         world.close()
 
 
-def yieldstar(db, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_command(db, *args), capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL)
-
-
 @pytest.mark.timeout(60)
 def test_yieldstar_settle_reports_a_different_second_result_as_a_conflict_and_accepts_the_same_one_again(tmp_path):
     db = tmp_path / "ledger.db"
-    first = yieldstar(db, "settle", "ship-7", "--result", '{"tracking": "T1"}', "--create")
+    first = cli(db, "settle", "ship-7", "--result", '{"tracking": "T1"}', "--create")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["result"] == {"tracking": "T1"}
 
-    same = yieldstar(db, "settle", "ship-7", "--result", '{ "tracking" : "T1" }')
+    same = cli(db, "settle", "ship-7", "--result", '{ "tracking" : "T1" }')
     assert (same.returncode, json.loads(same.stdout)["result"], same.stderr) == (0, {"tracking": "T1"}, "")
 
-    other = yieldstar(db, "settle", "ship-7", "--result", '{"tracking": "T2"}')
+    other = cli(db, "settle", "ship-7", "--result", '{"tracking": "T2"}')
     assert other.returncode != 0
     assert other.stdout == ""
     assert other.stderr.startswith("yieldstar: ") and "Traceback" not in other.stderr
     assert "already settled" in other.stderr and "T1" in other.stderr and "T2" in other.stderr
 
-    bad = yieldstar(db, "settle", "ship-7", "--result", "{oops")
+    bad = cli(db, "settle", "ship-7", "--result", "{oops")
     assert bad.returncode != 0 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
 
     with open_backend(db) as holder:

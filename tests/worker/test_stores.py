@@ -9,11 +9,11 @@ commands run as subprocesses.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from holders import LEASE_MS, Interposed, World, cli_command, deliveries, result_of, step_rows, table
+from faults import cli
+from holders import LEASE_MS, Interposed, World, deliveries, result_of, step_rows, table
 from supervisor import Completed, LeaseLost, Suspended, UnknownExecution, open_backend
 from supervisor.ledger.sqlite.backend import wall_clock
 from worker import Registry
@@ -281,14 +281,12 @@ def test_a_taker_waits_for_a_mailbox_nobody_created_yet_and_yieldstar_store_put_
         assert world.claim_and_deliver(holder, "alice", registry) == Suspended()
         assert holder.stores.get("mail") is None
 
-        put = subprocess.run(cli_command(world.path, "store", "put", "mail", '{"to": "bob"}'),
-                             capture_output=True, text=True, timeout=30)
+        put = cli(world.path, "store", "put", "mail", '{"to": "bob"}')
         assert put.returncode == 0, put.stderr
         assert json.loads(put.stdout) == [{"to": "bob"}]
         assert world.claim_and_deliver(holder, "alice", registry) == Suspended()
 
-        put = subprocess.run(cli_command(world.path, "store", "put", "mail", '{"to": "alice", "text": "hi"}'),
-                             capture_output=True, text=True, timeout=30)
+        put = cli(world.path, "store", "put", "mail", '{"to": "alice", "text": "hi"}')
         assert put.returncode == 0, put.stderr
         assert holder.executions.get("alice").due_at is not None  # woken by the put
         assert world.claim_and_deliver(holder, "alice", registry) == Completed(
@@ -341,28 +339,23 @@ def test_a_stale_store_waiter_registration_causes_at_most_one_extra_delivery_and
 
 # -- the `yieldstar store` commands -----------------------------------------------------------------
 
-def yieldstar(db, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_command(db, *args), capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL)
-
-
 @pytest.mark.timeout(60)
 def test_yieldstar_store_ls_get_put_and_set_read_and_write_stores(tmp_path):
     db = tmp_path / "ledger.db"
-    missing = yieldstar(db, "store", "ls")  # reading never creates a ledger
+    missing = cli(db, "store", "ls")  # reading never creates a ledger
     assert (missing.returncode, missing.stdout, missing.stderr) == (2, "", f"yieldstar: no ledger at {db}\n")
     assert not db.exists()
 
-    put = yieldstar(db, "store", "put", "mail", '{"to": "alice"}')
+    put = cli(db, "store", "put", "mail", '{"to": "alice"}')
     assert (put.returncode, json.loads(put.stdout)) == (0, [{"to": "alice"}])
-    put = yieldstar(db, "store", "put", "mail", '"postcard"')
+    put = cli(db, "store", "put", "mail", '"postcard"')
     assert (put.returncode, json.loads(put.stdout)) == (0, [{"to": "alice"}, "postcard"])
-    set_ = yieldstar(db, "store", "set", "config", '{"colour": "red", "sizes": [1, 2]}')
+    set_ = cli(db, "store", "set", "config", '{"colour": "red", "sizes": [1, 2]}')
     assert (set_.returncode, json.loads(set_.stdout)) == (0, {"colour": "red", "sizes": [1, 2]})
 
-    got = yieldstar(db, "store", "get", "mail")
+    got = cli(db, "store", "get", "mail")
     assert (got.returncode, json.loads(got.stdout), got.stderr) == (0, [{"to": "alice"}, "postcard"], "")
-    listed = yieldstar(db, "store", "ls")
+    listed = cli(db, "store", "ls")
     assert listed.returncode == 0
     lines = [line.split("\t") for line in listed.stdout.splitlines()]
     assert [(name, json.loads(state)) for name, _, state in lines] == [
@@ -377,8 +370,8 @@ def test_yieldstar_store_ls_get_put_and_set_read_and_write_stores(tmp_path):
 @pytest.mark.timeout(60)
 def test_yieldstar_store_get_of_an_unknown_store_exits_1(tmp_path):
     db = tmp_path / "ledger.db"
-    yieldstar(db, "store", "set", "config", "{}")
-    got = yieldstar(db, "store", "get", "nope")
+    cli(db, "store", "set", "config", "{}")
+    got = cli(db, "store", "get", "nope")
     assert got.returncode == 1
     assert got.stdout == ""
     assert "nope" in got.stderr and "Traceback" not in got.stderr
@@ -393,11 +386,11 @@ def test_yieldstar_store_get_of_an_unknown_store_exits_1(tmp_path):
 def test_yieldstar_store_put_and_set_refuse_bad_input_with_a_message_and_change_nothing(tmp_path, args, says,
                                                                                       db_snapshot):
     db = tmp_path / "ledger.db"
-    assert yieldstar(db, "store", "set", "config", '{"colour": "red"}').returncode == 0
-    assert yieldstar(db, "store", "put", "mail", '{"to": "alice"}').returncode == 0
+    assert cli(db, "store", "set", "config", '{"colour": "red"}').returncode == 0
+    assert cli(db, "store", "put", "mail", '{"to": "alice"}').returncode == 0
     before = db_snapshot(db)
 
-    refused = yieldstar(db, *args)
+    refused = cli(db, *args)
 
     assert refused.returncode != 0
     assert refused.stdout == ""
