@@ -10,7 +10,7 @@ import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from worker.apps.chaos import EXTERNAL, STEP_LOG
 
@@ -148,8 +148,13 @@ class WorkerEnds:
 
 
 def read_worker_ends(folder: str) -> WorkerEnds:
+    return worker_ends(_supervisor_log_lines(folder))
+
+
+def worker_ends(lines: Iterable[tuple[int, str]]) -> WorkerEnds:
+    """The `WorkerEnds` of `(supervisor number, line)` pairs of supervisors' logs."""
     ends = WorkerEnds(defaultdict(set), {}, Counter())
-    for number, line in _supervisor_log_lines(folder):
+    for number, line in lines:
         line = line.rstrip("\n")
         if (match := STOPPED.search(line)) or (match := KILLED_FOR.search(line)):
             eid, token, why, pid = match.groups()

@@ -20,6 +20,7 @@ import pytest
 
 from faults import (APP, admit, cli, freeze, freeze_group, gone, read_log, sigkill, step_tokens, thaw, thaw_group,
                     wait_gone, wait_until)
+from supervisor.chaos.evidence import worker_ends
 from supervisor.dispatcher import SupervisorConfig
 from supervisor.ledger.errors import InvalidArgument
 
@@ -38,6 +39,14 @@ def runs(log_path, step_key: str, event: str = "end") -> collections.Counter:
 
 def waiting(log_path) -> set[str]:
     return {e.execution_id for e in read_log(log_path) if e.event == "waiting"}
+
+
+def released_with_their_worker(supervisor) -> dict:
+    """`(execution, token) -> (worker pid, why)` of the deliveries released with their worker, as
+    the chaos harness reads the supervisor's log (`supervisor.chaos.evidence`): its reading of
+    the loop's words checked against what a real supervisor logs."""
+    ends = worker_ends((1, line) for line in supervisor.log().splitlines())
+    return {key: (pid, why) for key, (_, pid, why) in ends.released.items()}
 
 
 def all_waiting_in_one_worker(db, tmp_path, supervisors, n: int):
@@ -96,6 +105,7 @@ def test_a_worker_holding_20_deliveries_killed_has_all_20_delivered_again_and_no
     wait_gone([worker])
     # Released at once, not left to expire: each is claimed again under token 2.
     supervisor.wait_log("releasing it", count=20)
+    assert released_with_their_worker(supervisor) == {(e, 1): (worker, "exited") for e in ids}
     wait_until(lambda: len(waiting(log)) == 20 and
                all(n == 2 for n in runs(log, "hold", "waiting").values()) and len(runs(log, "hold", "waiting")) == 20,
                timeout=30, message="all 20 redelivered and waiting again")
@@ -123,6 +133,8 @@ def test_a_frozen_worker_of_5_deliveries_is_replaced_and_all_5_delivered_again(s
         # Silent past the tolerance (3 x 200 ms): killed, replaced, and its deliveries released.
         supervisor.wait_log("silent for", timeout=10)
         wait_gone([worker])
+        supervisor.wait_log("releasing it", count=5)
+        assert released_with_their_worker(supervisor) == {(e, 1): (worker, "silent") for e in ids}
     finally:
         if not gone(worker):
             thaw(worker)
@@ -218,6 +230,9 @@ def test_a_sync_delivery_that_ignores_its_stop_gets_its_worker_replaced_and_its_
     # heartbeat tolerance (3 x 200 ms), its siblings released at once.
     supervisor.wait_log("killing and replacing the worker, and releasing its 3 other deliveries", timeout=10)
     wait_gone([worker])
+    supervisor.wait_log("releasing it", count=4)  # the stubborn one too: a release refused, as it is cancelled
+    assert released_with_their_worker(supervisor) == {(e, 1): (worker, "sibling_unstoppable")
+                                                      for e in siblings + ["stubborn"]}
     gate.touch()
     wait_until(lambda: statuses(sqlite_ledger, siblings) == {"completed": 3}, timeout=30,
                message="the 3 siblings completed")
