@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from faults import (APP, HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, is_worker, max_overlap, no_two_live_leases,
-                    process_tree, read_log, step_tokens, wait_until)
+                    process_tree, read_log, sigkill, step_tokens, wait_gone, wait_until)
 from supervisor import ExecutionRecord, HeapRecord
 from supervisor.dispatcher import Supervisor, SupervisorConfig
 from supervisor.ledger.sqlite.nudge import nudge_dir
@@ -199,7 +199,8 @@ def test_a_lease_expiring_after_a_retry_reply_counts_both_unacknowledged_deliver
     supervisors.start(each_backend, concurrency=1)
 
     second = wait_until(lambda: waiting(options["log"], 2), message="the second delivery")
-    os.kill(second.pid, 9)  # its lease is left to expire
+    sigkill(second.pid)  # its lease is left to expire
+    wait_gone([second.pid])
     wait_until(lambda: waiting(options["log"], 3), message="the third delivery")
     record = each_ledger.executions.get("retry-expire")
     assert (record.status, record.token, record.unacknowledged_deliveries) == ("running", 3, 2)
