@@ -121,7 +121,9 @@ def test_many_waiters_in_threads_and_tasks_are_woken_by_the_one_commit_that_ends
             async with AsyncClient(each_backend, poll_s=NEVER_POLL_S) as aclient:
                 ahandle = await aclient.handle(handle.execution_id)
                 waiting = [asyncio.ensure_future(ahandle.result(timeout=60)) for _ in range(40)]
+                deadline = time.monotonic() + 20
                 while waiters(aclient, handle.execution_id) < 40:  # every task registered, before the gate
+                    assert time.monotonic() < deadline, "the 40 tasks did not all register as waiters"
                     await asyncio.sleep(0.01)
                 wait_until(lambda: waiters(client, handle.execution_id) == 40)  # every thread too
                 assert not any(task.done() for task in waiting)
@@ -216,7 +218,7 @@ def test_the_async_client_starts_and_waits_without_blocking_its_event_loop(each_
             handle = await client.start("cl.gated", {"gate": str(gate), "value": {"ok": True}}, id="async-1")
             assert await handle.status() in ("admitted", "running")
             waiting = asyncio.ensure_future(handle.result(timeout=30))
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # result() waits a while, meanwhile the ticker should tick: held, not a wait
             before = ticks
             gate.touch()
             result = await waiting
