@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from .. import arguments
 from ..connection import Connection
 from ..contract import HeapClient
-from ..values import ExecutionLease, HeapRecord, LeaseLost, StepWrite
+from ..values import HeapRecord, LeaseLost, StepWrite
 from .execution_rows import RUNNING
 from .leases import CURRENT_TOKENS_IDS, current_tokens
 
@@ -81,8 +81,7 @@ class HeapTable(HeapClient):
 
     @staticmethod
     def _check_write(lease, step_key, step_attempt, done, step_response_json) -> None:
-        if not isinstance(lease, ExecutionLease):
-            raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
+        arguments.lease("lease", lease)
         arguments.identifier("step_key", step_key)
         arguments.integer("step_attempt", step_attempt, minimum=0)
         arguments.boolean("done", done)
