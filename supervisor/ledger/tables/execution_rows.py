@@ -33,9 +33,7 @@ ADMITTED = ExecutionStatus.ADMITTED.value
 SUSPENDED = ExecutionStatus.SUSPENDED.value
 CANCELLED = ExecutionStatus.CANCELLED.value
 FAILED = ExecutionStatus.FAILED.value
-TERMINAL = TERMINAL_STATUSES
-# The terminal statuses as a list of SQL literals, for `status [NOT] IN (...)`.
-TERMINAL_SQL = ", ".join(f"'{status}'" for status in TERMINAL_STATUSES)
+TERMINAL = TERMINAL_STATUSES  # in SQL, the dialect's `$terminal`
 RESUMABLE = (FAILED, CANCELLED)
 
 COLUMNS = (

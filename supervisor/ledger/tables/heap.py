@@ -30,7 +30,7 @@ ON CONFLICT DO NOTHING"""
 
 # A batch of writes (`write_steps`), each fenced by its own lease as WRITE is: the executions'
 # rows whose `(execution_id, token)` is one of the batch's leases `{leases}` and still running,
-# share-locked in the order of their ids (two batches never wait for each other in a circle), joined
+# share-locked as WRITE locks its row (two batches never wait for each other on them), in id order, joined
 # to the writes `{writes}` (their columns, in VALUES' own names: column1 the execution, 2 the key,
 # 3 the attempt, 4 done, 5 the response, 6 the token). What it returns is what it wrote.
 WRITE_MANY = """
