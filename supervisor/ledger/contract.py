@@ -159,7 +159,8 @@ class ExecutionClient(abc.ABC):
 
         A batch never waits behind one busy row: where the database locks rows (PostgreSQL), the
         batch skips the rows another transaction holds, and each of those is then renewed on
-        its own with `renew`'s bounded lock wait. A row still held after that wait is neither
+        its own, all of them within one of `renew`'s bounded lock waits (not one wait each: one
+        stuck transaction may hold many of the rows). A row still held after that wait is neither
         renewed nor lost: its reply is the `StorageBusy` error as a value, and the caller
         renews it again at its next round (its lease has slack for that).
 
