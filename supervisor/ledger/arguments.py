@@ -12,6 +12,7 @@ import re
 from typing import Any, Optional
 
 from .errors import InvalidArgument
+from .values import ExecutionLease
 
 MAX_ID_LENGTH = 255
 
@@ -34,6 +35,18 @@ def integer(name: str, value: Any, *, minimum: Optional[int] = None) -> int:
         raise InvalidArgument(f"{name} must be an int, not {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise InvalidArgument(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def lease(name: str, value: Any) -> ExecutionLease:
+    """An `ExecutionLease` whose fields the fence can compare as they are: a str execution id and
+    a 64-bit int token (SQLite would convert a token "1" to 1 and let it through the fence, and
+    refuse one beyond 64 bits with an `OverflowError`)."""
+    if not isinstance(value, ExecutionLease):
+        raise InvalidArgument(f"{name} must be an ExecutionLease, not {type(value).__name__}")
+    token = value.token
+    if not isinstance(value.execution_id, str) or type(token) is not int or not -2**63 <= token < 2**63:
+        raise InvalidArgument(f"{name} must hold a str execution_id and a 64-bit int token, not {value!r}")
     return value
 
 

@@ -154,12 +154,13 @@ class ExecutionClient(abc.ABC):
                    ) -> list[Renewed | LeaseLost | StorageBusy]:
         """Fenced, each lease by its own token: `renew` for every lease of `leases`, a few
         transactions for all of them (one per 1,000 leases), the replies in the order of
-        `leases`. A lease given twice is renewed once, both replies the same. A stale lease gets `LeaseLost` and changes nothing; the others are renewed all
-        the same.
+        `leases`. A lease given twice is renewed once, both replies the same. A stale lease gets
+        `LeaseLost` and changes nothing; the others are renewed all the same.
 
         A batch never waits behind one busy row: where the database locks rows (PostgreSQL), the
         batch skips the rows another transaction holds, and each of those is then renewed on
-        its own with `renew`'s bounded lock wait. A row still held after that wait is neither
+        its own, all of them within one of `renew`'s bounded lock waits (not one wait each: one
+        stuck transaction may hold many of the rows). A row still held after that wait is neither
         renewed nor lost: its reply is the `StorageBusy` error as a value, and the caller
         renews it again at its next round (its lease has slack for that).
 
@@ -306,9 +307,11 @@ class HeapClient(abc.ABC):
         as `write_step`: an attempt already recorded (before, or by an earlier write of the same
         batch) is returned as recorded.
 
-        On PostgreSQL the fence locks the executions' rows in the order of their ids (so two
-        batches never wait for each other in a circle), and the batch is one statement when every
-        write is new: a round trip for it, with the transaction's begin and commit.
+        On PostgreSQL the fence share-locks the executions' rows, as `write_step` does (a claim or
+        an acknowledgement that moves a token waits for the batch, or the batch for it; two
+        batches never wait for each other on them), in the order of their ids; the batch is one
+        statement when every write is new (up to 500 writes): a round trip for it, with the
+        transaction's begin and commit.
 
         Raises:
             InvalidArgument: a write that is not a `StepWrite`, or any of its fields as

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor import Completed, ExecutionLease, Failed, Suspended, open_backend
+from supervisor.ledger.values import StepWrite
 
 LEASE_MS = 30_000
 
@@ -111,6 +112,18 @@ CASES = {
         None, step_key="s", step_attempt=0, done=True, step_response_json="1")),
     "write_step lease dict": ("lease", lambda b, l: b.heap.write_step(
         lease_like(l), step_key="s", step_attempt=0, done=True, step_response_json="1")),
+    # A lease whose token is not a 64-bit int: SQLite would let a token "1" through the fence as 1.
+    "write_step lease token str": ("lease", lambda b, l: b.heap.write_step(
+        ExecutionLease(l.execution_id, str(l.token), l.expires_at), step_key="s", step_attempt=0, done=True,
+        step_response_json="1")),
+    "write_step lease token beyond 64 bits": ("lease", lambda b, l: b.heap.write_step(
+        ExecutionLease(l.execution_id, 2**64, l.expires_at), step_key="s", step_attempt=0, done=True,
+        step_response_json="1")),
+    "write_steps lease token str": ("lease", lambda b, l: b.heap.write_steps(
+        [StepWrite(l, "s", 0, True, "1"), StepWrite(ExecutionLease(l.execution_id, str(l.token), l.expires_at),
+                                                    "t", 0, True, "1")])),
+    "write_steps lease execution_id int": ("lease", lambda b, l: b.heap.write_steps(
+        [StepWrite(ExecutionLease(42, l.token, l.expires_at), "s", 0, True, "1")])),
     "write_step step_key empty": ("step_key", lambda b, l: b.heap.write_step(
         l, step_key="", step_attempt=0, done=True, step_response_json="1")),
     "write_step step_key int": ("step_key", lambda b, l: b.heap.write_step(

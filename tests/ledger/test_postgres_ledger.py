@@ -137,6 +137,28 @@ def test_a_batch_of_renewals_skips_a_row_a_stuck_transaction_holds_renews_the_ot
         assert [h.renewals for h in backend.executions.history("stuck")] == [1]
 
 
+def test_rows_one_stuck_transaction_holds_cost_a_batch_of_renewals_one_lock_wait_not_one_each(pg_uri):
+    # A cut-off host's batch of step writes share-locks the rows of many deliveries at once: the
+    # renewal round must give up on all of them within one bounded wait (a second, for a lease of
+    # 10 s), not one wait per row, or the round's next renewals come too late for the others.
+    stuck_ids = [f"stuck-{i}" for i in range(4)]
+    with open_backend(pg_uri) as backend:
+        for eid in ("free", *stuck_ids):
+            backend.executions.admit(eid, "w")
+        leases = {lease.execution_id: lease for lease in backend.executions.claim_due(limit=5, duration=10_000)}
+        order = [leases[eid] for eid in ("free", *stuck_ids)]
+        with psycopg.connect(pg_uri) as stuck:
+            stuck.execute("SELECT 1 FROM executions WHERE execution_id LIKE 'stuck-%' FOR SHARE")
+            started = time.monotonic()
+            replies = backend.executions.renew_many(order, duration=10_000)
+            waited = time.monotonic() - started
+            assert [type(reply) for reply in replies] == [Renewed] + [StorageBusy] * len(stuck_ids)
+            assert waited < 2.5, f"the batch waited {waited:.1f} s for {len(stuck_ids)} rows of one stuck transaction"
+            stuck.rollback()
+        again = backend.executions.renew_many(order, duration=10_000)
+        assert [type(reply) for reply in again] == [Renewed] * len(order)
+
+
 @pytest.mark.parametrize("call", [
     # A renewal waits for a row lock at most a tenth of its lease: long enough here.
     lambda b, lease: b.executions.renew(lease, duration=30_000),

@@ -6,7 +6,8 @@
 -- constants that are theirs (str.format): columns, the executions table's columns
 -- (`tables.execution_rows.COLUMNS`); acknowledged and superseded, how a delivery ended
 -- (`values.DeliveryEnd`); ended_channel and max_payload, the notification of ended executions
--- (`notify`). So the text holds no other brace.
+-- (`notify`); terminal, the terminal statuses as SQL strings (`dialect.TERMINAL_SQL`, what the
+-- shared tables' `$terminal` stands for). So the text holds no other brace.
 --
 -- Its parameters are p_..., its columns o_...: neither may be read as a table's column.
 -- p_at_floor: each claim and wake takes effect no earlier than the row's last change (`one_clock`).

@@ -33,9 +33,7 @@ ADMITTED = ExecutionStatus.ADMITTED.value
 SUSPENDED = ExecutionStatus.SUSPENDED.value
 CANCELLED = ExecutionStatus.CANCELLED.value
 FAILED = ExecutionStatus.FAILED.value
-TERMINAL = TERMINAL_STATUSES
-# The terminal statuses as a list of SQL literals, for `status [NOT] IN (...)`.
-TERMINAL_SQL = ", ".join(f"'{status}'" for status in TERMINAL_STATUSES)
+TERMINAL = TERMINAL_STATUSES  # in SQL, the dialect's `$terminal`
 RESUMABLE = (FAILED, CANCELLED)
 
 COLUMNS = (
@@ -137,12 +135,7 @@ class ExecutionRows:
         return max(now, row.updated_at) if self._one_clock else now
 
     def _lease(self, lease: object) -> ExecutionLease:
-        if not isinstance(lease, ExecutionLease):
-            raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
-        token = lease.token
-        if not isinstance(lease.execution_id, str) or type(token) is not int or not -2**63 <= token < 2**63:
-            raise arguments.InvalidArgument(f"lease must hold a str execution_id and a 64-bit int token, not {lease!r}")
-        return lease
+        return arguments.lease("lease", lease)
 
     def _as_of(self, row: Row, now: int) -> ExecutionRecord:
         status, unacked, expires = row.status, row.unacknowledged_deliveries, row.lease_expires_at

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from .. import arguments
 from ..connection import Connection
 from ..contract import HeapClient
-from ..values import ExecutionLease, HeapRecord, LeaseLost, StepWrite
+from ..values import HeapRecord, LeaseLost, StepWrite
 from .execution_rows import RUNNING
 from .leases import CURRENT_TOKENS_IDS, current_tokens
 
@@ -29,8 +29,8 @@ FROM executions WHERE execution_id = $p AND token = $p AND status = 'running' $f
 ON CONFLICT DO NOTHING"""
 
 # A batch of writes (`write_steps`), each fenced by its own lease as WRITE is: the executions'
-# rows whose `(execution_id, token)` is one of the batch's leases `{leases}` and still running,
-# share-locked in the order of their ids (two batches never wait for each other in a circle), joined
+# rows whose `(execution_id, token)` is one of the writes' leases `{leases}` and still running,
+# share-locked as WRITE locks its row (two batches never wait for each other on them), in id order, joined
 # to the writes `{writes}` (their columns, in VALUES' own names: column1 the execution, 2 the key,
 # 3 the attempt, 4 done, 5 the response, 6 the token). What it returns is what it wrote.
 WRITE_MANY = """
@@ -44,8 +44,11 @@ FROM (SELECT execution_id, token, updated_at FROM executions
 WHERE w.column1 = e.execution_id AND w.column6 = e.token
 ON CONFLICT DO NOTHING
 RETURNING execution_id, step_key, attempt"""
-# At most this many writes per WRITE_MANY statement (7 parameters each, with its lease's 2), well
+# At most this many writes per WRITE_MANY statement (8 parameters each, with its lease's 2), well
 # within either database's limit on parameters; a larger batch is several, in one transaction.
+# Each write names its lease, even where several share one (an IN list minds no repeats), so
+# that a statement's shape depends on the number of writes alone: each shape is rendered once
+# and kept (`dialect.Rendered`), and one per count of leases too would be kept without bound.
 WRITE_MANY_ROWS = 500
 # The recorded attempts `{keys}`, "($p, $p, $p)" (execution, key, attempt) each.
 READ_ATTEMPTS = """
@@ -81,8 +84,7 @@ class HeapTable(HeapClient):
 
     @staticmethod
     def _check_write(lease, step_key, step_attempt, done, step_response_json) -> None:
-        if not isinstance(lease, ExecutionLease):
-            raise arguments.InvalidArgument(f"lease must be an ExecutionLease, not {type(lease).__name__}")
+        arguments.lease("lease", lease)
         arguments.identifier("step_key", step_key)
         arguments.integer("step_attempt", step_attempt, minimum=0)
         arguments.boolean("done", done)
@@ -116,11 +118,11 @@ class HeapTable(HeapClient):
         with self._conn.write() as db:
             for start in range(0, len(writes), WRITE_MANY_ROWS):
                 some = writes[start:start + WRITE_MANY_ROWS]
-                leases = list(dict.fromkeys((w.lease.execution_id, w.lease.token) for w in some))
-                params = [self._one_clock, now, now, *(value for lease in leases for value in lease),
+                params = [self._one_clock, now, now,
+                          *(value for w in some for value in (w.lease.execution_id, w.lease.token)),
                           *(value for w in some for value in (w.lease.execution_id, w.step_key, w.step_attempt,
                                                               int(w.done), w.step_response_json, w.lease.token))]
-                for eid, key, attempt in db.execute(self._sql[write_many(len(leases), len(some))], params):
+                for eid, key, attempt in db.execute(self._sql[write_many(len(some))], params):
                     written.add((eid, key, attempt))
             # An attempt given twice in the batch was written once: which one, the table says.
             given = Counter((w.lease.execution_id, w.step_key, w.step_attempt) for w in writes)
@@ -179,9 +181,9 @@ class HeapTable(HeapClient):
 
 
 @functools.lru_cache(maxsize=64)
-def write_many(leases: int, writes: int) -> str:
-    """WRITE_MANY for `writes` writes of `leases` distinct leases."""
-    return WRITE_MANY.format(leases=", ".join(["($p, $p)"] * leases),
+def write_many(writes: int) -> str:
+    """WRITE_MANY for `writes` writes."""
+    return WRITE_MANY.format(leases=", ".join(["($p, $p)"] * writes),
                              writes=", ".join(["($p, $p, $p, $p, $p, $p)"] * writes))
 
 

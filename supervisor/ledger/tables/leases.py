@@ -9,6 +9,7 @@ other (`operators`). The lease history it writes is `lease_history`'s.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Optional
 
 from .. import arguments
@@ -211,8 +212,13 @@ class ExecutionLeases(ExecutionRows):
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
         lease = self._lease(lease)
         arguments.integer("duration", duration, minimum=1)
-        given, now = now, self._now(now)
-        with self._conn.write(lock_wait_ms=renewal_lock_wait_ms(duration)) as db:
+        return self._renew(lease, duration, now, renewal_lock_wait_ms(duration))
+
+    def _renew(self, lease: ExecutionLease, duration: int, given: Optional[int], lock_wait_ms: int
+               ) -> Renewed | LeaseLost:
+        """`renew` of checked arguments, waiting at most `lock_wait_ms` for the row's lock."""
+        now = self._now(given)
+        with self._conn.write(lock_wait_ms=lock_wait_ms) as db:
             now = self._now_locked(given, now)
             expires = now + duration
             cursor = db.execute(self._sql[RENEW], (expires, expires, now, lease.execution_id, lease.token))
@@ -235,10 +241,15 @@ class ExecutionLeases(ExecutionRows):
             chunk, held = self._renew_chunk(some, duration, given)
             renewed.update(chunk)
             maybe_held += held
+        # The skipped rows are renewed one by one, all of them within one lock wait: rows held by
+        # one stuck transaction (a cut-off host's batch of step writes holds many) must not cost a
+        # lock wait each, and the round's next renewals with them. Once the wait is spent, each
+        # row gets a try of a millisecond (`lock_timeout` 0 would be no bound at all).
         busy: dict[tuple[str, int], StorageBusy] = {}
+        deadline = time.monotonic() + renewal_lock_wait_ms(duration) / 1000
         for lease in maybe_held:
             try:
-                reply = self.renew(lease, duration=duration, now=given)
+                reply = self._renew(lease, duration, given, max(1, round((deadline - time.monotonic()) * 1000)))
             except StorageBusy as error:
                 busy[lease.execution_id, lease.token] = error
                 continue
