@@ -217,8 +217,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def _claim_key(self, key: str) -> str:
         with self._lock:
             self._guard()
-            unnamed = next((running for running, auto in self._in_flight.items() if auto), None)
-            if unnamed is not None and not key.startswith(AUTO_PREFIX):
+            # Steps in flight are rare when a step starts; an unnamed one among them rarer still.
+            unnamed = self._in_flight and next((running for running, auto in self._in_flight.items() if auto), None)
+            if unnamed and not key.startswith(AUTO_PREFIX):
                 raise InvalidArgument(
                     f"step {key!r} was started while the unnamed step {unnamed!r} is still running: steps that"
                     " overlap must be named, so name that one as well: ctx.run(\"some-key\", fn, ...)")
@@ -228,9 +229,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             return key
 
     def _take_off(self, key: str) -> None:
-        """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`."""
+        """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`, and
+        counts as run (one lock for both: this is every fresh step's path)."""
         with self._lock:
             self._in_flight[key] = key.startswith(AUTO_PREFIX)
+            self.steps_run += 1
 
     def _landed(self, key: str) -> None:
         """Step `key` is no longer in flight: its outcome is recorded, or it never will be."""
@@ -299,8 +302,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             attempt = record.attempt + 1
             if retry_at is not None and self._now() < retry_at:
                 self._suspend_until(retry_at)
-        self._count_run()
-        return attempt, None
+        return attempt, None  # the caller takes off at once, which counts the step as run
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:
         """Record the value a step's function returned, and return the recorded value."""
