@@ -139,8 +139,7 @@ class WorkflowRun:
     def stop(self, why: str) -> None:
         """Refuse this delivery's writes from now on (it raises `StopDelivery` at its next one);
         safe from any thread."""
-        if self.writer.stopped_because is None:
-            self.writer.stopped_because = why
+        self.writer.stop(why)
 
     def _context(self, asynchronous: bool) -> WorkflowContext:
         context = AsyncWorkflowContext if asynchronous else WorkflowContext
