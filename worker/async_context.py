@@ -214,7 +214,7 @@ class AsyncWorkflowContext(WorkflowContext):
         enclosing = _ENCLOSING.get()
         while True:
             with self._lock:
-                if all((id(self), key) in enclosing for key in self._in_flight):
+                if all((id(self), key) in enclosing for key in list(self._in_flight)):
                     return
                 if self._landing is None:
                     self._landing = (asyncio.get_running_loop(), asyncio.Event())

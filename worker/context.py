@@ -98,11 +98,12 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                 self._auto_recorded[int(record.step_key[1:].split(":", 1)[0])] = record.step_key
         self._keys_used: set[str] = set()
         self._auto_count = 0
-        # Guards the bookkeeping below and above against the threads of parallel steps.
+        # Guards the claims of step keys (a check, then an add) against the threads of parallel
+        # steps. `_in_flight` is changed by one dict operation at a time, each atomic, and read
+        # through a copy: every fresh step takes off and lands, and needs no lock for it.
         self._lock = threading.RLock()
         self._in_flight: dict[str, bool] = {}  # the steps whose function runs now: key -> unnamed
         self._unwound: Optional[BaseException] = None
-        self.steps_run = 0  # steps whose function ran in this delivery (replays excluded)
 
     # -- time --------------------------------------------------------------------------------
 
@@ -196,9 +197,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         name = getattr(fn, '__qualname__', type(fn).__name__)
         with self._lock:
             self._guard()
-            if self._in_flight:
-                running = ", ".join(repr(key) for key in self._in_flight)
-                running = f"steps {running} are" if len(self._in_flight) > 1 else f"step {running} is"
+            in_flight = list(self._in_flight)
+            if in_flight:
+                running = ", ".join(repr(key) for key in in_flight)
+                running = f"steps {running} are" if len(in_flight) > 1 else f"step {running} is"
                 raise InvalidArgument(
                     f"an unnamed step of {name} was started while {running} still running: steps that"
                     " overlap must be named, as ctx.run(\"some-key\", fn, ...), because unnamed steps are numbered"
@@ -217,8 +219,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def _claim_key(self, key: str) -> str:
         with self._lock:
             self._guard()
-            unnamed = next((running for running, auto in self._in_flight.items() if auto), None)
-            if unnamed is not None and not key.startswith(AUTO_PREFIX):
+            # Steps in flight are rare when a step starts; an unnamed one among them rarer still.
+            unnamed = self._in_flight and next((running for running, auto in list(self._in_flight.items()) if auto),
+                                               None)
+            if unnamed and not key.startswith(AUTO_PREFIX):
                 raise InvalidArgument(
                     f"step {key!r} was started while the unnamed step {unnamed!r} is still running: steps that"
                     " overlap must be named, so name that one as well: ctx.run(\"some-key\", fn, ...)")
@@ -229,13 +233,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _take_off(self, key: str) -> None:
         """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`."""
-        with self._lock:
-            self._in_flight[key] = key.startswith(AUTO_PREFIX)
+        self._in_flight[key] = key.startswith(AUTO_PREFIX)
 
     def _landed(self, key: str) -> None:
         """Step `key` is no longer in flight: its outcome is recorded, or it never will be."""
-        with self._lock:
-            self._in_flight.pop(key, None)
+        self._in_flight.pop(key, None)
 
     def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
         return self._record(Write(key, attempt, done, _to_json(response)))
@@ -261,13 +263,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         """The recorded value of step `key`, or record `produce()` (a JSON value) as it."""
         record = self._recorded.get(key)
         if record is None:
-            self._count_run()
             record = self._write(key, 1, True, {"value": produce()})
         return self._replay(key, record)
-
-    def _count_run(self) -> None:
-        with self._lock:
-            self.steps_run += 1
 
     def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
         attempt, replayed = self._step_start(key)
@@ -299,7 +296,6 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             attempt = record.attempt + 1
             if retry_at is not None and self._now() < retry_at:
                 self._suspend_until(retry_at)
-        self._count_run()
         return attempt, None
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:

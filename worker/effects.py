@@ -72,5 +72,4 @@ class EffectsMixin:
             state = self._writer.call(effects.wait, effect_id, self.execution_id)
             if state.status != "settled":
                 self._suspend_waiting(f"effect {effect_id!r} to settle")
-        self._count_run()
         return self._replay(key, self._write(key, 1, True, {"value": json.loads(state.result_json)}))

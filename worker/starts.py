@@ -44,6 +44,5 @@ class StartsMixin:
                                       "traceback": error.get("traceback")}, "retry_at": None}
             else:
                 self._suspend_waiting(f"execution {execution_id!r} to finish")
-            self._count_run()
             record = self._write(key, 1 if record is None else record.attempt + 1, True, response)
         return self._replay(key, record)

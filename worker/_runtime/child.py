@@ -27,9 +27,8 @@ import traceback
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
 from supervisor.ledger.sqlite import socket_folder
-from supervisor.ledger.values import Retry
 
-from .driver import run_delivery, storage_retry
+from .driver import raised_outside, run_delivery
 from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
 from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready, Run
@@ -81,10 +80,8 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         try:
             outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=task.claimed_at,
                                    start=task.start)
-        except StorageError as exc:
-            outcome = storage_retry(exc)
-        except Exception:
-            outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
+        except Exception as exc:
+            outcome = raised_outside(exc)
         watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000)))
     backend.close()
     os._exit(EXIT_OK)

@@ -40,10 +40,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Optional
 
-from supervisor.ledger.errors import StorageError
 from supervisor.ledger.values import DeliveryOutcome, LeaseLost, Retry
 
-from .driver import WorkflowRun, storage_retry
+from .driver import WorkflowRun, raised_outside
 from .parent_watch import ParentWatch
 from .protocol import EXIT_OK, Done, Run, Stop
 from .step_commits import StepCommits
@@ -127,8 +126,8 @@ class Deliveries:
         """Prepare the delivery; False if it ended there (and is reported)."""
         try:
             outcome = entry.run.prepare()
-        except Exception:
-            outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
+        except Exception as exc:
+            outcome = raised_outside(exc)
         if outcome is not None:
             self.finish(entry, outcome)
         return outcome is None
@@ -167,10 +166,8 @@ class Deliveries:
     def _run_sync(self, entry: Running) -> None:
         try:
             outcome = entry.run.run()
-        except StorageError as exc:
-            outcome = storage_retry(exc)
-        except Exception:
-            outcome = Retry("the delivery raised outside the workflow:\n" + traceback.format_exc())
+        except Exception as exc:
+            outcome = raised_outside(exc)
         self.finish(entry, outcome)
 
     # -- async deliveries: tasks of the one event loop ---------------------------------------
@@ -207,13 +204,7 @@ class Deliveries:
             outcome = LeaseLost() if entry.run.writer.stopped else Retry("the delivery's task was cancelled")
         else:
             exc = task.exception()
-            if exc is None:
-                outcome = task.result()
-            elif isinstance(exc, StorageError):
-                outcome = storage_retry(exc)
-            else:
-                outcome = Retry("the delivery raised outside the workflow:\n"
-                                + "".join(traceback.format_exception(exc)))
+            outcome = task.result() if exc is None else raised_outside(exc)
         self.finish(entry, outcome)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import traceback
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from supervisor.ledger.errors import StorageError
@@ -63,6 +64,15 @@ def failure(error_type: str, message: str, tb: str | None = None) -> Failed:
 def storage_retry(exc: StorageError) -> Retry:
     """How a delivery that met a storage error ends: retried, naming the kind of failure."""
     return Retry(str(exc), storage_error=exc.kind)
+
+
+def raised_outside(exc: Exception) -> Retry:
+    """How a delivery ends that raised `exc` outside its workflow (a bug of the runtime, a
+    storage error outside the steps): retried, a storage error as `storage_retry` says, anything
+    else with its traceback, so that the supervisor releases the lease and logs why."""
+    if isinstance(exc, StorageError):
+        return storage_retry(exc)
+    return Retry("the delivery raised outside the workflow:\n" + "".join(traceback.format_exception(exc)))
 
 
 def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | None:
@@ -129,8 +139,7 @@ class WorkflowRun:
     def stop(self, why: str) -> None:
         """Refuse this delivery's writes from now on (it raises `StopDelivery` at its next one);
         safe from any thread."""
-        if self.writer.stopped_because is None:
-            self.writer.stopped_because = why
+        self.writer.stop(why)
 
     def _context(self, asynchronous: bool) -> WorkflowContext:
         context = AsyncWorkflowContext if asynchronous else WorkflowContext

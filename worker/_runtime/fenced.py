@@ -55,6 +55,13 @@ class FencedWriter:
     def stopped(self) -> bool:
         return self.stopped_because is not None
 
+    def stop(self, why: str) -> None:
+        """Shut the door for `why` (the supervisor stopped this delivery); safe from any thread.
+        The first reason, this one or a refusal's, is the one the delivery reports."""
+        with self._lock:
+            if self.stopped_because is None:
+                self.stopped_because = why
+
     def check(self) -> None:
         """Raise what unwinds the workflow if this delivery may write no more (safe from any thread)."""
         if self.stopped_because is None and not self._may_write():

@@ -2,7 +2,11 @@
 
 Each message is a small frozen dataclass, read by its type (`match` or `isinstance`), never by
 position, as CPython's `concurrent.futures.process` passes `_CallItem` and `_ResultItem`. They
-are pickled on every delivery and every heartbeat, so they stay small: plain fields, no methods.
+are pickled on every delivery and every heartbeat, so they stay small: plain fields, and no
+method but a `__reduce__` that pickles a message as its class and its fields in order (`message`):
+the one a frozen dataclass with slots gets pickles by way of `copyreg` and a Python
+`__setstate__`, and took about as long as the delivery's own work in a worker's loop; the lease a
+`Run` carries goes as its three fields for the same reason.
 
 parent -> child                               child -> parent
 Run(lease, claimed_at, start)                 Ready(pid)                    once, after loading the
@@ -35,15 +39,33 @@ await, a sync one has its writes refused from then on (`StopDelivery`), and eith
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Union
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Union
 
 from supervisor.ledger.values import DeliveryOutcome, ExecutionLease
+
+
+def message(cls: type) -> type:
+    """A frozen dataclass with slots, pickled as its class and its fields in order (see the
+    module doc)."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    names = tuple(field.name for field in fields(cls))
+
+    def __reduce__(self: Any) -> tuple:
+        return cls, tuple([getattr(self, name) for name in names])
+
+    if "__reduce__" not in cls.__dict__:  # `Run` says its own
+        cls.__reduce__ = __reduce__  # type: ignore[method-assign]
+    return cls
+
+
+def _run(execution_id: str, token: int, expires_at: int, claimed_at: int, start: Optional[tuple[str, str]]) -> Run:
+    return Run(ExecutionLease(execution_id, token, expires_at), claimed_at, start)
 
 # -- parent -> child -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Run:
     """Run one delivery of `lease`, then report it with `Done`."""
 
@@ -51,8 +73,12 @@ class Run:
     claimed_at: int  # the ledger time (ms) of the claim
     start: Optional[tuple[str, str]] = None  # (workflow, input JSON) on a first delivery
 
+    def __reduce__(self) -> tuple:
+        lease = self.lease
+        return _run, (lease.execution_id, lease.token, lease.expires_at, self.claimed_at, self.start)
 
-@dataclass(frozen=True, slots=True)
+
+@message
 class Stop:
     """Stop the delivery of `execution_id` under `token` (its lease is lost, or its execution
     ended in the ledger), leaving the worker's other deliveries running; it reports `Done`. A
@@ -62,14 +88,14 @@ class Stop:
     token: int
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Beat:
     """A heartbeat; the child answers `Alive`."""
 
     expires_at: Optional[int]  # the earliest lease expiry (ms) of the running deliveries, None while idle
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Exit:
     """Finish the deliveries in hand, if any, and exit."""
 
@@ -79,14 +105,14 @@ ToChild = Union[Run, Stop, Beat, Exit]
 # -- child -> parent -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Ready:
     """The child loaded the app and opened the ledger: it may take deliveries."""
 
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class AppNotLoaded:
     """The child could not import the user's app, and exits."""
 
@@ -94,7 +120,7 @@ class AppNotLoaded:
     error: str  # "cannot load app APP: CAUSE", then the traceback
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class LedgerNotOpened:
     """The child could not open the ledger for a lasting reason, and exits."""
 
@@ -103,12 +129,12 @@ class LedgerNotOpened:
     storage_error: str  # the `StorageError.kind`
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Alive:
     """The answer to a `Beat`."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Done:
     """The child finished the delivery it was handed."""
 
