@@ -123,9 +123,9 @@ class DispatchLoop:
         # and a worker killed or dead costs its deliveries a release. Else one per process: a
         # worker is killed to stop its delivery, and a dead one's lease is left to expire.
         self.shared = pool.slots > 1
-        # Shared workers hold thousands of deliveries: the earliest `held_until` among them (a
-        # lower bound, kept as claims come), so that `stop_unconfirmed` and `deadline` need not
-        # look at every delivery on every turn.
+        # The earliest `held_until` of the deliveries running (a lower bound, kept as claims come),
+        # so that `stop_unconfirmed` and `deadline` need not look at every delivery on every turn:
+        # shared workers hold thousands.
         self.next_unconfirmed = float("inf")
         self._selector: Optional[selectors.BaseSelector] = None  # see `selector`
         self._watched: list[Child] = []  # the children it watches
@@ -376,57 +376,48 @@ class DispatchLoop:
             # else a row another transaction held (StorageBusy): the lease has slack for the next round
 
     def stop_unconfirmed(self, now: float) -> None:
-        """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
-        length, and give the lease back. The ledger may have let it expire (a database that
-        cannot be reached, or answers too slowly; this supervisor paused), and another supervisor
-        claim it: this host's child must not go on calling the outside world beside the new
-        holder. The release is fenced like any: refused once another holder has the execution,
-        and otherwise it ends the delivery at once instead of leaving it to expire (a renewal
-        still on its way may have extended it meanwhile). Costs time, never correctness: the
-        execution is delivered again. (The child itself keeps no such timer: what stops a stale
-        write is the fencing token, checked by the ledger as the write lands, never a clock.)"""
-        if self.shared:
-            self.stop_unconfirmed_shared(now)
+        """Stop every delivery whose lease no renewal has confirmed for a whole lease length, and
+        give the lease back. The ledger may have let it expire (a database that cannot be
+        reached, or answers too slowly; this supervisor paused), and another supervisor claim it:
+        this host's child must not go on calling the outside world beside the new holder. A
+        worker of one delivery is killed; a worker of several is told to stop that one
+        (`stop`), and the lease is given back once it has (`done`). The release is fenced like
+        any: refused once another holder has the execution, and otherwise it ends the delivery
+        at once instead of leaving it to expire (a renewal still on its way may have extended it
+        meanwhile). Costs time, never correctness: the execution is delivered again. (The child
+        itself keeps no such timer: what stops a stale write is the fencing token, checked by
+        the ledger as the write lands, never a clock.)
+
+        Only once the earliest `held_until` has passed (`next_unconfirmed`, a lower bound): a
+        turn of the loop does not look at every delivery."""
+        if now < self.next_unconfirmed:
             return
+        earliest = float("inf")
+        why = f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms"
         for child in list(self.pool.children):
-            delivery = child.delivery
-            if delivery is None or delivery.lost or now < delivery.held_until:
+            held = [d for d in child.deliveries.values() if not d.lost]
+            due = [d for d in held if now >= d.held_until]
+            earliest = min([earliest] + [d.held_until for d in held if now < d.held_until])
+            if not due:
                 continue
             if not child.process.is_alive() or child.conn.poll(0):
                 # It exited meanwhile (its supervisor unheard?), or it has reported: let its
-                # sentinel, or its report, be read first, and say what happened.
+                # sentinel, or its report, be read first, and say what happened; then look again.
+                earliest = now
                 continue
-            self.stats.unconfirmed += 1
-            why = f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms"
+            self.stats.unconfirmed += len(due)
+            if self.shared:
+                for delivery in due:
+                    self.stop(child, delivery, f"{why} (the database out of reach or too slow, or this supervisor"
+                              " paused; another supervisor may hold it)", now, release=True)
+                continue
+            (delivery,) = due
             log.warning("execution %s token %d: %s (the database out of reach or too slow, or this supervisor paused);"
                         " another supervisor may hold it; killing worker pid %d and giving the lease back",
                         delivery.lease.execution_id, delivery.lease.token, why, child.pid)
             child.delivery = None
             self.replace(child)  # killed and joined: it can do nothing more
             self.end(delivery, Retry(why), now)
-
-    def stop_unconfirmed_shared(self, now: float) -> None:
-        """`stop_unconfirmed` in workers of several deliveries: each unconfirmed delivery is told
-        to stop, and its lease given back once it has (`done`); one that does not stop in time
-        gets its worker replaced (`beat`). Only once the earliest `held_until` has passed."""
-        if now < self.next_unconfirmed:
-            return
-        earliest = float("inf")
-        why = (f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database out of reach or too"
-               " slow, or this supervisor paused; another supervisor may hold it)")
-        for child in list(self.pool.children):
-            if not child.process.is_alive() or child.conn.poll(0):
-                # It exited, or it has reported: read that first (see `stop_unconfirmed`).
-                earliest = min([earliest, now] + [d.held_until for d in child.deliveries.values() if not d.lost])
-                continue
-            for delivery in list(child.deliveries.values()):
-                if delivery.lost:
-                    continue
-                if now < delivery.held_until:
-                    earliest = min(earliest, delivery.held_until)
-                    continue
-                self.stats.unconfirmed += 1
-                self.stop(child, delivery, why, now, release=True)
         self.next_unconfirmed = earliest
 
     def stop(self, child: Child, delivery: Delivery, why: str, now: float, *, release: bool = False) -> None:
@@ -648,14 +639,7 @@ class DispatchLoop:
     def done(self, child: Child, report: Done, now: float) -> None:
         """A child's report that it finished its delivery."""
         self.claim_wanted = True
-        if self.shared:
-            delivery = child.deliveries.pop((report.execution_id, report.token), None)
-        else:
-            delivery = child.delivery
-            child.delivery = None
-            if delivery is not None and (delivery.lease.token != report.token or
-                                         delivery.lease.execution_id != report.execution_id):
-                delivery = None
+        delivery = child.deliveries.pop((report.execution_id, report.token), None)
         if delivery is None:
             log.error("worker pid %d reported %s token %s, which it was not running", child.pid, report.execution_id,
                       report.token)
@@ -773,10 +757,7 @@ class DispatchLoop:
             # Once the grace period is over, only the settlements' replies (or their deadline)
             # are worth waking for.
             deadlines += [self.grace_deadline if self.grace_deadline > now else self.settle_deadline]
-        if self.shared:
-            held = [self.next_unconfirmed] if self.running() else []
-        else:
-            held = [c.delivery.held_until for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
+        held = [self.next_unconfirmed] if self.running() else []
         if held or self.ending:
             deadlines.append(self.next_renewal)
         deadlines += held
