@@ -283,18 +283,13 @@ class DispatchLoop:
     def free_slots(self, now: float) -> int:
         """How many deliveries the workers may take now: a free slot each, and no more than
         `concurrency` running in all (P workers of ceil(N / P) slots may hold more than N)."""
-        idle = self.idle(now)
-        if not self.shared:
-            return len(idle)
         room = self.cfg.concurrency - self.running()
-        return max(0, min(room, sum(c.free for c in idle)))
+        return max(0, min(room, sum(c.free for c in self.idle(now))))
 
     def takers(self, now: float, count: int) -> list[Child]:
         """Up to `count` workers to hand claimed deliveries to, one entry per free slot, taken in
         turn from each worker so that the deliveries spread over the workers."""
         idle = self.idle(now)
-        if not self.shared:
-            return idle[:count]
         count = min(count, self.free_slots(now))
         out: list[Child] = []
         turn = 0
@@ -313,18 +308,17 @@ class DispatchLoop:
         """Send the delivery to `child`; `start`: (workflow, input) of a first delivery, which the
         child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
-        if self.shared and not any(c is child for c in self.pool.children):
-            return False  # replaced while this claim's deliveries were being handed out (below)
+        if child.slots > 1 and not any(c is child for c in self.pool.children):
+            # Listed once per free slot (`takers`): replaced while this claim's deliveries were
+            # being handed out.
+            return False
         child.take(delivery)
         if child.send(Run(lease, delivery.claimed_at, start)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.drop(delivery)
         self.stats.child_deaths += 1
-        if self.shared:
-            self.replace_and_release(child, f"worker pid {child.pid} was gone", now)
-        else:
-            self.replace(child)
+        self.replace_and_release(child, f"worker pid {child.pid} was gone", now)  # its others, if any
         return False
 
     def on_next_ready_at(self, reply: Reply, now: float) -> None:
@@ -430,10 +424,10 @@ class DispatchLoop:
         child.send(Stop(delivery.lease.execution_id, delivery.lease.token))  # a dead one shows on its sentinel
 
     def replace_and_release(self, child: Child, why: str, now: float) -> None:
-        """Kill `child`, a worker of several deliveries, make sure it is gone, start another in its
-        place, and give back the lease of every delivery it held, so that each is delivered again
-        at once instead of after its lease expires. (A release is fenced: one whose lease is lost
-        already is refused, and counted lost.)"""
+        """Kill `child`, make sure it is gone, start another in its place, and give back the
+        lease of every delivery it held, so that each is delivered again at once instead of after
+        its lease expires. (A release is fenced: one whose lease is lost already is refused, and
+        counted lost.)"""
         deliveries = list(child.deliveries.values())
         child.deliveries = {}
         self.replace(child)  # killed and joined: it can write nothing more
