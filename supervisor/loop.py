@@ -40,13 +40,18 @@ import selectors
 import time
 from typing import Callable, Optional
 
-from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild, LedgerNotOpened, Ready, Run, Stop
+from worker._runtime.protocol import Run
 
-from .ledger.errors import TRANSIENT_KINDS, AppLoadFailed, DiedWhileStarting, LedgerUnusable, StorageError
+from .lease_keeping import LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE, LeaseKeeping
 from .ledger.contract import DueListener
+from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry
 from .ledger_calls import Acknowledge, Call, Claim, Ended, LedgerCalls, NextReadyAt, Release, Renew, Reply, Wakeup
-from .pool import START_ATTEMPTS, Child, Delivery, Pool, describe_exit
+from .pool import Child, Delivery, Pool
+from .worker_watch import RELEASE_LINE, WorkerWatch
+
+__all__ = ["DispatchLoop", "ON_REPLY", "EXIT_STOPPED", "EXIT_KILLED", "EXIT_LEDGER_UNUSABLE",
+           "LOST_LINE", "RENEWAL_FOUND_LOST", "STOP_LINE", "RELEASE_LINE"]  # the log lines: `chaos.evidence`
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -59,20 +64,12 @@ BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 # How often the loop checks that the ledger's files are still the ones it opened.
 FILE_CHECK_S = 1.0
-# After a child could not be started (fork failed): when to try again.
-TOP_UP_RETRY_S = 1.0
 
 
-# What the log says when a delivery is lost (the chaos checker counts these lines: `chaos.evidence`).
-LOST_LINE = "execution %s token %d: %s; killing worker pid %d so that it stops at once"
-RENEWAL_FOUND_LOST = "the lease is lost"
-# The same, in a worker of several deliveries: that one is told to stop, the others run on.
-STOP_LINE = "execution %s token %d: %s; telling worker pid %d to stop it"
-RELEASE_LINE = "execution %s token %d: %s; releasing it"  # its worker replaced (`replace_and_release`)
-
-class DispatchLoop:
+class DispatchLoop(LeaseKeeping, WorkerWatch):
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
-    seconds) as an argument and none blocks: waiting happens in `wait` alone."""
+    seconds) as an argument and none blocks: waiting happens in `wait` alone. The steps that keep
+    leases are in `lease_keeping`, those that watch the worker processes in `worker_watch`."""
 
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
                  signals: Wakeup, stop_requests: Callable[[], int],
@@ -123,9 +120,9 @@ class DispatchLoop:
         # and a worker killed or dead costs its deliveries a release. Else one per process: a
         # worker is killed to stop its delivery, and a dead one's lease is left to expire.
         self.shared = pool.slots > 1
-        # Shared workers hold thousands of deliveries: the earliest `held_until` among them (a
-        # lower bound, kept as claims come), so that `stop_unconfirmed` and `deadline` need not
-        # look at every delivery on every turn.
+        # The earliest `held_until` of the deliveries running (a lower bound, kept as claims come),
+        # so that `stop_unconfirmed` and `deadline` need not look at every delivery on every turn:
+        # shared workers hold thousands.
         self.next_unconfirmed = float("inf")
         self._selector: Optional[selectors.BaseSelector] = None  # see `selector`
         self._watched: list[Child] = []  # the children it watches
@@ -283,18 +280,13 @@ class DispatchLoop:
     def free_slots(self, now: float) -> int:
         """How many deliveries the workers may take now: a free slot each, and no more than
         `concurrency` running in all (P workers of ceil(N / P) slots may hold more than N)."""
-        idle = self.idle(now)
-        if not self.shared:
-            return len(idle)
         room = self.cfg.concurrency - self.running()
-        return max(0, min(room, sum(c.free for c in idle)))
+        return max(0, min(room, sum(c.free for c in self.idle(now))))
 
     def takers(self, now: float, count: int) -> list[Child]:
         """Up to `count` workers to hand claimed deliveries to, one entry per free slot, taken in
         turn from each worker so that the deliveries spread over the workers."""
         idle = self.idle(now)
-        if not self.shared:
-            return idle[:count]
         count = min(count, self.free_slots(now))
         out: list[Child] = []
         turn = 0
@@ -313,18 +305,17 @@ class DispatchLoop:
         """Send the delivery to `child`; `start`: (workflow, input) of a first delivery, which the
         child then need not read from the ledger (see `Claimed`)."""
         lease = delivery.lease
-        if self.shared and not any(c is child for c in self.pool.children):
-            return False  # replaced while this claim's deliveries were being handed out (below)
+        if child.slots > 1 and not any(c is child for c in self.pool.children):
+            # Listed once per free slot (`takers`): replaced while this claim's deliveries were
+            # being handed out.
+            return False
         child.take(delivery)
         if child.send(Run(lease, delivery.claimed_at, start)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
         child.drop(delivery)
         self.stats.child_deaths += 1
-        if self.shared:
-            self.replace_and_release(child, f"worker pid {child.pid} was gone", now)
-        else:
-            self.replace(child)
+        self.replace_and_release(child, f"worker pid {child.pid} was gone", now)  # its others, if any
         return False
 
     def on_next_ready_at(self, reply: Reply, now: float) -> None:
@@ -341,24 +332,7 @@ class DispatchLoop:
         elif self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0:
             self.idle_checked = True
 
-    # -- renewals ------------------------------------------------------------------------------
-
-    def renew(self, now: float) -> None:
-        """Renew every lease of a delivery whose child answered recently, and of every delivery
-        whose acknowledgement is still on its way (a busy database must not lose it)."""
-        if now < self.next_renewal:
-            return
-        self.next_renewal = now + self.cfg.renew_ms / 1000
-        due = [d for d in self.renewable(now) if not d.renewing and not d.lost]
-        for delivery in due:
-            delivery.renewing, delivery.renew_sent_at = True, now
-        if due:  # one call for the round: a few transactions for thousands of leases
-            self.renewals.submit(Renew([d.lease for d in due], self.cfg.lease_ms, about=due))
-
-    def renewable(self, now: float) -> list[Delivery]:
-        limit = self.cfg.silent_limit_s
-        running = [d for c in self.pool.children if now - c.last_answer <= limit for d in c.deliveries.values()]
-        return running + list(self.ending.values())
+    # -- what renewals and `Ended` found (acted on in `lease_keeping`) ------------------------
 
     def on_renewed(self, reply: Reply, now: float) -> None:
         deliveries: list[Delivery] = reply.call.about
@@ -375,116 +349,6 @@ class DispatchLoop:
                 self.lose(delivery, RENEWAL_FOUND_LOST, now)
             # else a row another transaction held (StorageBusy): the lease has slack for the next round
 
-    def stop_unconfirmed(self, now: float) -> None:
-        """Kill the child of every delivery whose lease no renewal has confirmed for a whole lease
-        length, and give the lease back. The ledger may have let it expire (a database that
-        cannot be reached, or answers too slowly; this supervisor paused), and another supervisor
-        claim it: this host's child must not go on calling the outside world beside the new
-        holder. The release is fenced like any: refused once another holder has the execution,
-        and otherwise it ends the delivery at once instead of leaving it to expire (a renewal
-        still on its way may have extended it meanwhile). Costs time, never correctness: the
-        execution is delivered again. (The child itself keeps no such timer: what stops a stale
-        write is the fencing token, checked by the ledger as the write lands, never a clock.)"""
-        if self.shared:
-            self.stop_unconfirmed_shared(now)
-            return
-        for child in list(self.pool.children):
-            delivery = child.delivery
-            if delivery is None or delivery.lost or now < delivery.held_until:
-                continue
-            if not child.process.is_alive() or child.conn.poll(0):
-                # It exited meanwhile (its supervisor unheard?), or it has reported: let its
-                # sentinel, or its report, be read first, and say what happened.
-                continue
-            self.stats.unconfirmed += 1
-            why = f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms"
-            log.warning("execution %s token %d: %s (the database out of reach or too slow, or this supervisor paused);"
-                        " another supervisor may hold it; killing worker pid %d and giving the lease back",
-                        delivery.lease.execution_id, delivery.lease.token, why, child.pid)
-            child.delivery = None
-            self.replace(child)  # killed and joined: it can do nothing more
-            self.end(delivery, Retry(why), now)
-
-    def stop_unconfirmed_shared(self, now: float) -> None:
-        """`stop_unconfirmed` in workers of several deliveries: each unconfirmed delivery is told
-        to stop, and its lease given back once it has (`done`); one that does not stop in time
-        gets its worker replaced (`beat`). Only once the earliest `held_until` has passed."""
-        if now < self.next_unconfirmed:
-            return
-        earliest = float("inf")
-        why = (f"no renewal has confirmed its lease for {self.cfg.lease_ms} ms (the database out of reach or too"
-               " slow, or this supervisor paused; another supervisor may hold it)")
-        for child in list(self.pool.children):
-            if not child.process.is_alive() or child.conn.poll(0):
-                # It exited, or it has reported: read that first (see `stop_unconfirmed`).
-                earliest = min([earliest, now] + [d.held_until for d in child.deliveries.values() if not d.lost])
-                continue
-            for delivery in list(child.deliveries.values()):
-                if delivery.lost:
-                    continue
-                if now < delivery.held_until:
-                    earliest = min(earliest, delivery.held_until)
-                    continue
-                self.stats.unconfirmed += 1
-                self.stop(child, delivery, why, now, release=True)
-        self.next_unconfirmed = earliest
-
-    def stop(self, child: Child, delivery: Delivery, why: str, now: float, *, release: bool = False) -> None:
-        """Tell `child`, a worker of several deliveries, to stop `delivery` and leave its others
-        running; `release`: give the lease back once it has stopped. No longer renewed from now
-        on; its worker is replaced if it has not reported within the heartbeat tolerance."""
-        delivery.lost = True
-        delivery.stop_sent_at, delivery.stop_why, delivery.release_on_stop = now, why, release
-        log.warning(STOP_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
-        child.send(Stop(delivery.lease.execution_id, delivery.lease.token))  # a dead one shows on its sentinel
-
-    def replace_and_release(self, child: Child, why: str, now: float) -> None:
-        """Kill `child`, a worker of several deliveries, make sure it is gone, start another in its
-        place, and give back the lease of every delivery it held, so that each is delivered again
-        at once instead of after its lease expires. (A release is fenced: one whose lease is lost
-        already is refused, and counted lost.)"""
-        deliveries = list(child.deliveries.values())
-        child.deliveries = {}
-        self.replace(child)  # killed and joined: it can write nothing more
-        for delivery in deliveries:
-            log.warning(RELEASE_LINE, delivery.lease.execution_id, delivery.lease.token, why)
-            self.end(delivery, Retry(why), now)
-
-    def lose(self, delivery: Delivery, why: str, now: float) -> None:
-        """The delivery ended in the ledger (lost, or cancelled): kill its child, which may be
-        inside a step calling the outside world, so that it stops at once."""
-        child = self.child_of(delivery)
-        if child is None or delivery.lost:
-            return  # it raced the acknowledgement of this delivery: the acknowledgement decides
-        if self.shared:
-            # Its report, if already sent, is read as usual; a `Stop` for a delivery that has
-            # ended is ignored by the worker.
-            self.stop(child, delivery, why, now)
-            return
-        # What it said already still counts, as when a worker dies (`child_died`): a report of
-        # this delivery waiting in its pipe settles it, and the worker, idle again, is kept.
-        while child.delivery is delivery and child.conn.poll(0):
-            self.receive(child, now)
-        if child.delivery is not delivery:
-            return
-        delivery.lost = True
-        self.stats.lost += 1
-        log.warning(LOST_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
-        child.delivery = None
-        self.replace(child)
-
-    # -- deliveries ended elsewhere -------------------------------------------------------------
-
-    def check_ended(self, now: float) -> None:
-        """Once a heartbeat, ask the ledger whether any running delivery has ended there (an
-        operator cancelled its execution): renewals alone would find out only at the next one."""
-        if self.checking_ended or now < self.next_ended_check:
-            return
-        running = [d for c in self.pool.children for d in c.deliveries.values() if not d.lost]
-        if running:
-            self.checking_ended = True
-            self.renewals.submit(Ended([d.lease for d in running], about=running))
-
     def on_ended(self, reply: Reply, now: float) -> None:
         self.checking_ended = False
         if reply.error is not None:
@@ -494,79 +358,6 @@ class DispatchLoop:
             if (delivery.lease.execution_id, delivery.lease.token) in ended:
                 self.lose(delivery,
                           "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)", now)
-
-    def child_of(self, delivery: Delivery) -> Optional[Child]:
-        return next((c for c in self.pool.children if c.deliveries.get(delivery.key) is delivery), None)
-
-    # -- heartbeats ------------------------------------------------------------------------------
-
-    def beat(self, now: float) -> None:
-        if now < self.next_beat:
-            return
-        self.next_beat = now + self.cfg.heartbeat_ms / 1000
-        limit = self.cfg.silent_limit_s
-        if self.last_beat_at is not None and now - self.last_beat_at > limit:
-            # This process itself was paused (SIGSTOP, an overloaded host): the children's
-            # silence is ours. Judge them from now on; renewals and the fence sort out leases.
-            log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at)
-            for child in self.pool.children:
-                child.last_answer = now
-                for delivery in child.deliveries.values():  # told to stop before the pause: from now on too
-                    if delivery.stop_sent_at is not None:
-                        delivery.stop_sent_at = now
-            # Its workers may have given up on it during the pause and be reporting so now: let
-            # them, and let the next renewal round decide about their leases, as before the pause.
-            self.next_ended_check = now + self.cfg.renew_ms / 1000
-        self.last_beat_at = now
-        self.check_ended(now)
-        for child in list(self.pool.children):
-            if not child.ready:
-                if now > child.start_deadline:
-                    log.error("worker pid %d did not load the app within %.0f s; replacing it",
-                              child.pid, self.pool.start_timeout_s)
-                    self.replace(child)
-                continue
-            delivery = child.delivery
-            expires = min((d.lease.expires_at for d in child.deliveries.values()), default=None)
-            if not child.send(Beat(expires)):
-                continue  # its death shows on its sentinel
-            if now - child.last_answer > limit:
-                # Frozen, or stuck in C code holding the GIL: no longer renewed (see renewable).
-                # Kill it and leave its lease to expire. An idle one too: it would be handed a
-                # lease it cannot run, and its pipe, unread, would fill up with beats until a send
-                # blocked this loop.
-                if self.shared and child.deliveries:
-                    self.stats.children_killed += 1
-                    self.replace_and_release(child, f"worker pid {child.pid} silent for"
-                                             f" {now - child.last_answer:.1f} s, killed and replaced", now)
-                    continue
-                if delivery is not None:
-                    log.warning("execution %s token %d: worker pid %d silent for %.1f s; killing and replacing it",
-                                delivery.lease.execution_id, delivery.lease.token, child.pid,
-                                now - child.last_answer)
-                else:
-                    log.warning("idle worker pid %d silent for %.1f s; killing and replacing it",
-                                child.pid, now - child.last_answer)
-                self.stats.children_killed += 1
-                child.delivery = None
-                self.replace(child)
-                continue
-            if self.shared:
-                self.replace_unstoppable(child, now, limit)
-
-    def replace_unstoppable(self, child: Child, now: float, limit: float) -> None:
-        """A worker of several deliveries, one of which was told to stop longer than the heartbeat
-        tolerance ago and has not reported (a sync step that sleeps, or code that ignores the
-        cancellation): it is replaced, and its other deliveries are given back at once."""
-        stuck = next((d for d in child.deliveries.values()
-                      if d.stop_sent_at is not None and now - d.stop_sent_at > limit), None)
-        if stuck is None:
-            return
-        log.warning("execution %s token %d: not stopped %.1f s after worker pid %d was told to stop it; killing"
-                    " and replacing the worker, and releasing its %d other deliveries", stuck.lease.execution_id,
-                    stuck.lease.token, now - stuck.stop_sent_at, child.pid, len(child.deliveries) - 1)
-        self.stats.children_killed += 1
-        self.replace_and_release(child, f"worker pid {child.pid} replaced: a delivery of it did not stop", now)
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -625,128 +416,6 @@ class DispatchLoop:
         if self.on_delivery is not None:
             self.on_delivery(lease.execution_id, lease.token, status, delivery.ms)
 
-    # -- children ------------------------------------------------------------------------------
-
-    def receive(self, child: Child, now: float) -> None:
-        """Handle one message from a child."""
-        try:
-            message = child.conn.recv()
-        except (EOFError, OSError):
-            self.child_died(child)  # its end of the pipe closed: it exited or was killed
-            return
-        child.last_answer = now
-        match message:
-            case Alive():
-                pass
-            case _ if not child.ready:
-                self.started(child, message)
-            case Done():
-                self.done(child, message, now)
-            case _:
-                log.error("unexpected message from worker pid %d: %r", child.pid, message)
-
-    def done(self, child: Child, report: Done, now: float) -> None:
-        """A child's report that it finished its delivery."""
-        self.claim_wanted = True
-        if self.shared:
-            delivery = child.deliveries.pop((report.execution_id, report.token), None)
-        else:
-            delivery = child.delivery
-            child.delivery = None
-            if delivery is not None and (delivery.lease.token != report.token or
-                                         delivery.lease.execution_id != report.execution_id):
-                delivery = None
-        if delivery is None:
-            log.error("worker pid %d reported %s token %s, which it was not running", child.pid, report.execution_id,
-                      report.token)
-            return
-        delivery.ms = report.ms
-        outcome = report.outcome
-        if delivery.release_on_stop and isinstance(outcome, LeaseLost):
-            outcome = Retry(delivery.stop_why)  # stopped unconfirmed: give the lease back
-        self.end(delivery, outcome, now)
-
-    def started(self, child: Child, message: FromChild) -> None:
-        """A child's first message: it loaded the app and may take deliveries, or it could not."""
-        match message:
-            case Ready():
-                log.info("worker %d is ready: it loaded the app in %.1f s", child.pid,
-                         time.monotonic() - child.launched)
-                child.ready, child.start_deadline = True, None
-                self.ever_ready = True
-                self.start_deaths = 0
-                self.claim_wanted = True
-                return
-            case LedgerNotOpened():  # the ledger, not the app: the message says what to do
-                self.fatal = self.fatal or LedgerUnusable(message.error)
-                return
-            case AppNotLoaded():
-                error = message.error  # "cannot load app APP: CAUSE", then the child's traceback
-            case _:
-                error = f"a worker process sent {message!r} before reporting that it loaded the app"
-        if not self.ever_ready:
-            raise AppLoadFailed(error)
-        # The app no longer loads (edited on disk?). A replacement would fail alike: run on with
-        # the children that remain, and stop only when none does.
-        log.error("%s\nrunning with 1 worker fewer", error)
-        self.pool.size -= 1
-        self.pool.remove(child)
-        if not self.pool.children:
-            raise AppLoadFailed(error)
-
-    def child_died(self, child: Child) -> None:
-        # What it said before it died still counts: a delivery it reported done is settled.
-        try:
-            while child.ready and child.deliveries and child.conn.poll(0):
-                message = child.conn.recv()
-                if isinstance(message, Done):
-                    self.done(child, message, time.monotonic())
-        except (EOFError, OSError):
-            pass
-        child.process.join(1)
-        delivery = child.delivery
-        self.stats.child_deaths += 1
-        if self.shared and child.deliveries:
-            self.replace_and_release(child, f"worker pid {child.pid} {describe_exit(child.process)} mid-delivery",
-                                     time.monotonic())
-            return
-        if delivery is not None:
-            log.warning("execution %s token %d: worker pid %d %s mid-delivery; its lease is left to expire",
-                        delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process))
-        elif not child.ready:
-            log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process))
-            self.start_deaths += 1
-            if not self.ever_ready and self.start_deaths >= START_ATTEMPTS * self.pool.size:
-                raise DiedWhileStarting(f"a worker process died while starting, {self.start_deaths} times in a row"
-                                        f" (last: {describe_exit(child.process)})")
-        else:
-            log.warning("idle worker pid %d %s; replacing it", child.pid, describe_exit(child.process))
-        child.delivery = None
-        self.replace(child)
-
-    def replace(self, child: Child) -> None:
-        """Kill `child` (confirmed gone) and start another in its place, unless stopping. A child
-        that cannot be started (no memory, no more processes) is tried again by `top_up`."""
-        if self.grace_deadline is not None:
-            self.pool.remove(child)
-            return
-        try:
-            self.pool.replace(child)
-        except OSError as exc:
-            log.error("could not replace a worker: %s", exc)
-            if child in self.pool.children:
-                self.pool.children.remove(child)
-
-    def top_up(self, now: float) -> None:
-        """Start the children the pool lacks: at start-up, and after a start that failed."""
-        if self.grace_deadline is not None or now < self.next_top_up:
-            return
-        try:
-            self.pool.top_up()
-        except OSError as exc:
-            log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc)
-            self.next_top_up = now + TOP_UP_RETRY_S
-
     # -- the files -----------------------------------------------------------------------------
 
     def check_files(self, now: float) -> None:
@@ -773,10 +442,7 @@ class DispatchLoop:
             # Once the grace period is over, only the settlements' replies (or their deadline)
             # are worth waking for.
             deadlines += [self.grace_deadline if self.grace_deadline > now else self.settle_deadline]
-        if self.shared:
-            held = [self.next_unconfirmed] if self.running() else []
-        else:
-            held = [c.delivery.held_until for c in self.pool.children if c.delivery is not None and not c.delivery.lost]
+        held = [self.next_unconfirmed] if self.running() else []
         if held or self.ending:
             deadlines.append(self.next_renewal)
         deadlines += held
