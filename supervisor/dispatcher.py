@@ -110,9 +110,6 @@ class SupervisorConfig:
         if self.workers is not None:
             if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
                 raise InvalidArgument(f"workers must be an int from 1 to {MAX_WORKERS}, got {self.workers!r}")
-            if self.workers > self.concurrency:
-                raise InvalidArgument(f"workers ({self.workers}) must be at most concurrency ({self.concurrency}):"
-                                      " a worker process runs at least one delivery")
         arguments.boolean("listen", self.listen)
         if not isinstance(self.grace_ms, int) or isinstance(self.grace_ms, bool) or self.grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be an int >= 0, got {self.grace_ms!r}")

@@ -340,7 +340,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
             delivery.renewing = False
         if reply.error is not None:
             return  # the leases have slack for the next round
-        for delivery, renewal in zip(deliveries, reply.value):
+        for delivery, renewal in zip(deliveries, reply.value, strict=True):
             if isinstance(renewal, Renewed):
                 delivery.lease = renewal.lease
                 # The ledger set the new expiry after the call was sent: it lasts at least this long.

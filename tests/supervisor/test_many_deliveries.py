@@ -69,7 +69,6 @@ def all_waiting_in_one_worker(db, tmp_path, supervisors, n: int):
 @pytest.mark.parametrize("args, says", [
     (("--concurrency", "300"), "--workers"),
     (("--concurrency", "20000", "--workers", "4"), "at most 10000"),
-    (("--concurrency", "4", "--workers", "8"), "workers (8) must be at most concurrency (4)"),
     (("--concurrency", "1000", "--workers", "257"), "workers must be an int from 1 to 256"),
 ])
 def test_workers_and_concurrency_out_of_bounds_are_refused_in_one_line_before_any_ledger(sqlite_path, args, says):
@@ -85,14 +84,34 @@ def test_the_config_says_how_many_processes_and_slots():
         SupervisorConfig(concurrency=257)
     with pytest.raises(ValueError, match="workers must be an int from 1 to 256"):
         SupervisorConfig(concurrency=300, workers=0)
-    with pytest.raises(ValueError, match="at most concurrency"):
-        SupervisorConfig(concurrency=2, workers=3)
     assert (SupervisorConfig(concurrency=256).processes, SupervisorConfig(concurrency=256).slots) == (256, 1)
     config = SupervisorConfig(concurrency=10_000, workers=256)
     assert (config.processes, config.slots) == (256, 40)
     config = SupervisorConfig(concurrency=10, workers=4)
     assert (config.processes, config.slots) == (4, 3)  # and at most 10 at once in all
+    config = SupervisorConfig(concurrency=2, workers=3)
+    assert (config.processes, config.slots) == (3, 1)  # P processes, as asked; at most 2 at once in all
 
+
+
+@pytest.mark.timeout(90)
+def test_more_workers_than_concurrency_start_as_asked_and_run_at_most_concurrency_at_once(
+        sqlite_path, sqlite_ledger, tmp_path, supervisors):
+    log, gate = str(tmp_path / "effects.log"), tmp_path / "gate"
+    ids = [f"e{i}" for i in range(6)]
+    for execution_id in ids:
+        admit(sqlite_path, execution_id, "sv.async_gate", {"log": log, "gate": str(gate)})
+    supervisor = supervisors.start(sqlite_path, concurrency=2, workers=4)
+    assert len(supervisor.workers()) == 4  # P processes, as SPEC section 10 says
+    wait_until(lambda: len(waiting(log)) >= 2, timeout=30, message="two deliveries waiting at the gate")
+    Path(gate).touch()
+    wait_until(lambda: statuses(sqlite_ledger, ids) == {"completed": 6}, timeout=30, message="all 6 completed")
+    # Never more than 2 deliveries at once, by the ledger's own history of every delivery.
+    spans = [(lease.claimed_at, lease.ended_at) for e in ids for lease in sqlite_ledger.executions.history(e)]
+    most = max(sum(1 for start, end in spans if start <= at < end) for at, _ in spans)
+    assert len(spans) == 6 and most <= 2, spans
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0
 
 # -- crashes ----------------------------------------------------------------------------------
 
