@@ -28,6 +28,8 @@ log = logging.getLogger("yieldstar.supervisor")
 # What the log says when a delivery is lost (the chaos checker counts these lines: `chaos.evidence`).
 LOST_LINE = "execution %s token %d: %s; killing worker pid %d so that it stops at once"
 RENEWAL_FOUND_LOST = "the lease is lost"
+# The same, found by the heartbeat's check of ended deliveries before a renewal found it.
+ENDED_IN_LEDGER = "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)"
 # The same, in a worker of several deliveries: that one is told to stop, the others run on.
 STOP_LINE = "execution %s token %d: %s; telling worker pid %d to stop it"
 

@@ -42,7 +42,7 @@ from typing import Callable, Optional
 
 from worker._runtime.protocol import Run
 
-from .lease_keeping import LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE, LeaseKeeping
+from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE, LeaseKeeping
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry
@@ -51,7 +51,8 @@ from .pool import Child, Delivery, Pool
 from .worker_watch import RELEASE_LINE, WorkerWatch
 
 __all__ = ["DispatchLoop", "ON_REPLY", "EXIT_STOPPED", "EXIT_KILLED", "EXIT_LEDGER_UNUSABLE",
-           "LOST_LINE", "RENEWAL_FOUND_LOST", "STOP_LINE", "RELEASE_LINE"]  # the log lines: `chaos.evidence`
+           # the log lines: `chaos.evidence`
+           "LOST_LINE", "RENEWAL_FOUND_LOST", "ENDED_IN_LEDGER", "STOP_LINE", "RELEASE_LINE"]
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -356,8 +357,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         ended = {(lease.execution_id, lease.token) for lease in reply.value}
         for delivery in reply.call.about:
             if (delivery.lease.execution_id, delivery.lease.token) in ended:
-                self.lose(delivery,
-                          "its delivery ended in the ledger (cancelled, or claimed again after its lease expired)", now)
+                self.lose(delivery, ENDED_IN_LEDGER, now)
 
     # -- outcomes ------------------------------------------------------------------------------
 

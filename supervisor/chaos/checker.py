@@ -442,8 +442,8 @@ class Checker(SharingChecks, FailureChecks):
         (the token's delivery was superseded); the rest raced their own holder's end (a renewal
         just after its acknowledgement)."""
         refusals, tracebacks = read_refusals(self.folder)
-        figures: dict = {kind: {"total": 0, "after_takeover": 0} for kind in ("worker_writes", "renewals",
-                                                                           "deliveries_lost")}
+        kinds = ("worker_writes", "renewals", "ended_in_ledger", "deliveries_lost")
+        figures: dict = {kind: {"total": 0, "after_takeover": 0} for kind in kinds}
         for kind, eid, token, _ in refusals:
             history = self.history.get(eid, [])
             superseded = 1 <= token <= len(history) and history[token - 1][6] == "superseded"

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Optional
 
 from worker.apps.chaos import EXTERNAL, STEP_LOG
 
-from ..loop import LOST_LINE, RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
+from ..loop import ENDED_IN_LEDGER, LOST_LINE, RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ REFUSALS = [
     # what the log line says, how to find the execution and token in it
     ("worker_writes", re.compile(r"execution (\S+) token (\d+): write of .* refused")),
     ("renewals", re.compile(r"execution (\S+) token (\d+): " + re.escape(RENEWAL_FOUND_LOST) + ";")),
+    # not a refusal: the heartbeat's check found the delivery ended before a renewal was refused
+    ("ended_in_ledger", re.compile(r"execution (\S+) token (\d+): " + re.escape(ENDED_IN_LEDGER) + ";")),
     ("deliveries_lost", re.compile(r"delivery execution=(\S+) token=(\d+) outcome=lost")),
 ]
 
@@ -88,7 +90,8 @@ def _supervisor_log_lines(folder: str) -> Iterator[tuple[int, str]]:
 def read_refusals(folder: str) -> tuple[list[tuple[str, str, int, int]], int]:
     """Stale operations the runtime refused, as the supervisors and their workers logged them:
     `(kind, execution, token, supervisor number)` for worker writes the fence refused, renewals
-    that found the lease lost, and deliveries that ended lost; and how many tracebacks the logs
+    that found the lease lost, deliveries the heartbeat's check found ended in the ledger (a
+    renewal would have been refused next), and deliveries that ended lost; and how many tracebacks the logs
     hold."""
     found = []
     tracebacks = 0

@@ -180,9 +180,11 @@ def summary_lines(report: dict) -> list[str]:
                  f"steps       {s.get('records', 0)} records (no step log: an app of your own)")
     if r:
         w, n, d = r["worker_writes"], r["renewals"], r["deliveries_lost"]
+        e = r.get("ended_in_ledger", {"total": 0})  # reports written before it was counted
         lines.append(f"stale       refused: {w['total']} worker writes ({w['after_takeover']} after a takeover),"
                      f" {n['total']} renewals ({n['after_takeover']} after a takeover, the rest just after their"
-                     f" own delivery ended); {d['total']} deliveries ended lost")
+                     f" own delivery ended); {e['total']} deliveries found ended in the ledger by the heartbeat's"
+                     f" check before a renewal; {d['total']} deliveries ended lost")
     ef = check.get("effects")
     if ef and evidence:
         lines.append(f"effects     {ef['effect_ids']} effect ids, {ef['settled']} settled;"

@@ -892,12 +892,16 @@ def test_a_short_chaos_run_with_workers_loses_nothing(tmp_path, each_backend, du
 
 def test_the_checker_counts_the_renewals_that_found_a_lease_lost_as_the_loop_logs_them(tmp_path):
     from supervisor.chaos.evidence import read_refusals
-    from supervisor.loop import LOST_LINE, RENEWAL_FOUND_LOST
+    from supervisor.loop import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 
     os.makedirs(tmp_path / "logs")
     lines = [LOST_LINE % ("e-1", 7, RENEWAL_FOUND_LOST, 4242),
-             LOST_LINE % ("e-2", 3, "its delivery ended in the ledger (cancelled)", 4243)]
+             LOST_LINE % ("e-2", 3, "some other reason", 4243),
+             # a worker of several deliveries is told to stop one, by either finding
+             STOP_LINE % ("e-3", 2, RENEWAL_FOUND_LOST, 4244),
+             STOP_LINE % ("e-4", 5, ENDED_IN_LEDGER, 4244)]
     (tmp_path / "logs" / "supervisor-002.log").write_text(
         "".join(f"2026-12-05 07:00:00,000 WARNING supervisor: {line}\n" for line in lines))
     found, tracebacks = read_refusals(str(tmp_path))
-    assert found == [("renewals", "e-1", 7, 2)] and tracebacks == 0
+    assert found == [("renewals", "e-1", 7, 2), ("renewals", "e-3", 2, 2), ("ended_in_ledger", "e-4", 5, 2)]
+    assert tracebacks == 0
