@@ -38,6 +38,7 @@ import inspect
 import json
 import threading
 import traceback
+from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import finite, identifier
@@ -55,6 +56,11 @@ from ._runtime.order import Order
 from ._runtime.unwinding import EndOfHistory, ReplayDiverged, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
+
+# The steps whose function encloses the code running now, as (id of their context, step key):
+# a step started in there is nested (its records say `"within"`), and an async suspension in
+# there must not wait for them to land (`AsyncWorkflowContext._drained`).
+_ENCLOSING: ContextVar[frozenset] = ContextVar("yieldstar_enclosing_steps", default=frozenset())
 PATCH_PREFIX = "@0:patch:"  # see the module doc
 MAX_PATCH_ID_LENGTH = 255 - len(PATCH_PREFIX)
 
@@ -287,12 +293,21 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def _reach(self, key: str) -> None:
         """The order rule for step `key`, before anything of it runs or is written (under the lock)."""
         detail, group = self._order.reach(key)
+        if (detail is not None or group is not None) and self._defers(key, group):
+            return  # decided by `AsyncWorkflowContext._settle_order`, before the step starts
+        self._reached(key, detail, group)
+
+    def _reached(self, key: str, detail: Optional[str], group: Optional[str]) -> None:
         if detail is not None:
             raise self._unwind(ReplayDiverged(detail))
         if group is not None:
             self._groups[key] = group
         if self._checking and not self._order.recorded(key):
             raise self._unwind(EndOfHistory(f"step {key!r} is not recorded yet"))
+
+    def _defers(self, key: str, group: Optional[str]) -> bool:
+        """Whether the verdict on step `key` waits for the workflow's other tasks (async only)."""
+        return False
 
     def _reach_together(self, keys: list[str], group: Optional[str]) -> None:
         """`_reach` for steps reached at once (a parallel call's items; an effect and its request)."""
@@ -340,6 +355,12 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             group = self._groups.get(key)
             if group is not None:
                 response["group"] = group
+        enclosing = _ENCLOSING.get()
+        if enclosing:
+            me = id(self)
+            within = next((outer for owner, outer in enclosing if owner == me and outer != key), None)
+            if within is not None:
+                response["within"] = within
         return response
 
     def _landed(self, key: str) -> None:
@@ -378,6 +399,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         if attempt is None:
             return replayed
         self._take_off(key)
+        enclosing = _ENCLOSING.set(_ENCLOSING.get() | {(id(self), key)})  # steps started in fn are nested
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -389,6 +411,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                                       " def workflow, with await ctx.run(...)")
             return self._step_done(key, attempt, value)
         finally:
+            _ENCLOSING.reset(enclosing)
             self._landed(key)
 
     def _step_start(self, key: str) -> tuple[Optional[int], Any]:

@@ -363,6 +363,92 @@ def test_a_gather_recorded_only_in_part_replays_and_runs_the_rest(ledger, clock,
     assert calls[cut] == 2 and all(calls[key] == 1 for key in others) and calls["after"] == 1
 
 
+@registry.workflow("gathered_v")
+async def gathered_v(ctx, input):
+    """A gather whose step keys the deployed code names (`code["keys"]`), then a pause."""
+    values = await asyncio.gather(*(ctx.run(key, called, key) for key in code["keys"]))
+    await ctx.sleep("pause", 1)
+    return values
+
+
+def test_a_gather_recorded_before_groups_existed_replays_in_any_order(ledger, clock):
+    """Old records carry no group: the gather's steps, recorded in the order they ended, are
+    reached within one pass of the event loop, which is enough."""
+    code["keys"] = ["a", "b", "c"]
+    ledger.executions.admit(EID, "gathered_v", "null")
+    lease = claim(ledger)
+    for key in ("c", "a", "b"):
+        ledger.heap.write_step(lease, step_key=key, step_attempt=1, done=True,
+                               step_response_json=json.dumps({"value": key}))
+    ledger.heap.write_step(lease, step_key="pause", step_attempt=1, done=True,
+                           step_response_json=json.dumps({"until": 0}))
+    ledger.executions.acknowledge(lease, Suspended())
+    ledger.executions.request_wake(EID, clock.now)
+
+    assert deliver(ledger) == Completed(json.dumps(["a", "b", "c"]))
+    assert calls == Counter()
+
+
+def test_a_step_of_a_gather_renamed_while_the_others_are_recorded_diverges(ledger, clock, each_backend,
+                                                                          db_snapshot):
+    code["keys"] = ["a", "b", "c"]
+    ledger.executions.admit(EID, "gathered_v", "null")
+    assert deliver(ledger) == Suspended()
+    calls.clear()
+    code["keys"] = ["a", "b-v2", "c"]
+
+    outcome = deploy_and_deliver(ledger, clock, each_backend, db_snapshot, [])
+
+    assert outcome == Suspended(diverged="recorded step 'b' was next, but the code reached 'b-v2'")
+
+
+def test_a_step_added_after_a_gather_diverges_and_one_beyond_the_history_runs(ledger, clock):
+    code["keys"] = ["a", "b"]
+    ledger.executions.admit(EID, "gathered_v", "null")
+    assert deliver(ledger) == Suspended()
+    code["keys"] = ["a", "b", "c"]
+    clock.advance(2_000)
+
+    assert deliver(ledger) == Suspended(diverged="recorded step 'pause' was next, but the code reached 'c'")
+
+
+def outer_step(ctx, key: str) -> str:
+    """A step that runs another step from inside its own function."""
+    return called(key) + "+" + ctx.run(f"{key}.inner", called, f"{key}.inner")
+
+
+async def async_outer_step(ctx, key: str) -> str:
+    return called(key) + "+" + await ctx.run(f"{key}.inner", called, f"{key}.inner")
+
+
+@registry.workflow("nested")
+def nested(ctx, input):
+    out = [ctx.run("outer", outer_step, ctx, "outer")]
+    ctx.sleep("pause", 1)
+    return [*out, ctx.run("after", called, "after")]
+
+
+@registry.workflow("anested")
+async def anested(ctx, input):
+    out = list(await asyncio.gather(ctx.run("outer", async_outer_step, ctx, "outer"), ctx.run("other", called, "other")))
+    await ctx.sleep("pause", 1)
+    return [*out, await ctx.run("after", called, "after")]
+
+
+@pytest.mark.parametrize("workflow, expected", [
+    ("nested", ["outer+outer.inner", "after"]), ("anested", ["outer+outer.inner", "other", "after"])])
+def test_steps_started_inside_a_replayed_step_are_not_waited_for(ledger, clock, workflow, expected):
+    ledger.executions.admit(EID, workflow, "null")
+    assert deliver(ledger) == Suspended()
+    inner = [json.loads(r.step_response_json) for r in ledger.executions.get_with_steps(EID)[1]
+             if r.step_key == "outer.inner"]
+    assert inner[0]["within"] == "outer"
+    clock.advance(2_000)
+
+    assert deliver(ledger) == Completed(json.dumps(expected))
+    assert calls["outer"] == 1 and calls["outer.inner"] == 1 and calls["after"] == 1
+
+
 def reversed_item(i: int) -> int:
     """Item i ends only once every later item of 0..3 has ended: recorded 3, 2, 1, 0."""
     deadline = time.monotonic() + 10
