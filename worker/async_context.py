@@ -49,7 +49,7 @@ from supervisor.ledger.errors import InvalidArgument
 from supervisor.ledger.values import HeapRecord
 
 from ._runtime.unwinding import ReplayDiverged, Suspend
-from .context import _ENCLOSING, Write, WorkflowContext
+from .context import _ENCLOSING, Write, WorkflowContext, enclosing_steps
 from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
@@ -198,7 +198,7 @@ class AsyncWorkflowContext(WorkflowContext):
         self._take_off(key)
         # What runs inside this step (tasks it starts included) is enclosed by it: a suspension
         # in there must not wait for this step to land, which waits for it.
-        enclosing = _ENCLOSING.set(_ENCLOSING.get() | {(id(self), key)})
+        enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -261,10 +261,10 @@ class AsyncWorkflowContext(WorkflowContext):
         """Return once no step of this delivery is in flight, but those enclosing the caller."""
         import asyncio
 
-        enclosing = _ENCLOSING.get()
+        enclosing = set(enclosing_steps(id(self)))
         while True:
             with self._lock:
-                if all((id(self), key) in enclosing for key in list(self._in_flight)):
+                if all(key in enclosing for key in list(self._in_flight)):
                     return
                 if self._landing is None:
                     self._landing = (asyncio.get_running_loop(), asyncio.Event())

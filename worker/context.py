@@ -57,10 +57,22 @@ from ._runtime.unwinding import EndOfHistory, ReplayDiverged, StopDelivery, Susp
 
 AUTO_PREFIX = "@"
 
-# The steps whose function encloses the code running now, as (id of their context, step key):
-# a step started in there is nested (its records say `"within"`), and an async suspension in
-# there must not wait for them to land (`AsyncWorkflowContext._drained`).
-_ENCLOSING: ContextVar[frozenset] = ContextVar("yieldstar_enclosing_steps", default=frozenset())
+# The steps whose function encloses the code running now, innermost first, as a chain of
+# (id of their context, step key, the chain outside it), or None: a step started in there is
+# nested (its records say `"within"`), and an async suspension in there must not wait for them
+# to land (`AsyncWorkflowContext._drained`). A chain of tuples costs one tuple per step.
+_ENCLOSING: ContextVar[Optional[tuple]] = ContextVar("yieldstar_enclosing_steps", default=None)
+
+
+def enclosing_steps(owner: int) -> list[str]:
+    """The keys of the steps of context `owner` whose function encloses the code running now,
+    innermost first."""
+    keys, link = [], _ENCLOSING.get()
+    while link is not None:
+        if link[0] == owner:
+            keys.append(link[1])
+        link = link[2]
+    return keys
 PATCH_PREFIX = "@0:patch:"  # see the module doc
 MAX_PATCH_ID_LENGTH = 255 - len(PATCH_PREFIX)
 
@@ -115,6 +127,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             if record.step_key.startswith(AUTO_PREFIX):
                 self._auto_recorded[int(record.step_key[1:].split(":", 1)[0])] = record.step_key
         self._order = Order(recorded)
+        self._history = bool(recorded)
         self._keys_used: set[str] = set()
         # The group each step's records carry, once it has one (it overlapped others, is an item
         # of `parallel`, or joined a group a crash left partly recorded), and the cluster of
@@ -122,6 +135,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         self._groups: dict[str, str] = {}
         self._cluster = ""
         self._cluster_members: list[str] = []
+        self._within: dict[str, str] = {}  # nested step -> the step whose function started it
         self._patches: dict[str, bool] = {}  # what `patched` answered, by patch id
         self._checking = False  # a check replay (`worker._runtime.check`): nothing runs, nothing is written
         self._auto_count = 0
@@ -292,7 +306,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _reach(self, key: str) -> None:
         """The order rule for step `key`, before anything of it runs or is written (under the lock)."""
+        if not self._history and not self._checking:
+            return  # nothing was recorded before this delivery: nothing to keep the order of
         detail, group = self._order.reach(key)
+        if detail is None and group is None and not self._checking:
+            return
         if (detail is not None or group is not None) and self._defers(key, group):
             return  # decided by `AsyncWorkflowContext._settle_order`, before the step starts
         self._reached(key, detail, group)
@@ -335,6 +353,15 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                 self._cluster = self._groups.get(key) or key
                 self._cluster_members = [key]
             self._in_flight[key] = key.startswith(AUTO_PREFIX)
+            if _ENCLOSING.get() is not None:
+                self._nest(key)
+
+    def _nest(self, key: str) -> None:
+        """Under the lock: if a step of this delivery encloses the code running now, `key` is
+        nested in it."""
+        outer = next((step for step in enclosing_steps(id(self)) if step != key), None)
+        if outer is not None:
+            self._within.setdefault(key, outer)
 
     def _join_cluster(self, key: str) -> None:
         """Under the lock, with steps in flight: `key` overlaps them, so it and they are a group."""
@@ -351,14 +378,14 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             with self._lock:
                 if self._in_flight:
                     self._join_cluster(key)
+                    if _ENCLOSING.get() is not None:
+                        self._nest(key)
         if self._groups:
             group = self._groups.get(key)
             if group is not None:
                 response["group"] = group
-        enclosing = _ENCLOSING.get()
-        if enclosing:
-            me = id(self)
-            within = next((outer for owner, outer in enclosing if owner == me and outer != key), None)
+        if self._within:
+            within = self._within.get(key)
             if within is not None:
                 response["within"] = within
         return response
@@ -399,7 +426,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         if attempt is None:
             return replayed
         self._take_off(key)
-        enclosing = _ENCLOSING.set(_ENCLOSING.get() | {(id(self), key)})  # steps started in fn are nested
+        enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))  # steps started in fn are nested
         try:
             try:
                 value = fn(*args, **kwargs)

@@ -65,6 +65,7 @@ from typing import Iterable, Optional
 # never parsed here.
 _GROUP_FIELD = '"group"'
 _WITHIN_FIELD = '"within"'
+_IN_ORDER = (None, None)
 
 
 class Order:
@@ -122,12 +123,22 @@ class Order:
             if self._next < len(self._groups) and self._groups[self._next] == key:
                 self._enter(self._next)  # the group this step started, left unrecorded by a crash
             return self.verdict(key), self.open_group()
-        if key not in self._reached:
-            self._reached.add(key)
-            if key not in self._nested:
-                self._remaining[block] -= 1
-        self._enter(block)
-        return (None if block < self._next else self._diverged(key)), None
+        # Each key is reached at most once in a run (the context refuses a key used twice).
+        self._reached.add(key)
+        if not self._nested or key not in self._nested:
+            self._remaining[block] -= 1
+        if block == self._next:  # the common case: the next block, in order
+            entered = self._entered
+            entered[block] = True
+            block += 1
+            while block < len(entered) and entered[block]:
+                block += 1
+            self._next = block
+            return _IN_ORDER
+        if block < self._next:
+            return _IN_ORDER
+        self._entered[block] = True
+        return self._diverged(key), None
 
     def reach_together(self, keys: list[str], group: Optional[str]) -> Optional[str]:
         """The steps `keys` are reached at once, as one step of group `group`. Returns the
@@ -146,7 +157,7 @@ class Order:
             if block not in blocks and (group is None or self._groups[block] != group):
                 return self._diverged(keys[0])
         for key in keys:
-            if key in self._block_of and key not in self._reached:
+            if key in self._block_of:
                 self._reached.add(key)
                 if key not in self._nested:
                     self._remaining[self._block_of[key]] -= 1
