@@ -73,6 +73,8 @@ def enclosing_steps(owner: int) -> list[str]:
             keys.append(link[1])
         link = link[2]
     return keys
+
+
 PATCH_PREFIX = "@0:patch:"  # see the module doc
 MAX_PATCH_ID_LENGTH = 255 - len(PATCH_PREFIX)
 
@@ -134,7 +136,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         # overlapping steps now in flight: its name and its members (see `worker._runtime.order`).
         self._groups: dict[str, str] = {}
         self._cluster = ""
-        self._cluster_members: list[str] = []
+        self._cluster_first = ""  # the step that started the cluster
+        self._cluster_size = 0
         self._within: dict[str, str] = {}  # nested step -> the step whose function started it
         self._patches: dict[str, bool] = {}  # what `patched` answered, by patch id
         self._checking = False  # a check replay (`worker._runtime.check`): nothing runs, nothing is written
@@ -300,14 +303,12 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             if key in self._keys_used:
                 raise InvalidArgument(f"step key {key!r} is used twice in one run of the workflow")
             self._keys_used.add(key)
-            if reach:
+            if reach and (self._history or self._checking):  # else nothing to keep the order of
                 self._reach(key)
             return key
 
     def _reach(self, key: str) -> None:
         """The order rule for step `key`, before anything of it runs or is written (under the lock)."""
-        if not self._history and not self._checking:
-            return  # nothing was recorded before this delivery: nothing to keep the order of
         detail, group = self._order.reach(key)
         if detail is None and group is None and not self._checking:
             return
@@ -346,12 +347,20 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`. It
         starts a cluster of overlapping steps, named after its group if it has one, else after
         itself, or joins the cluster of the steps in flight."""
+        if not self._in_flight:
+            # Alone, and so enclosed by no step: no lock. Threads that race here are items of one
+            # `parallel` call, whose records carry the call's key as their group whatever the
+            # cluster says.
+            self._cluster = self._groups.get(key) or key if self._groups else key
+            self._cluster_first, self._cluster_size = key, 1
+            self._in_flight[key] = key.startswith(AUTO_PREFIX)
+            return
         with self._lock:
             if self._in_flight:
                 self._join_cluster(key)
             else:
                 self._cluster = self._groups.get(key) or key
-                self._cluster_members = [key]
+                self._cluster_first, self._cluster_size = key, 1
             self._in_flight[key] = key.startswith(AUTO_PREFIX)
             if _ENCLOSING.get() is not None:
                 self._nest(key)
@@ -365,10 +374,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _join_cluster(self, key: str) -> None:
         """Under the lock, with steps in flight: `key` overlaps them, so it and they are a group."""
-        members = self._cluster_members
-        if len(members) == 1:
-            self._groups.setdefault(members[0], self._cluster)
-        members.append(key)
+        if self._cluster_size == 1:
+            self._groups.setdefault(self._cluster_first, self._cluster)
+        self._cluster_size += 1
         self._groups[key] = self._cluster
 
     def _grouped(self, key: str, response: dict) -> dict:
@@ -465,7 +473,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def _done_write(self, key: str, attempt: int, value: Any) -> tuple[Write, bool]:
         """What records `value`, and whether it records it as the step's value (not as an error)."""
         try:
-            return Write(key, attempt, True, _to_json(self._grouped(key, {"value": value}))), True
+            response = {"value": value}
+            if self._groups or self._within or len(self._in_flight) > 1:  # it may have a group
+                self._grouped(key, response)
+            return Write(key, attempt, True, _to_json(response)), True
         except (TypeError, ValueError) as exc:
             info = {"type": "NonSerialisableResult",
                     "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",

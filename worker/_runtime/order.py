@@ -72,24 +72,23 @@ class Order:
     """The blocks of an execution's records, and how far a replay entered them. Not thread-safe:
     the context calls it under its lock."""
 
-    __slots__ = ("_block_of", "_groups", "_members", "_entered", "_remaining", "_nested", "_reached",
-                 "_next", "reaches")
+    __slots__ = ("_block_of", "_groups", "_firsts", "_entered", "_nested", "_reached", "_next", "_others", "_last")
 
     def __init__(self, recorded: Iterable) -> None:
         self._block_of: dict[str, int] = {}  # recorded step key -> its block
         self._groups: list[Optional[str]] = []  # each block's group (None: a sequential step)
-        self._members: list[list[str]] = []  # each block's step keys, in record order
-        self._remaining: list[int] = []  # each block's steps not reached yet, nested ones aside
+        self._firsts: list[str] = []  # each block's first step key
         self._nested: set[str] = set()  # recorded steps started inside another step's function
-        self._reached: set[str] = set()
+        self._reached: set[str] = set()  # the steps of the last block reached, when it is a group
         self._next = 0  # the first block not entered
-        self.reaches = 0  # how many steps were reached: progress, for `_settle_order`
-        block_of, groups = self._block_of, self._groups
+        self._others = 0  # other reaches: progress, with `_next` and `_reached`
+        self._last: Optional[list[str]] = None  # the last block's steps, once asked for
+        block_of, groups, firsts = self._block_of, self._groups, self._firsts
+        group = previous = None
         for record in recorded:  # in write order: a key's first record places it
             key = record.step_key
             if key in block_of:
                 continue
-            group = None
             text = record.step_response_json
             if _GROUP_FIELD in text or _WITHIN_FIELD in text:
                 response = json.loads(text)
@@ -97,15 +96,17 @@ class Order:
                     group = response.get("group")
                     if response.get("within") is not None:
                         self._nested.add(key)
-            if group is None or not groups or groups[-1] != group:
+            if group is None or group != previous:
                 groups.append(group)
-                self._members.append([])
-                self._remaining.append(0)
-            block_of[key] = len(groups) - 1
-            self._members[-1].append(key)
-            if key not in self._nested:
-                self._remaining[-1] += 1
+                firsts.append(key)
+            block_of[key] = len(firsts) - 1
+            previous, group = group, None
         self._entered = [False] * len(groups)
+
+    @property
+    def reaches(self) -> int:
+        """How many reaches there were: progress, for `AsyncWorkflowContext._settle_order`."""
+        return self._next + len(self._reached) + self._others
 
     def recorded(self, key: str) -> bool:
         return key in self._block_of
@@ -117,16 +118,14 @@ class Order:
     def reach(self, key: str) -> tuple[Optional[str], Optional[str]]:
         """Step `key` is reached: `(detail, group)`, `detail` saying how the replay diverged
         there (None if it did not), `group` the recorded group a step with no record joins."""
-        self.reaches += 1
         block = self._block_of.get(key)
         if block is None:
+            self._others += 1
             if self._next < len(self._groups) and self._groups[self._next] == key:
                 self._enter(self._next)  # the group this step started, left unrecorded by a crash
             return self.verdict(key), self.open_group()
-        # Each key is reached at most once in a run (the context refuses a key used twice).
-        self._reached.add(key)
-        if not self._nested or key not in self._nested:
-            self._remaining[block] -= 1
+        if block == len(self._groups) - 1 and self._groups[block] is not None:
+            self._reached.add(key)
         if block == self._next:  # the common case: the next block, in order
             entered = self._entered
             entered[block] = True
@@ -143,7 +142,7 @@ class Order:
     def reach_together(self, keys: list[str], group: Optional[str]) -> Optional[str]:
         """The steps `keys` are reached at once, as one step of group `group`. Returns the
         divergence detail, or None."""
-        self.reaches += 1
+        self._others += 1
         blocks = {self._block_of[key] for key in keys if key in self._block_of}
         if not blocks:  # none recorded: as one step with no record
             if not keys or self._next == len(self._groups):
@@ -156,11 +155,7 @@ class Order:
         for block in range(self._next, last):
             if block not in blocks and (group is None or self._groups[block] != group):
                 return self._diverged(keys[0])
-        for key in keys:
-            if key in self._block_of:
-                self._reached.add(key)
-                if key not in self._nested:
-                    self._remaining[self._block_of[key]] -= 1
+        self._reached.update(key for key in keys if self._block_of.get(key) == len(self._groups) - 1)
         for block in range(self._next, last + 1):
             self._entered[block] = True
         self._enter(last)
@@ -178,15 +173,14 @@ class Order:
         of the last block's group not reached yet, if there is one (see `_settle_order`)."""
         if key in self._block_of or self.open_group() is None:
             return None
-        missing = next(k for k in self._members[-1] if k not in self._reached and k not in self._nested)
-        return f"recorded step {missing!r} was next, but the code reached {key!r}"
+        return f"recorded step {self._unreached()[0]!r} was next, but the code reached {key!r}"
 
     def left_behind(self, how: str) -> Optional[str]:
         """The detail for a workflow that ended (`how`: "returned", "raised") with a recorded
         block not entered, or None."""
         if self._next == len(self._groups):
             return None
-        return f"the workflow {how} while recorded step {self._members[self._next][0]!r} was not reached"
+        return f"the workflow {how} while recorded step {self._firsts[self._next]!r} was not reached"
 
     def _enter(self, block: int) -> None:
         entered = self._entered
@@ -198,10 +192,16 @@ class Order:
     def open_group(self) -> Optional[str]:
         """The group a step with no record joins: the last block's, while steps of it are still
         to be reached (a group a crash left partly recorded)."""
-        if self._remaining and self._groups[-1] is not None and self._remaining[-1] > 0 \
-                and self._next == len(self._groups):
+        if self._groups and self._groups[-1] is not None and self._next == len(self._groups) and self._unreached():
             return self._groups[-1]
         return None
 
+    def _unreached(self) -> list[str]:
+        """The steps of the last block not reached yet, nested ones aside."""
+        if self._last is None:
+            last = len(self._groups) - 1
+            self._last = [key for key, block in self._block_of.items() if block == last]
+        return [key for key in self._last if key not in self._reached and key not in self._nested]
+
     def _diverged(self, key: str) -> str:
-        return f"recorded step {self._members[self._next][0]!r} was next, but the code reached {key!r}"
+        return f"recorded step {self._firsts[self._next]!r} was next, but the code reached {key!r}"
