@@ -94,8 +94,8 @@ class AsyncWorkflowContext(WorkflowContext):
         super().__init__(*args, **kwargs)
         # Set, on the delivery's loop, whenever a step in flight lands (see `_drained`).
         self._landing: Optional[tuple[Any, Any]] = None  # (loop, asyncio.Event)
-        # Steps reached whose order verdict waits (`_settle_order`), with the group they join.
-        self._unsettled: dict[str, Optional[str]] = {}
+        # Steps reached whose order verdict waits (`_settle_order`), in the order they were reached.
+        self._unsettled: dict[str, None] = {}
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ class AsyncWorkflowContext(WorkflowContext):
     def _defers(self, key: str, group: Optional[str]) -> bool:
         if not _DEFERRABLE.get():
             return False
-        self._unsettled[key] = group
+        self._unsettled[key] = None
         return True
 
     async def _settle_order(self, key: str) -> None:
@@ -132,23 +132,23 @@ class AsyncWorkflowContext(WorkflowContext):
         while True:
             with self._lock:
                 self._guard()  # another task's verdict may have unwound the workflow meanwhile
-                detail = order.verdict(key) or order.unfinished_group(key)
+                detail = order.verdict(key)
                 reaches = order.reaches
             if detail is None:
                 break
             await asyncio.sleep(0)
             with self._lock:
                 if order.reaches == reaches:  # nobody else reached a step: the verdict stands
-                    detail = order.verdict(key) or order.unfinished_group(key)
+                    detail = order.verdict(key)
                     if detail is not None:
                         # Blame the first step reached that still breaks the order, if another
                         # one waits too: the others may only follow from it.
-                        first = next(waiting for waiting in self._unsettled
-                                     if order.verdict(waiting) or order.unfinished_group(waiting))
-                        detail = order.verdict(first) or order.unfinished_group(first)
+                        first = next(waiting for waiting in self._unsettled if order.verdict(waiting))
+                        detail = order.verdict(first)
                         raise self._unwind(ReplayDiverged(detail))
         with self._lock:
-            self._reached(key, None, self._unsettled.pop(key))
+            del self._unsettled[key]
+            self._reached(key, None, None if order.recorded(key) else order.open_group())
 
     async def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,  # type: ignore[override]
                        max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:

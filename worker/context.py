@@ -312,7 +312,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         detail, group = self._order.reach(key)
         if detail is None and group is None and not self._checking:
             return
-        if (detail is not None or group is not None) and self._defers(key, group):
+        if detail is not None and self._defers(key, group):
             return  # decided by `AsyncWorkflowContext._settle_order`, before the step starts
         self._reached(key, detail, group)
 

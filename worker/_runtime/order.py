@@ -34,16 +34,17 @@ Async workflows: steps started together. In an `async def` workflow, `ctx.run` (
 new step (`AsyncWorkflowContext._settle_order`), then decides again: the steps of an
 `asyncio.gather` reach their keys within one pass of the event loop, so a gather recorded before
 groups existed (its records in the order its steps ended) replays, while sequential code that
-took another order still diverges. A step with no record reached while the last block's group
-still has steps not reached waits the same way, and diverges if they stay unreached: a step of a
-gather renamed, while the group's others are recorded, is not taken for one a crash left
-unrecorded. Nested steps (`"within"`) are not waited for: a replayed step does not call its
-function, so the steps inside it are never reached again.
+took another order still diverges. Nothing of the waiting step runs or is written meanwhile.
 
-What the rule cannot see: a step added to, or removed from, a parallel group whose other steps
-are recorded, in a sync workflow (`ctx.parallel` items are numbered, so their call key is what
-must match); and a step of a gather renamed in a gather whose steps await other things than
-steps before they start theirs.
+Nested steps (`"within"`) are never waited for: a replayed step does not call its function, so
+the steps started inside it are never reached again. They do not keep a group open either.
+
+What the rule cannot see, by design (a replay of unchanged code must never be parked, and a
+crash may leave any part of a group unrecorded): inside a group, only that it was entered. A step
+of a group added, removed or renamed while other steps of the group are recorded is not flagged
+when the group is the last block of the records (its later steps not recorded yet); the new step
+runs. After a group, the next recorded block must still be met: a renamed step of a group that
+is not the last block is flagged, since a crash cannot leave a step unrecorded there.
 
 Groups are written by the run (`worker.context`): a step takes off into the current *cluster*
 of overlapping steps (a new one, named after it, when no step is in flight), and any record
@@ -167,13 +168,6 @@ class Order:
         if block is None:
             return None if self._next == len(self._groups) else self._diverged(key)
         return None if block < self._next else self._diverged(key)
-
-    def unfinished_group(self, key: str) -> Optional[str]:
-        """For a step `key` with no record, reached beyond the history: the detail naming a step
-        of the last block's group not reached yet, if there is one (see `_settle_order`)."""
-        if key in self._block_of or self.open_group() is None:
-            return None
-        return f"recorded step {self._unreached()[0]!r} was next, but the code reached {key!r}"
 
     def left_behind(self, how: str) -> Optional[str]:
         """The detail for a workflow that ended (`how`: "returned", "raised") with a recorded
