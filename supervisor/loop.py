@@ -45,7 +45,7 @@ from worker._runtime.protocol import Run
 from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE, LeaseKeeping
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
-from .ledger.values import LeaseLost, Renewed, Retry
+from .ledger.values import LeaseLost, Renewed, Retry, Suspended
 from .ledger_calls import Acknowledge, Call, Claim, Ended, LedgerCalls, NextReadyAt, Release, Renew, Reply, Wakeup
 from .pool import Child, Delivery, Pool
 from .worker_watch import RELEASE_LINE, WorkerWatch
@@ -406,6 +406,9 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         else:
             setattr(self.stats, outcome.status, getattr(self.stats, outcome.status) + 1)
             status = outcome.status
+            if isinstance(outcome, Suspended) and outcome.diverged is not None:
+                log.warning("execution %s token %d diverged from its recorded steps and is parked: %s",
+                            delivery.lease.execution_id, delivery.lease.token, outcome.diverged)
         self.settled(delivery, status)
         self.claim_wanted = True
 

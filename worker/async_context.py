@@ -48,15 +48,15 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.ledger.values import HeapRecord
 
-from ._runtime.unwinding import Suspend
-from .context import Write, WorkflowContext
+from ._runtime.unwinding import ReplayDiverged, Suspend
+from .context import _ENCLOSING, Write, WorkflowContext, enclosing_steps
 from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
 
 
-# The steps whose function encloses the code running now, as (id of their context, step key).
-_ENCLOSING: ContextVar[frozenset] = ContextVar("yieldstar_enclosing_steps", default=frozenset())
+# Set while `ctx.run` (or `ctx.effect`) takes its step key: an order verdict may wait then.
+_DEFERRABLE: ContextVar[bool] = ContextVar("yieldstar_order_deferrable", default=False)
 
 
 def is_async_workflow(fn: Callable) -> bool:
@@ -94,6 +94,8 @@ class AsyncWorkflowContext(WorkflowContext):
         super().__init__(*args, **kwargs)
         # Set, on the delivery's loop, whenever a step in flight lands (see `_drained`).
         self._landing: Optional[tuple[Any, Any]] = None  # (loop, asyncio.Event)
+        # Steps reached whose order verdict waits (`_settle_order`), in the order they were reached.
+        self._unsettled: dict[str, None] = {}
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -103,8 +105,50 @@ class AsyncWorkflowContext(WorkflowContext):
         return await self._settled(functools.partial(self._run, key_or_fn, args, kwargs, retry))
 
     async def _run(self, key_or_fn: Any, args: tuple, kwargs: dict, retry: Optional[RetryPolicy]) -> Any:
-        key, fn, args = self._step_call(key_or_fn, args, retry)
+        deferrable = _DEFERRABLE.set(True)
+        try:
+            key, fn, args = self._step_call(key_or_fn, args, retry)
+        finally:
+            _DEFERRABLE.reset(deferrable)
+        if self._unsettled:
+            await self._settle_order(key)
         return await self._astep(key, fn, args, kwargs, retry)
+
+    def _defers(self, key: str, group: Optional[str]) -> bool:
+        if not _DEFERRABLE.get():
+            return False
+        self._unsettled[key] = None
+        return True
+
+    async def _settle_order(self, key: str) -> None:
+        """Decide on step `key`, whose order verdict waits (see `worker._runtime.order`, "Async
+        workflows"): let the workflow's other tasks run until none reaches a step any more, then
+        judge again. Nothing of the step has run or been written meanwhile."""
+        import asyncio
+
+        if key not in self._unsettled:
+            return
+        order = self._order
+        while True:
+            with self._lock:
+                self._guard()  # another task's verdict may have unwound the workflow meanwhile
+                detail = order.verdict(key)
+                reaches = order.reaches
+            if detail is None:
+                break
+            await asyncio.sleep(0)
+            with self._lock:
+                if order.reaches == reaches:  # nobody else reached a step: the verdict stands
+                    detail = order.verdict(key)
+                    if detail is not None:
+                        # Blame the first step reached that still breaks the order, if another
+                        # one waits too: the others may only follow from it.
+                        first = next(waiting for waiting in self._unsettled if order.verdict(waiting))
+                        detail = order.verdict(first)
+                        raise self._unwind(ReplayDiverged(detail))
+        with self._lock:
+            del self._unsettled[key]
+            self._reached(key, None, None if order.recorded(key) else order.open_group())
 
     async def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,  # type: ignore[override]
                        max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
@@ -129,7 +173,13 @@ class AsyncWorkflowContext(WorkflowContext):
         return await self._settled(functools.partial(self._effect, key, fn, retry))
 
     async def _effect(self, key: str, fn: Callable[[str], Any], retry: Optional[RetryPolicy]) -> Any:
-        key = self._named_key(key)
+        deferrable = _DEFERRABLE.set(True)
+        try:
+            key = self._named_key(key)
+        finally:
+            _DEFERRABLE.reset(deferrable)
+        if self._unsettled:
+            await self._settle_order(key)
         effect_id = self._derived_id(key)
 
         async def perform() -> Any:
@@ -148,7 +198,7 @@ class AsyncWorkflowContext(WorkflowContext):
         self._take_off(key)
         # What runs inside this step (tasks it starts included) is enclosed by it: a suspension
         # in there must not wait for this step to land, which waits for it.
-        enclosing = _ENCLOSING.set(_ENCLOSING.get() | {(id(self), key)})
+        enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -211,10 +261,10 @@ class AsyncWorkflowContext(WorkflowContext):
         """Return once no step of this delivery is in flight, but those enclosing the caller."""
         import asyncio
 
-        enclosing = _ENCLOSING.get()
+        enclosing = set(enclosing_steps(id(self)))
         while True:
             with self._lock:
-                if all((id(self), key) in enclosing for key in list(self._in_flight)):
+                if all(key in enclosing for key in list(self._in_flight)):
                     return
                 if self._landing is None:
                     self._landing = (asyncio.get_running_loop(), asyncio.Event())

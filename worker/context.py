@@ -9,10 +9,19 @@ Step records are JSON objects: `{"value": v}` for a result, `{"error": {type, me
 traceback}, "retry_at": ms | null}` for a failed attempt (`done` is false while another attempt
 is scheduled), `{"until": ms}` for a timer.
 
+A record written while other steps overlapped it carries `"group": <name>` as well (see
+`worker._runtime.order`, which also states the order rule every replay keeps: a replay that
+breaks it parks the execution, `ReplayDiverged`, before anything runs or is written).
+
 Unnamed steps, `ctx.run(fn, *args)`, are keyed `@<n>:<qualified name of fn>`, where n counts the
 unnamed steps of the workflow in call order from 1. A replay that reaches unnamed step n with a
-different function than the one recorded there raises `ReplayDiverged`: the workflow code
-changed, or it took a different path, and its records can no longer be trusted to line up.
+different function than the one recorded there has diverged: the workflow code changed, or it
+took a different path, and its records can no longer be trusted to line up.
+
+Patch markers, `ctx.patched(patch_id)`, are keyed `@0:patch:<patch_id>` and record `{"value":
+true}`. Named keys may not start with `@` and unnamed steps count from 1, so a marker's key is
+nobody else's (and a release that knows no patches reads it as unnamed step 0, which it never
+reaches).
 
 Steps may overlap (`asyncio.gather` of `ctx.run` calls, `ctx.parallel`), so the context's
 bookkeeping is shared by the threads and tasks of one delivery. A step is *in flight* from the
@@ -29,6 +38,7 @@ import inspect
 import json
 import threading
 import traceback
+from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import finite, identifier
@@ -42,9 +52,31 @@ from .parallel import ParallelMixin
 from .retry import RetryableError, RetryPolicy
 from .starts import StartsMixin
 from .stores import StoresMixin
-from ._runtime.unwinding import ReplayDiverged, StopDelivery, Suspend
+from ._runtime.order import Order
+from ._runtime.unwinding import EndOfHistory, ReplayDiverged, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
+
+# The steps whose function encloses the code running now, innermost first, as a chain of
+# (id of their context, step key, the chain outside it), or None: a step started in there is
+# nested (its records say `"within"`), and an async suspension in there must not wait for them
+# to land (`AsyncWorkflowContext._drained`). A chain of tuples costs one tuple per step.
+_ENCLOSING: ContextVar[Optional[tuple]] = ContextVar("yieldstar_enclosing_steps", default=None)
+
+
+def enclosing_steps(owner: int) -> list[str]:
+    """The keys of the steps of context `owner` whose function encloses the code running now,
+    innermost first."""
+    keys, link = [], _ENCLOSING.get()
+    while link is not None:
+        if link[0] == owner:
+            keys.append(link[1])
+        link = link[2]
+    return keys
+
+
+PATCH_PREFIX = "@0:patch:"  # see the module doc
+MAX_PATCH_ID_LENGTH = 255 - len(PATCH_PREFIX)
 
 # One encoder for every record: `json.dumps(..., allow_nan=False)` builds a new one per call.
 _to_json = json.JSONEncoder(allow_nan=False).encode
@@ -96,7 +128,19 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             self._recorded[record.step_key] = record
             if record.step_key.startswith(AUTO_PREFIX):
                 self._auto_recorded[int(record.step_key[1:].split(":", 1)[0])] = record.step_key
+        self._order = Order(recorded)
+        self._history = bool(recorded)
         self._keys_used: set[str] = set()
+        # The group each step's records carry, once it has one (it overlapped others, is an item
+        # of `parallel`, or joined a group a crash left partly recorded), and the cluster of
+        # overlapping steps now in flight: its name and its members (see `worker._runtime.order`).
+        self._groups: dict[str, str] = {}
+        self._cluster = ""
+        self._cluster_first = ""  # the step that started the cluster
+        self._cluster_size = 0
+        self._within: dict[str, str] = {}  # nested step -> the step whose function started it
+        self._patches: dict[str, bool] = {}  # what `patched` answered, by patch id
+        self._checking = False  # a check replay (`worker._runtime.check`): nothing runs, nothing is written
         self._auto_count = 0
         # Guards the claims of step keys (a check, then an add) against the threads of parallel
         # steps. `_in_flight` is changed by one dict operation at a time, each atomic, and read
@@ -143,6 +187,39 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             raise InvalidArgument(f"when must be an aware datetime or seconds since the epoch, got {when!r}")
         self._timer(self._named_key(key), lambda now: target)
 
+    # -- deploys -----------------------------------------------------------------------------
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this execution takes the patched path `patch_id` (not awaited, in an async
+        workflow too): True for a run beyond its recorded history (which records a marker step)
+        and for a replay that meets its recorded marker; False for a replay that reaches it
+        where recorded steps remain and no marker was recorded there (nothing is recorded: the
+        execution keeps its old path). The answer holds for the rest of the run.
+
+        Raises:
+            InvalidArgument: `patch_id` is not a non-empty str of at most 246 characters without
+                control characters (nothing is written).
+        """
+        if not isinstance(patch_id, str):
+            raise InvalidArgument(f"patch id must be a str, not {type(patch_id).__name__}")
+        if len(patch_id) > MAX_PATCH_ID_LENGTH:
+            raise InvalidArgument(f"patch id is {len(patch_id)} characters long; at most {MAX_PATCH_ID_LENGTH}"
+                                  f" are allowed (its marker step key adds the prefix {PATCH_PREFIX!r})")
+        identifier("patch id", patch_id)
+        key = PATCH_PREFIX + patch_id
+        with self._lock:
+            self._guard()
+            known = self._patches.get(patch_id)
+            if known is not None:
+                return known
+            if not self._order.recorded(key) and not self._order.beyond_history():
+                self._patches[patch_id] = False  # the old path: recorded steps are still to come
+                return False
+            self._claim_key(key)  # may diverge: a recorded marker met out of its order
+            self._patches[patch_id] = True
+        self._recorded_step(key, lambda: True)
+        return True
+
     # -- internals ---------------------------------------------------------------------------
 
     def _step_call(self, key_or_fn: Any, args: tuple, retry: Any) -> tuple[str, Callable, tuple]:
@@ -187,11 +264,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         self._unwound = exc
         return exc
 
-    def _named_key(self, key: str) -> str:
+    def _named_key(self, key: str, reach: bool = True) -> str:
         identifier("step key", key)
         if key.startswith(AUTO_PREFIX):
             raise InvalidArgument(f"step key {key!r} may not start with {AUTO_PREFIX!r}: that is kept for unnamed steps")
-        return self._claim_key(key)
+        return self._claim_key(key, reach)
 
     def _auto_key(self, fn: Callable) -> str:
         name = getattr(fn, '__qualname__', type(fn).__name__)
@@ -210,13 +287,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             key = f"{AUTO_PREFIX}{n}:{name}"[:255]
             recorded = self._auto_recorded.get(n)
             if recorded is not None and recorded != key:
-                raise self._unwind(ReplayDiverged(
-                    f"unnamed step {n} was recorded as {recorded!r} but the replay reached {key!r}:"
-                    " the workflow no longer takes the path it took when these steps were recorded"
-                ))
+                raise self._unwind(ReplayDiverged(f"recorded step {recorded!r} was next, but the code reached {key!r}"))
             return self._claim_key(key)
 
-    def _claim_key(self, key: str) -> str:
+    def _claim_key(self, key: str, reach: bool = True) -> str:
         with self._lock:
             self._guard()
             # Steps in flight are rare when a step starts; an unnamed one among them rarer still.
@@ -229,18 +303,107 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             if key in self._keys_used:
                 raise InvalidArgument(f"step key {key!r} is used twice in one run of the workflow")
             self._keys_used.add(key)
+            if reach and (self._history or self._checking):  # else nothing to keep the order of
+                self._reach(key)
             return key
 
+    def _reach(self, key: str) -> None:
+        """The order rule for step `key`, before anything of it runs or is written (under the lock)."""
+        detail, group = self._order.reach(key)
+        if detail is None and group is None and not self._checking:
+            return
+        if detail is not None and self._defers(key, group):
+            return  # decided by `AsyncWorkflowContext._settle_order`, before the step starts
+        self._reached(key, detail, group)
+
+    def _reached(self, key: str, detail: Optional[str], group: Optional[str]) -> None:
+        if detail is not None:
+            raise self._unwind(ReplayDiverged(detail))
+        if group is not None:
+            self._groups[key] = group
+        if self._checking and not self._order.recorded(key):
+            raise self._unwind(EndOfHistory(f"step {key!r} is not recorded yet"))
+
+    def _defers(self, key: str, group: Optional[str]) -> bool:
+        """Whether the verdict on step `key` waits for the workflow's other tasks (async only)."""
+        return False
+
+    def _reach_together(self, keys: list[str], group: Optional[str]) -> None:
+        """`_reach` for steps reached at once (a parallel call's items; an effect and its request)."""
+        with self._lock:
+            detail = self._order.reach_together(keys, group)
+            if detail is not None:
+                raise self._unwind(ReplayDiverged(detail))
+            if self._checking and not all(self._order.recorded(key) for key in keys):
+                raise self._unwind(EndOfHistory(f"step {keys[0]!r} is not recorded yet"))
+
+    def _left_behind(self, how: str) -> Optional[str]:
+        """The divergence detail of a workflow that `how` ("returned", "raised") with recorded
+        steps not reached, or None."""
+        with self._lock:
+            return self._order.left_behind(how)
+
     def _take_off(self, key: str) -> None:
-        """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`."""
-        self._in_flight[key] = key.startswith(AUTO_PREFIX)
+        """Step `key` began (`_step_start` said it runs): it is in flight until `_landed`. It
+        starts a cluster of overlapping steps, named after its group if it has one, else after
+        itself, or joins the cluster of the steps in flight."""
+        if not self._in_flight:
+            # Alone, and so enclosed by no step: no lock. Threads that race here are items of one
+            # `parallel` call, whose records carry the call's key as their group whatever the
+            # cluster says.
+            self._cluster = self._groups.get(key) or key if self._groups else key
+            self._cluster_first, self._cluster_size = key, 1
+            self._in_flight[key] = key.startswith(AUTO_PREFIX)
+            return
+        with self._lock:
+            if self._in_flight:
+                self._join_cluster(key)
+            else:
+                self._cluster = self._groups.get(key) or key
+                self._cluster_first, self._cluster_size = key, 1
+            self._in_flight[key] = key.startswith(AUTO_PREFIX)
+            if _ENCLOSING.get() is not None:
+                self._nest(key)
+
+    def _nest(self, key: str) -> None:
+        """Under the lock: if a step of this delivery encloses the code running now, `key` is
+        nested in it."""
+        outer = next((step for step in enclosing_steps(id(self)) if step != key), None)
+        if outer is not None:
+            self._within.setdefault(key, outer)
+
+    def _join_cluster(self, key: str) -> None:
+        """Under the lock, with steps in flight: `key` overlaps them, so it and they are a group."""
+        if self._cluster_size == 1:
+            self._groups.setdefault(self._cluster_first, self._cluster)
+        self._cluster_size += 1
+        self._groups[key] = self._cluster
+
+    def _grouped(self, key: str, response: dict) -> dict:
+        """`response` with its step's group, if it has one; a record written while steps are in
+        flight (a timer's, a start's) joins their cluster."""
+        if self._in_flight and key not in self._in_flight:
+            with self._lock:
+                if self._in_flight:
+                    self._join_cluster(key)
+                    if _ENCLOSING.get() is not None:
+                        self._nest(key)
+        if self._groups:
+            group = self._groups.get(key)
+            if group is not None:
+                response["group"] = group
+        if self._within:
+            within = self._within.get(key)
+            if within is not None:
+                response["within"] = within
+        return response
 
     def _landed(self, key: str) -> None:
         """Step `key` is no longer in flight: its outcome is recorded, or it never will be."""
         self._in_flight.pop(key, None)
 
     def _write(self, key: str, attempt: int, done: bool, response: dict) -> HeapRecord:
-        return self._record(Write(key, attempt, done, _to_json(response)))
+        return self._record(Write(key, attempt, done, _to_json(self._grouped(key, response))))
 
     def _record(self, write: Write) -> HeapRecord:
         record = self._writer.write_step(write.key, write.attempt, write.done, write.response_json)
@@ -271,6 +434,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         if attempt is None:
             return replayed
         self._take_off(key)
+        enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))  # steps started in fn are nested
         try:
             try:
                 value = fn(*args, **kwargs)
@@ -282,6 +446,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                                       " def workflow, with await ctx.run(...)")
             return self._step_done(key, attempt, value)
         finally:
+            _ENCLOSING.reset(enclosing)
             self._landed(key)
 
     def _step_start(self, key: str) -> tuple[Optional[int], Any]:
@@ -296,6 +461,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             attempt = record.attempt + 1
             if retry_at is not None and self._now() < retry_at:
                 self._suspend_until(retry_at)
+        if self._checking:
+            raise self._unwind(EndOfHistory(f"step {key!r} would run"))
         return attempt, None
 
     def _step_done(self, key: str, attempt: int, value: Any) -> Any:
@@ -306,12 +473,15 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def _done_write(self, key: str, attempt: int, value: Any) -> tuple[Write, bool]:
         """What records `value`, and whether it records it as the step's value (not as an error)."""
         try:
-            return Write(key, attempt, True, _to_json({"value": value})), True
+            response = {"value": value}
+            if self._groups or self._within or len(self._in_flight) > 1:  # it may have a group
+                self._grouped(key, response)
+            return Write(key, attempt, True, _to_json(response)), True
         except (TypeError, ValueError) as exc:
             info = {"type": "NonSerialisableResult",
                     "message": f"step {key!r} returned a value that is not JSON-serialisable: {exc}",
                     "traceback": None}
-            return Write(key, attempt, True, _to_json({"error": info, "retry_at": None})), False
+            return Write(key, attempt, True, _to_json(self._grouped(key, {"error": info, "retry_at": None}))), False
 
     def _done_value(self, key: str, value: Any, write: Write, as_value: bool, record: HeapRecord) -> Any:
         if as_value and type(value) in _JSON_SCALARS and record.step_response_json == write.response_json:
@@ -333,8 +503,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         info = error_info(exc)
         if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
-            return Write(key, attempt, False, _to_json({"error": info, "retry_at": retry_at}))
-        return Write(key, attempt, True, _to_json({"error": info, "retry_at": None}))
+            return Write(key, attempt, False, _to_json(self._grouped(key, {"error": info, "retry_at": retry_at})))
+        return Write(key, attempt, True, _to_json(self._grouped(key, {"error": info, "retry_at": None})))
 
     def _replay(self, key: str, record: HeapRecord) -> Any:
         response = json.loads(record.step_response_json)

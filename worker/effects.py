@@ -31,7 +31,7 @@ class EffectsMixin:
         settles the effect from outside (`backend.effects.settle` or `yieldstar settle`).
         Returns the settled result (the first one kept, whoever settled it).
         """
-        key = self._named_key(key)
+        key = self._named_key(key, reach=not external)  # an external one is reached with its request
         effect_id = self._derived_id(key)
         if external:
             return self._external_effect(key, effect_id, fn)
@@ -57,7 +57,8 @@ class EffectsMixin:
     def _external_effect(self, key: str, effect_id: str, fn: Callable[[str], Any]) -> Any:
         # The request is a step of its own, and its key is taken like any other: a step the
         # workflow itself names `<key>#requested` is refused, instead of standing in for it.
-        requested = self._claim_key(f"{key}#requested")
+        requested = self._claim_key(f"{key}#requested", reach=False)
+        self._reach_together([key, requested], None)
         record = self._recorded.get(key)
         if record is not None:
             return self._replay(key, record)

@@ -99,8 +99,12 @@ class ParallelMixin:
             taken = [k for k in keys if k in self._keys_used]
             if taken:
                 raise InvalidArgument(f"step key {taken[0]!r} is used twice in one run of the workflow")
-            self._named_key(key)
+            self._named_key(key, reach=False)
             self._keys_used.update(keys)
+            # The items are one step for the order rule, and one group in the records.
+            self._reach_together(keys, key)
+            for item_key in keys:
+                self._groups.setdefault(item_key, key)
         return ParallelCall(keys, items, min(max_concurrency or len(items), len(items)))
 
     def _parallel_outcomes(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]

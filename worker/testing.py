@@ -8,7 +8,8 @@
 Timers and retry backoffs do not wait: whenever nothing is claimable, the fake clock jumps to
 the execution's next due time. A delivery that meets a storage error is released and delivered
 again, as a supervisor would; one that finds the ledger unusable (corrupt, say) raises
-`WorkflowStuck` naming the error instead of trying again.
+`WorkflowStuck` naming the error instead of trying again, and so does a replay that diverged
+from the execution's recorded steps (SPEC section 11), with the divergence's detail.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
         outcome = run_delivery(backend, lease, registry, claimed_at=lease.expires_at - lease_ms)
         if isinstance(outcome, (Suspended, Completed, Failed)):
             backend.executions.acknowledge(lease, outcome)
+            if isinstance(outcome, Suspended) and outcome.diverged is not None:
+                raise WorkflowStuck(f"execution {execution_id!r} diverged from its recorded steps and is parked:"
+                                    f" {outcome.diverged}")
         elif isinstance(outcome, Retry):
             if outcome.storage_error not in (None, *TRANSIENT_KINDS):
                 raise WorkflowStuck(f"execution {execution_id!r} cannot go on: the ledger is unusable"

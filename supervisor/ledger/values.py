@@ -145,6 +145,9 @@ class LeaseRecord:
 
 @dataclass(frozen=True)
 class Suspended:
+    # Set when the replay diverged from the recorded steps (SPEC section 11): one line naming the
+    # recorded step and the step the code reached; the acknowledgement parks the execution.
+    diverged: Optional[str] = None
     status: ClassVar[str] = "suspended"
 
 

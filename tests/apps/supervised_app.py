@@ -277,3 +277,15 @@ def stubborn(ctx, input):
     pid = ctx.run("stubborn", stubborn_step, log, ctx.execution_id, ctx.token, input["seconds"],
                   input["stubborn_tokens"])
     return {"token": ctx.token, "pid": pid}
+
+
+@workflow("sv.deploy")
+def deploy(ctx, input):
+    """A workflow whose code is "deployed" by the test: the step charged is named by the file
+    `input["code"]` (read on every replay, as new code would be), and its timer `cool-off`
+    waits `input["seconds"]`. Each step run logs `begin`/`end`."""
+    with open(input["code"]) as f:
+        charge_key = f.read().strip()
+    ctx.run(charge_key, logged_step, input["log"], ctx.execution_id, ctx.token, charge_key)
+    ctx.sleep("cool-off", input["seconds"])
+    return ctx.run("ship", logged_step, input["log"], ctx.execution_id, ctx.token, "ship") and "shipped"

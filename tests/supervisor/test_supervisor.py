@@ -402,3 +402,30 @@ def test_the_database_files_and_nudge_socket_are_owner_only(tmp_path, supervisor
     other = tmp_path / "created-by-start.db"
     assert cli(other, "start", "sv.noop3", umask=0o022).returncode == 0
     assert mode(other) == 0o600
+
+
+# -- deploys (SPEC section 11) ------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_replay_that_diverges_under_new_code_ends_its_delivery_parked_and_runs_nothing(
+        each_backend, each_ledger, tmp_path, supervisors):
+    """The execution charges under step key `charge`, then waits; the code deployed meanwhile
+    names the step `charge-v2`. Its next delivery, in a worker process, ends as
+    `Suspended(diverged=...)`: the supervisor receives the detail over the pipe and logs it, the
+    execution is not failed, and neither the renamed step nor any later one runs."""
+    log, code = tmp_path / "effects.log", tmp_path / "code.txt"
+    code.write_text("charge")
+    admit(each_backend, "deploy-1", "sv.deploy", {"code": str(code), "log": str(log), "seconds": 3600})
+    supervisor = supervisors.start(each_backend, concurrency=1)
+    wait_until(lambda: each_ledger.executions.get("deploy-1").status == "suspended", message="the first delivery")
+    code.write_text("charge-v2")  # the deploy
+
+    assert cli(each_backend, "wake", "deploy-1").returncode == 0
+    supervisor.wait_log("diverged from its recorded steps")
+
+    assert ("execution deploy-1 token 2 diverged from its recorded steps and is parked: recorded step 'charge'"
+            " was next, but the code reached 'charge-v2'") in supervisor.log()
+    record = each_ledger.executions.get("deploy-1")
+    assert record.status == "suspended" and record.error_json is None and record.token == 2
+    assert [(e.event, e.step_key) for e in read_log(log)] == [("begin", "charge"), ("end", "charge")]
+    assert [s.step_key for s in each_ledger.executions.get_with_steps("deploy-1")[1]] == ["charge", "cool-off"]

@@ -8,6 +8,9 @@
 | returns a JSON-serialisable value                  | `Completed` |
 | raises (or returns something JSON cannot hold)     | `Failed` with `{type, message, traceback}` |
 | suspends (timer, retry backoff, waiting)           | `Suspended` |
+| diverges from its records (`worker._runtime.order`: | `Suspended(diverged=detail)`: parked, never failed |
+|   an unrecorded step while recorded ones remain, a  |             |
+|   step out of order, an end with steps unreached)   |             |
 | meets a storage error anywhere in the delivery     | `Retry(reason, storage_error=kind)`: never a workflow outcome |
 | loses its lease, or its parent goes silent         | `LeaseLost`: stopped at once, no more writes |
 
@@ -82,8 +85,10 @@ def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | Non
         return LeaseLost()
     if writer.storage_failure is not None:
         return Retry(writer.storage_failure.reason, storage_error=writer.storage_failure.storage_error)
+    if isinstance(ctx._unwound, ReplayDiverged):
+        return Suspended(diverged=ctx._unwound.detail)
     if ctx._unwound is not None:
-        return Suspended() if isinstance(ctx._unwound, Suspend) else failure("ReplayDiverged", str(ctx._unwound))
+        return Suspended()
     return None
 
 
@@ -165,7 +170,7 @@ class WorkflowRun:
                     result = run_to_end(self.fn(ctx, self._input()))
         except Exception as exc:
             return self._raised(ctx, exc)
-        except (Suspend, StopDelivery, RetryLater, ReplayDiverged) as exc:
+        except (Suspend, StopDelivery, RetryLater) as exc:  # ReplayDiverged is a Suspend
             return self._raised(ctx, exc)
         return self._returned(ctx, result)
 
@@ -183,27 +188,34 @@ class WorkflowRun:
             raise
         except Exception as exc:
             return self._raised(ctx, exc)
-        except (Suspend, StopDelivery, RetryLater, ReplayDiverged) as exc:
+        except (Suspend, StopDelivery, RetryLater) as exc:  # ReplayDiverged is a Suspend
             return self._raised(ctx, exc)
         return self._returned(ctx, result)
 
     def _raised(self, ctx: WorkflowContext, exc: BaseException) -> DeliveryOutcome:
+        if isinstance(exc, ReplayDiverged):
+            return Suspended(diverged=exc.detail)
         if isinstance(exc, Suspend):
             return Suspended()
         if isinstance(exc, StopDelivery):
             return LeaseLost()
         if isinstance(exc, RetryLater):
             return Retry(exc.reason, storage_error=exc.storage_error)
-        if isinstance(exc, ReplayDiverged):
-            return failure("ReplayDiverged", str(exc))
         if isinstance(exc, StorageError):  # workflow code that called the ledger itself, outside a step
             return unwound(self.writer, ctx) or storage_retry(exc)
-        return unwound(self.writer, ctx) or Failed(json.dumps(error_info(exc)))
+        ended = unwound(self.writer, ctx)
+        if ended is not None:
+            return ended
+        detail = ctx._left_behind("raised")  # a path the records do not know: parked, not failed
+        return Suspended(diverged=detail) if detail is not None else Failed(json.dumps(error_info(exc)))
 
     def _returned(self, ctx: WorkflowContext, result) -> DeliveryOutcome:
         ended = unwound(self.writer, ctx)
         if ended is not None:
             return ended
+        detail = ctx._left_behind("returned")
+        if detail is not None:
+            return Suspended(diverged=detail)
         try:
             return Completed(json.dumps(result, allow_nan=False))
         except (TypeError, ValueError) as exc:

@@ -20,6 +20,9 @@ A worker runs up to `slots` deliveries at once (its start settings say how many:
 supervisor runs with `--workers`), so several `Run`s may be in flight before their `Done`s,
 which come back in the order the deliveries end, each naming its execution and token.
 
+A `Done`'s outcome goes whole, fields included: a replay that diverged from its records comes
+back as `Suspended(diverged=detail)`, and the detail reaches the acknowledgement that parks it.
+
 `AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
 `LedgerNotOpened` says the ledger could not be opened for a lasting reason (a corrupt or unsafe
 file; `storage_error` is the `StorageError.kind`), not that the app is broken.

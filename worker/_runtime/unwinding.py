@@ -33,5 +33,21 @@ class RetryLater(BaseException):
         return self.reason
 
 
-class ReplayDiverged(BaseException):
-    """Raised when a replay reaches an unnamed step that differs from the one recorded there."""
+class ReplayDiverged(Suspend):
+    """Raised when a replay breaks the order rule (`worker._runtime.order`): the code reached a
+    step the records do not have, or a recorded step out of its order. No step function runs and
+    nothing is written; the delivery ends as `Suspended(diverged=detail)`, which parks the
+    execution (it suspends without a wake, so it is a `Suspend`, and a step in flight in another
+    task lands before it unwinds)."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail  # one line naming the recorded step and the step the code reached
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class EndOfHistory(Suspend):
+    """Raised in a check replay (`worker._runtime.check`) at the first step it has no record of,
+    or at the first write it would make: the check goes no further, and nothing runs."""
