@@ -262,4 +262,4 @@ def main(ctx: click.Context, db: str) -> None:
 
 
 # Registers every command on `main`.
-from . import operate, run, show, submit, views  # noqa: F401
+from . import check, operate, run, show, submit, views  # noqa: F401
