@@ -145,6 +145,13 @@ class LeaseRecord:
 
 @dataclass(frozen=True)
 class Suspended:
+    """A delivery that ended without an outcome: the execution waits for a wake.
+
+    `diverged`, when set, says that the replay met code that no longer matches the recorded steps
+    (SPEC section 11), in one line: acknowledging it **parks** the execution (suspended, not due,
+    waiting for `code` until a supervisor that serves its workflow starts, or `resume`)."""
+
+    diverged: Optional[str] = None
     status: ClassVar[str] = "suspended"
 
 
@@ -249,6 +256,10 @@ class WaitReason:
     - `effect`: an effect to be settled (`settle`); `target` the effect id;
     - `store`: a change to a store; `target` the store's name, `detail` the match of a `take`
       as JSON, when there is one;
+    - `code`: new code: the execution is parked, its replay having diverged from its recorded
+      steps (SPEC section 11); `target` its workflow, `detail` how the replay diverged. A
+      supervisor that serves the workflow tries it again when it starts (`unpark`), as does
+      `resume`;
     - `wake`: a wake requested from outside (`at` set), or, with `at` None, nothing: the
       execution is not due until something wakes it;
     - `due`: nothing: it is due (since `at`) and waits for a supervisor to claim it.
