@@ -6,7 +6,7 @@ Every reply object has a `status` string, so callers can branch on `reply.status
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
 
 
@@ -293,7 +293,8 @@ class LedgerStats:
     (None when nothing is due); `unacknowledged` the executions whose last deliveries went
     unacknowledged, most first (at most `limit`); `live_leases` every live lease, soonest
     expiry first. `deliveries` counts every claim ever made (the lease history's rows), so two
-    readings give deliveries per second.
+    readings give deliveries per second. `parked` maps each workflow that has parked executions
+    (suspended after a diverged replay, waiting for new code) to how many.
     """
 
     now: int
@@ -303,3 +304,4 @@ class LedgerStats:
     unacknowledged: list
     live_leases: list
     deliveries: int
+    parked: dict = field(default_factory=dict)

@@ -48,18 +48,22 @@ PARKED = "SELECT detail FROM waiters WHERE kind = 'code' AND target = $p AND wai
 FORGET = "DELETE FROM waiters WHERE kind = 'code' AND target = $p AND waiter = $p"
 
 # Unpark every parked execution of some workflows (`{workflows}`: a "$p" per workflow, at most
-# UNPARK_WORKFLOWS), due at the first $p: the rows first (locked by the UPDATE on PostgreSQL, in
-# the order a wake locks them: the execution, then its registration), then the registrations of
-# the rows that are due now. A row parked by a commit in between keeps its registration, and stays
-# parked for the next unpark. `{stamp}` is what `updated_at` becomes (`ExecutionRows._stamp`).
+# UNPARK_WORKFLOWS), due at the first $p. The rows first, found through their registrations (a
+# join, so that SQLite looks each row up by its id rather than every suspended row by status),
+# locked by the UPDATE on PostgreSQL in the order a wake takes the locks (the execution, then its
+# registration); then the registrations of the rows that are now due. A row parked by a commit in
+# between keeps its registration, and stays parked for the next unpark. `{stamp}` is what
+# `updated_at` becomes (`ExecutionRows._stamp`).
 UNPARK = """
 UPDATE executions SET due_at = $p, ready_at = $p, wake_during_lease = NULL, updated_at = {stamp}
-WHERE status = 'suspended' AND due_at IS NULL
-    AND execution_id IN (SELECT waiter FROM waiters WHERE kind = 'code' AND target IN ({workflows}))"""
+FROM (SELECT waiter FROM waiters WHERE kind = 'code' AND target IN ({workflows})) AS parked
+WHERE executions.execution_id = parked.waiter AND executions.status = 'suspended' AND executions.due_at IS NULL"""
 UNPARKED = """
 DELETE FROM waiters WHERE kind = 'code' AND target IN ({workflows})
     AND EXISTS (SELECT 1 FROM executions e WHERE e.execution_id = waiters.waiter AND e.due_at IS NOT NULL)"""
 UNPARK_WORKFLOWS = 64
+# The parked executions by workflow, for `stats`: a range of the waiters' primary key.
+PARKED_BY_WORKFLOW = "SELECT target, count(*) FROM waiters WHERE kind = 'code' GROUP BY target ORDER BY target"
 STAMP_NOW = "$p"
 STAMP_NOT_BEFORE = "$yieldstar_max(updated_at, $p)"  # one_clock: never before the row's last change
 
