@@ -145,12 +145,6 @@ class LeaseRecord:
 
 @dataclass(frozen=True)
 class Suspended:
-    """A delivery that ended without an outcome: the execution waits for a wake.
-
-    `diverged`, when set, says that the replay met code that no longer matches the recorded steps
-    (SPEC section 11), in one line: acknowledging it **parks** the execution (suspended, not due,
-    waiting for `code` until a supervisor that serves its workflow starts, or `resume`)."""
-
     diverged: Optional[str] = None
     status: ClassVar[str] = "suspended"
 
