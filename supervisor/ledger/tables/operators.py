@@ -1,5 +1,5 @@
-"""The operators' queries of the executions client (SPEC section 8): list, stats, why an
-execution waits, its lease history, and cancel, resume and purge.
+"""The operators' queries of the executions client (SPEC sections 8 and 11): list, stats, why an
+execution waits, its lease history, and cancel, resume, unpark (`parking`) and purge.
 
 `ExecutionOperators` is one half of `executions.ExecutionTable`; the lease state machine is the
 other (`leases`). The lease history they read and end is `lease_history`'s.
