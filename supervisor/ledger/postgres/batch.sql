@@ -23,7 +23,6 @@ DECLARE
     found_row record;
     ended_ids text[] := ARRAY[]::text[];
     parked_ids text[] := ARRAY[]::text[];
-    parked_workflows text[] := ARRAY[]::text[];
     parked_details text[] := ARRAY[]::text[];
     woken_ids text[];
     woken_workflows text[];
@@ -47,7 +46,7 @@ BEGIN
                     wake_during_lease = NULL, updated_at = p_now
                 FROM acks a
                 WHERE e.execution_id = a.execution_id AND e.token = a.token AND e.status = 'running'
-                RETURNING e.execution_id, e.token, a.status, a.detail, e.workflow),
+                RETURNING e.execution_id, e.token, a.status, a.detail),
             history AS (
                 UPDATE lease_history h SET ended_at = p_now, ended_by = '{acknowledged}',
                     outcome = d.status
@@ -57,13 +56,12 @@ BEGIN
                     CASE WHEN octet_length(string_agg(execution_id, E'\n')) <= {max_payload}
                     THEN string_agg(execution_id, E'\n') ELSE '' END)
                 FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0 AND NOT p_flush)
-            SELECT execution_id, token, status, detail, workflow FROM acknowledged
-            UNION ALL SELECT NULL, NULL, NULL, NULL, NULL FROM announced  -- read, so that it runs
+            SELECT execution_id, token, status, detail FROM acknowledged
+            UNION ALL SELECT NULL, NULL, NULL, NULL FROM announced  -- read, so that it runs
         LOOP
             CONTINUE WHEN found_row.execution_id IS NULL;
             IF found_row.detail IS NOT NULL THEN
                 parked_ids := parked_ids || found_row.execution_id;
-                parked_workflows := parked_workflows || found_row.workflow;
                 parked_details := parked_details || found_row.detail;
             END IF;
             IF found_row.status = 'suspended' THEN
@@ -78,7 +76,8 @@ BEGIN
         -- The parked executions' registrations (`tables.parking.PARK`), after their rows: only a
         -- batch with a diverged replay in it runs this.
         INSERT INTO waiters (kind, target, waiter, registered_at, detail)
-        SELECT 'code', w, id, p_now, d FROM unnest(parked_ids, parked_workflows, parked_details) AS p(id, w, d)
+        SELECT 'code', e.workflow, e.execution_id, p_now, p.detail
+        FROM unnest(parked_ids, parked_details) AS p(execution_id, detail) JOIN executions e USING (execution_id)
         ON CONFLICT (kind, target, waiter) DO UPDATE
             SET registered_at = excluded.registered_at, detail = excluded.detail;
     END IF;
