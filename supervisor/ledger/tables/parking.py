@@ -12,8 +12,8 @@ registration in `waiters` says why:
 so that `waiting_for` reads `WaitReason("code", workflow, None, detail)`, and `unpark` finds the
 parked executions of a workflow by the waiters' primary key (kind, target), without a scan.
 
-The registration lives exactly as long as the parking. Everything that makes a parked row due
-again deletes it in the same transaction, and nothing else can make it due:
+The registration lives exactly as long as the parking. Everything that ends a parking deletes it
+in the same transaction, and nothing else can end one:
 
     unpark(workflows)       a supervisor that serves them starts: every parked one, due now
     resume(id)              an operator: this one, due now
@@ -32,8 +32,6 @@ execution's registrations by waiter, this kind with the others.
 from __future__ import annotations
 
 import functools
-
-CODE = "code"
 
 # Park: register (or re-register, after a delivery that a wake let run: the newer detail wins)
 # the execution as waiting for code, under its workflow. Run after the fenced acknowledgement
