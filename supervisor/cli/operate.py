@@ -32,7 +32,8 @@ def cancel(ctx, execution_id: str, reason: str | None) -> None:
 @click.pass_context
 @handles_errors
 def resume(ctx, execution_id: str) -> None:
-    """Run a failed or cancelled execution again from where it stopped: its recorded steps are kept."""
+    """Run a failed or cancelled execution again from where it stopped, or try a parked one (its
+    replay diverged) with the code now deployed: its recorded steps are kept."""
     with backend_of(ctx, create=False) as backend:
         if backend.executions.get(execution_id) is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)

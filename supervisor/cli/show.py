@@ -103,6 +103,10 @@ def describe_wait(reason: WaitReason, now: int) -> str:
         return f"a change to store {target}" + (f" matching {reason.detail}" if reason.detail else "")
     if reason.kind == "wake":
         return f"a wake requested for {at}" if reason.at is not None else "nothing: not due until something wakes it"
+    if reason.kind == "code":
+        return (f"new code for workflow {target}: parked, its replay diverged"
+                + (f" ({reason.detail})" if reason.detail else "")
+                + "; a supervisor that serves the workflow tries it when it starts, or `yieldstar resume`")
     if reason.kind == "due":
         return f"a supervisor to claim it, due since {at}"
     return " ".join(str(part) for part in (reason.kind, reason.target, at, reason.detail) if part is not None)

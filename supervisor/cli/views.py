@@ -46,6 +46,7 @@ def stats_json(summary: LedgerStats) -> dict:
         "unacknowledged": [as_json(r) for r in summary.unacknowledged],
         "live_leases": [asdict(lease) for lease in summary.live_leases],
         "deliveries": summary.deliveries,
+        "parked": summary.parked,
     }
 
 
@@ -70,6 +71,10 @@ def stats_lines(summary: LedgerStats) -> list[str]:
         noun = "delivery" if record.unacknowledged_deliveries == 1 else "deliveries"
         lines.append(f"{'unacknowledged' if i == 0 else '':<{width}}  {record.execution_id} ({record.workflow},"
                      f" {record.status}): {record.unacknowledged_deliveries} {noun} in a row")
+    if summary.parked:
+        lines.append(f"{'parked':<{width}}  {sum(summary.parked.values())} waiting for new code ("
+                     + ", ".join(f"{workflow} {count}" for workflow, count in summary.parked.items())
+                     + "): a supervisor that serves the workflow tries them when it starts; `resume ID` one")
     lines.append(f"{'live leases':<{width}}  {len(summary.live_leases)}")
     lines.append(f"{'deliveries':<{width}}  {summary.deliveries}")
     return lines

@@ -9,12 +9,17 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
 from .errors import InvalidArgument
 from .values import ExecutionLease
 
 MAX_ID_LENGTH = 255
+# A diverged replay's detail (`Suspended.diverged`): one line naming two step keys (at most
+# MAX_ID_LENGTH each) and what the replay found, with room to spare; a longer one is refused,
+# not cut, so that what an operator reads is what the worker said.
+MAX_DETAIL_LENGTH = 2000
 
 
 def identifier(name: str, value: Any) -> str:
@@ -28,6 +33,24 @@ def identifier(name: str, value: Any) -> str:
     if _CONTROL.search(value):
         raise InvalidArgument(f"{name} {value!r} contains a control character")
     return value
+
+
+def detail(name: str, value: Any) -> str:
+    """A non-empty (not only blank) str of at most MAX_DETAIL_LENGTH characters."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a str, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidArgument(f"{name} must not be empty")
+    if len(value) > MAX_DETAIL_LENGTH:
+        raise InvalidArgument(f"{name} is {len(value)} characters long; at most {MAX_DETAIL_LENGTH} are allowed")
+    return value
+
+
+def workflows(name: str, value: Any) -> list[str]:
+    """A collection of workflow names (each an `identifier`), not a str itself; distinct, sorted."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Collection):
+        raise InvalidArgument(f"{name} must be a collection of workflow names, not {type(value).__name__}")
+    return sorted({identifier(f"{name}[{i}]", each) for i, each in enumerate(value)})
 
 
 def integer(name: str, value: Any, *, minimum: Optional[int] = None) -> int:

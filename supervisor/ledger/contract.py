@@ -31,7 +31,7 @@ what the driver raises for it.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, Collection, Optional, Protocol, Sequence
 
 from .errors import StorageBusy
 from .values import (
@@ -180,7 +180,15 @@ class ExecutionClient(abc.ABC):
         """Fenced: end the delivery with `outcome` and reset `unacknowledged_deliveries` to 0.
 
         `Suspended()`: due at the earliest wake requested during the delivery, or not due.
-        `Completed`/`Failed`: terminal; later wakes are ignored.
+        `Suspended(diverged=detail)`: the replay diverged from the recorded steps (SPEC section
+        11); the execution is **parked** in the same transaction: suspended, not due (a wake
+        requested during the delivery is dropped), and `waiting_for` gives
+        `WaitReason("code", workflow, None, detail)` until `unpark`, `resume` or any wake makes
+        it due again. `Completed`/`Failed`: terminal; later wakes are ignored.
+
+        Raises:
+            InvalidArgument: `outcome` is not an outcome, its JSON is not JSON, or `diverged` is
+                not a non-empty str of at most `arguments.MAX_DETAIL_LENGTH` characters.
         """
 
     @abc.abstractmethod
@@ -251,9 +259,25 @@ class ExecutionClient(abc.ABC):
         error and no unacknowledged deliveries. Its recorded steps are kept, so a replay goes on
         after the last one; if that step recorded a final error, it is tried again.
 
+        A parked execution (see `acknowledge`) stays `suspended` and becomes due at `now`, parked
+        no more, as `unpark` would make it.
+
         Raises:
             UnknownExecution: the id was never admitted.
-            ExecutionConflict: the execution is neither failed nor cancelled (names its status).
+            ExecutionConflict: the execution is neither failed, cancelled nor parked (names its
+                status): an admitted, running, completed or suspended but not parked one.
+        """
+
+    @abc.abstractmethod
+    def unpark(self, workflows: Collection[str], *, now: Optional[int] = None) -> int:
+        """Every parked execution of `workflows` becomes due at `now` and parked no more (its
+        `code` registration removed), in one transaction; returns how many. A supervisor calls it
+        when it starts, for the workflows it serves: its code may be the fix. Executions of other
+        workflows are left as they are.
+
+        Raises:
+            InvalidArgument: `workflows` is a str or not a collection, or a name in it is not a
+                valid workflow name; nothing is changed then.
         """
 
     @abc.abstractmethod

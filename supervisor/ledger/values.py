@@ -6,7 +6,7 @@ Every reply object has a `status` string, so callers can branch on `reply.status
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union
 
 
@@ -252,6 +252,10 @@ class WaitReason:
     - `effect`: an effect to be settled (`settle`); `target` the effect id;
     - `store`: a change to a store; `target` the store's name, `detail` the match of a `take`
       as JSON, when there is one;
+    - `code`: new code: the execution is parked, its replay having diverged from its recorded
+      steps (SPEC section 11); `target` its workflow, `detail` how the replay diverged. A
+      supervisor that serves the workflow tries it again when it starts (`unpark`), as does
+      `resume`;
     - `wake`: a wake requested from outside (`at` set), or, with `at` None, nothing: the
       execution is not due until something wakes it;
     - `due`: nothing: it is due (since `at`) and waits for a supervisor to claim it.
@@ -285,7 +289,8 @@ class LedgerStats:
     (None when nothing is due); `unacknowledged` the executions whose last deliveries went
     unacknowledged, most first (at most `limit`); `live_leases` every live lease, soonest
     expiry first. `deliveries` counts every claim ever made (the lease history's rows), so two
-    readings give deliveries per second.
+    readings give deliveries per second. `parked` maps each workflow that has parked executions
+    (suspended after a diverged replay, waiting for new code) to how many.
     """
 
     now: int
@@ -295,3 +300,4 @@ class LedgerStats:
     unacknowledged: list
     live_leases: list
     deliveries: int
+    parked: dict = field(default_factory=dict)

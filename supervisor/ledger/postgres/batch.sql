@@ -12,14 +12,20 @@
 -- Its parameters are p_..., its columns o_...: neither may be read as a table's column.
 -- p_at_floor: each claim and wake takes effect no earlier than the row's last change (`one_clock`).
 -- p_flush: the commit waits for the WAL flush (a claim is durable before it is handed out).
+-- p_details: per acknowledgement, how a diverged replay diverged (a suspension that parks the
+-- execution: `tables.parking`), else NULL.
 CREATE FUNCTION pg_temp.yieldstar_batch(
-    p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[],
+    p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[], p_details text[],
     p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean)
 RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text)
 LANGUAGE plpgsql AS $batch$
 DECLARE
     found_row record;
     ended_ids text[] := ARRAY[]::text[];
+    parked_ids text[] := ARRAY[]::text[];
+    parked_details text[] := ARRAY[]::text[];
+    woken_ids text[];
+    woken_workflows text[];
 BEGIN
     IF p_flush THEN
         PERFORM set_config('synchronous_commit', 'on', true);
@@ -27,20 +33,20 @@ BEGIN
     IF cardinality(p_ids) > 0 THEN
         FOR found_row IN
             WITH acks AS (
-                SELECT * FROM unnest(p_ids, p_tokens, p_statuses, p_results, p_errors)
-                    AS a(execution_id, token, status, result_json, error_json)),
+                SELECT * FROM unnest(p_ids, p_tokens, p_statuses, p_results, p_errors, p_details)
+                    AS a(execution_id, token, status, result_json, error_json, detail)),
             acknowledged AS (
                 UPDATE executions e SET status = a.status,
                     ever_suspended = CASE WHEN a.status = 'suspended' THEN 1 ELSE e.ever_suspended END,
                     result_json = CASE WHEN a.status = 'suspended' THEN e.result_json ELSE a.result_json END,
                     error_json = CASE WHEN a.status = 'suspended' THEN e.error_json ELSE a.error_json END,
                     lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL,
-                    due_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
-                    ready_at = CASE WHEN a.status = 'suspended' THEN e.wake_during_lease END,
+                    due_at = CASE WHEN a.status = 'suspended' AND a.detail IS NULL THEN e.wake_during_lease END,
+                    ready_at = CASE WHEN a.status = 'suspended' AND a.detail IS NULL THEN e.wake_during_lease END,
                     wake_during_lease = NULL, updated_at = p_now
                 FROM acks a
                 WHERE e.execution_id = a.execution_id AND e.token = a.token AND e.status = 'running'
-                RETURNING e.execution_id, e.token, a.status),
+                RETURNING e.execution_id, e.token, a.status, a.detail),
             history AS (
                 UPDATE lease_history h SET ended_at = p_now, ended_by = '{acknowledged}',
                     outcome = d.status
@@ -50,10 +56,14 @@ BEGIN
                     CASE WHEN octet_length(string_agg(execution_id, E'\n')) <= {max_payload}
                     THEN string_agg(execution_id, E'\n') ELSE '' END)
                 FROM acknowledged WHERE status <> 'suspended' HAVING count(*) > 0 AND NOT p_flush)
-            SELECT execution_id, token, status FROM acknowledged
-            UNION ALL SELECT NULL, NULL, NULL FROM announced  -- read, so that it runs
+            SELECT execution_id, token, status, detail FROM acknowledged
+            UNION ALL SELECT NULL, NULL, NULL, NULL FROM announced  -- read, so that it runs
         LOOP
             CONTINUE WHEN found_row.execution_id IS NULL;
+            IF found_row.detail IS NOT NULL THEN
+                parked_ids := parked_ids || found_row.execution_id;
+                parked_details := parked_details || found_row.detail;
+            END IF;
             IF found_row.status = 'suspended' THEN
                 RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
             ELSE
@@ -62,6 +72,15 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    IF cardinality(parked_ids) > 0 THEN
+        -- The parked executions' registrations (`tables.parking.PARK`), after their rows: only a
+        -- batch with a diverged replay in it runs this.
+        INSERT INTO waiters (kind, target, waiter, registered_at, detail)
+        SELECT 'code', e.workflow, e.execution_id, p_now, p.detail
+        FROM unnest(parked_ids, parked_details) AS p(execution_id, detail) JOIN executions e USING (execution_id)
+        ON CONFLICT (kind, target, waiter) DO UPDATE
+            SET registered_at = excluded.registered_at, detail = excluded.detail;
+    END IF;
     IF cardinality(ended_ids) > 0 THEN
         -- The waiters of the executions ended, taken and woken by `ExecutionRows.wake_in`'s rules
         -- (an earlier due time; a running one remembers it for after its delivery, and its lease,
@@ -69,7 +88,8 @@ BEGIN
         -- waiters before an acknowledgement above waited for its row would miss a waiter that
         -- `await_outcome` registered meanwhile, holding that row.
         WITH taken AS (
-            DELETE FROM waiters WHERE kind = 'execution' AND target = ANY(ended_ids) RETURNING waiter)
+            DELETE FROM waiters WHERE kind = 'execution' AND target = ANY(ended_ids) RETURNING waiter),
+        woken AS (
         UPDATE executions e SET due_at = LEAST(e.due_at, p_now),
             wake_during_lease = CASE WHEN e.status = 'running' THEN LEAST(e.wake_during_lease, p_now) END,
             ready_at = CASE
@@ -80,8 +100,14 @@ BEGIN
                     e.delivery_ended_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries)) END,
             updated_at = CASE WHEN p_at_floor THEN GREATEST(e.updated_at, p_now) ELSE p_now END
         FROM (SELECT DISTINCT waiter FROM taken) t
-        WHERE e.execution_id = t.waiter AND e.status NOT IN ({terminal});
-        IF FOUND THEN
+        WHERE e.execution_id = t.waiter AND e.status NOT IN ({terminal})
+        RETURNING e.execution_id, e.workflow)
+        SELECT array_agg(execution_id), array_agg(workflow) INTO woken_ids, woken_workflows FROM woken;
+        IF woken_ids IS NOT NULL THEN
+            -- A parked waiter, woken, is parked no more (`tables.parking`): its registration goes,
+            -- in a statement after the rows' locks, in the order every wake takes them.
+            DELETE FROM waiters w USING unnest(woken_ids, woken_workflows) AS k(id, workflow)
+            WHERE w.kind = 'code' AND w.target = k.workflow AND w.waiter = k.id;
             RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL;
         END IF;
     END IF;

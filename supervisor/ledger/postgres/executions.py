@@ -13,10 +13,13 @@ this module and shipped with it as package data (`batch_function` reads it):
    returns are the deliveries that were current, the others are `LeaseLost`), the end of their
    deliveries in the lease history, and, in a batch that does not claim, the `yieldstar_ended`
    announcement, which PostgreSQL sends at the commit and drops with a rollback (a batch that
-   claims announces after its commit, as the shared table does: see `_acknowledge_and_claim`);
+   claims announces after its commit, as the shared table does: see `_acknowledge_and_claim`).
+   A diverged replay's suspension parks its execution (not due); a statement after this one,
+   run only in a batch that has one, registers it as waiting for code (`tables.parking`);
 2. the waiters of the executions they ended, taken and woken by `ExecutionRows.wake_in`'s rules,
    one statement of its own: it must see a waiter registered while an acknowledgement waited for
-   its row, and the claim after it sees them due, as on SQLite;
+   its row, and the claim after it sees them due, as on SQLite; a parked one woken so is parked no
+   more (a statement that runs only when some waiter was woken);
 3. the claim, one statement: the claimable rows (locked, skipping rows other claimers hold),
    their new tokens and leases, the superseded deliveries closed and the new ones opened in the
    lease history.
@@ -52,7 +55,7 @@ def batch_function() -> str:
 
 BATCH = """
 SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yieldstar_batch(
-    %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint, %s::bigint, %s::bigint, %s::text,
+    %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint, %s::bigint, %s::bigint, %s::text,
     %s::boolean, %s::boolean)"""
 
 
@@ -69,11 +72,12 @@ class PostgresExecutionTable(ExecutionTable):
         first: dict[tuple[str, int], int] = {}
         for i, acknowledgement in enumerate(checked):
             first.setdefault(acknowledgement.delivery, i)
-        columns: tuple[list, ...] = ([], [], [], [], [])  # ids, tokens, statuses, results, errors
+        columns: tuple[list, ...] = ([], [], [], [], [], [])  # ids, tokens, statuses, results, errors, details
         for i in first.values():
             acknowledgement = checked[i]
             for column, value in zip(columns, (*acknowledgement.delivery, acknowledgement.status,
-                                               acknowledgement.result_json, acknowledgement.error_json)):
+                                               acknowledgement.result_json, acknowledgement.error_json,
+                                               acknowledgement.diverged)):
                 column.append(value)
         flush = limit > 0
         rows = self._conn.execute(BATCH, (*columns, now, limit, duration, self._holder, self._one_clock,

@@ -6,7 +6,8 @@ Each module holds the statements of its tables and the logic of its client:
       leases           the lease state machine (admit, wakes, claims, renewals, releases,
                        acknowledgements: `acknowledgements` is one as a value)
       operators        the operators' queries (list, stats, waiting_for, history, cancel,
-                       resume, purge)
+                       resume, unpark, purge)
+      parking          a diverged execution parked: its `code` registration in `waiters`
       execution_rows   what both halves share: the row, its statuses, how it reads as of a time
     lease_history    every statement for the lease history
     heap, starts, effects, stores, and the `waiters` they share; `epochs`.

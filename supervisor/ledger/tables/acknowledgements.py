@@ -23,6 +23,14 @@ UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at
     ready_at = wake_during_lease, wake_during_lease = NULL, updated_at = $p
 WHERE execution_id = $p AND token = $p AND status = 'running'"""
 
+# A diverged replay parks the execution (`parking`): suspended, and not due whatever wake its
+# delivery covered; the caller registers why in the same transaction (`parking.PARK`).
+ACKNOWLEDGE_PARKED = """
+UPDATE executions SET status = 'suspended', ever_suspended = 1, lease_expires_at = NULL,
+    unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL,
+    ready_at = NULL, wake_during_lease = NULL, updated_at = $p
+WHERE execution_id = $p AND token = $p AND status = 'running'"""
+
 ACKNOWLEDGE_TERMINAL = """
 UPDATE executions SET status = $p, result_json = $p, error_json = $p, lease_expires_at = NULL,
     unacknowledged_deliveries = 0, delivery_ended_at = NULL, due_at = NULL, ready_at = NULL,
@@ -33,23 +41,30 @@ WHERE execution_id = $p AND token = $p AND status = 'running'"""
 @dataclass(frozen=True, slots=True)
 class Acknowledgement:
     """One checked acknowledgement: the delivery's lease, its outcome, and what the outcome
-    stores (`status`, and for a terminal one its `result_json` or `error_json`)."""
+    stores (`status`, for a terminal one its `result_json` or `error_json`, and for a suspension
+    that parks the execution how its replay `diverged`)."""
 
     lease: ExecutionLease
     outcome: Outcome
     status: str
     result_json: Optional[str] = None
     error_json: Optional[str] = None
+    diverged: Optional[str] = None
 
     @classmethod
     def of(cls, lease: ExecutionLease, outcome: object) -> "Acknowledgement":
         """The acknowledgement of a checked `lease` with `outcome`, checked.
 
         Raises:
-            InvalidArgument: `outcome` is not an outcome, or its JSON is not JSON.
+            InvalidArgument: `outcome` is not an outcome, its JSON is not JSON, or a suspension's
+                `diverged` is not a non-empty str of at most `arguments.MAX_DETAIL_LENGTH`
+                characters.
         """
         if isinstance(outcome, Suspended):
-            return cls(lease, outcome, outcome.status)
+            if outcome.diverged is None:
+                return cls(lease, outcome, outcome.status)
+            return cls(lease, outcome, outcome.status,
+                       diverged=arguments.detail("outcome.diverged", outcome.diverged))
         if isinstance(outcome, Completed):
             arguments.json_text("outcome.result_json", outcome.result_json)
             return cls(lease, outcome, outcome.status, outcome.result_json, None)
@@ -74,7 +89,8 @@ class Acknowledgement:
         """The fenced statement that stores it at `now` (a template), and its parameters."""
         lease = self.lease
         if isinstance(self.outcome, Suspended):
-            return ACKNOWLEDGE_SUSPENDED, (now, lease.execution_id, lease.token)
+            return (ACKNOWLEDGE_SUSPENDED if self.diverged is None else ACKNOWLEDGE_PARKED,
+                    (now, lease.execution_id, lease.token))
         return ACKNOWLEDGE_TERMINAL, (self.status, self.result_json, self.error_json, now, lease.execution_id,
                                       lease.token)
 

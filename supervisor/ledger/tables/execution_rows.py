@@ -26,6 +26,7 @@ from .. import arguments
 from ..connection import Connection, Transaction
 from ..errors import UnknownExecution
 from ..values import TERMINAL_STATUSES, ExecutionLease, ExecutionRecord, ExecutionStatus
+from . import parking
 from .epochs import FLOOR
 
 RUNNING = ExecutionStatus.RUNNING.value
@@ -181,6 +182,10 @@ class ExecutionRows:
             ready = row.lease_expires_at + self._delay(row.unacknowledged_deliveries + 1)
             db.execute(self._sql[WAKE], (due, wake, max(due, ready), self._stamp(row, now), execution_id))
         else:
+            if row.status == SUSPENDED and row.due_at is None:
+                # It may be parked (`parking`): woken, it is parked no more. Only a row that was
+                # not due pays this lookup, and only its first wake.
+                db.execute(self._sql[parking.FORGET], (row.workflow, execution_id))
             ready = self._ready_at(due, row.unacknowledged_deliveries, row.delivery_ended_at)
             db.execute(self._sql[WAKE], (due, None, ready, self._stamp(row, now), execution_id))
         return True

@@ -5,7 +5,7 @@ It does two jobs, one module each, as the contract's `ExecutionClient` lists the
     leases.ExecutionLeases          the lease state machine: admit, get, wakes, claims, renewals,
                                     releases, acknowledgements (alone or a batch with a claim)
     operators.ExecutionOperators    the operators' queries: list, stats, waiting_for, history,
-                                    cancel, resume, purge
+                                    cancel, resume, unpark, purge
 
 Both build on `execution_rows.ExecutionRows` (the client's state, and how a stored row reads as
 of a time, is stamped and is woken), and both write the lease history through `lease_history`.

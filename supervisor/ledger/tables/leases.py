@@ -26,7 +26,7 @@ from ..values import (
     Released,
     Renewed,
 )
-from . import waiters
+from . import parking, waiters
 from .acknowledgements import Acknowledgement, ended_executions
 from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row
 from .lease_history import (
@@ -349,6 +349,8 @@ class ExecutionLeases(ExecutionRows):
         sql, params = acknowledgement.statement(now)
         if db.execute(self._sql[sql], params).rowcount != 1:
             return LeaseLost()
+        if acknowledgement.diverged is not None:  # parked: say why, for waiting_for and unpark
+            db.execute(self._sql[parking.PARK], (now, acknowledgement.diverged, acknowledgement.lease.execution_id))
         return acknowledgement.outcome
 
     def _announce_acknowledged(self, ended: list[str], woke: bool) -> None:

@@ -1,5 +1,5 @@
-"""The operators' queries of the executions client (SPEC section 8): list, stats, why an
-execution waits, its lease history, and cancel, resume and purge.
+"""The operators' queries of the executions client (SPEC sections 8 and 11): list, stats, why an
+execution waits, its lease history, and cancel, resume, unpark (`parking`) and purge.
 
 `ExecutionOperators` is one half of `executions.ExecutionTable`; the lease state machine is the
 other (`leases`). The lease history they read and end is `lease_history`'s.
@@ -23,7 +23,7 @@ from ..values import (
     LiveLease,
     WaitReason,
 )
-from . import waiters
+from . import parking, waiters
 from .epochs import FLOOR
 from .execution_rows import (
     ADMITTED,
@@ -207,24 +207,52 @@ class ExecutionOperators(ExecutionRows):
 
     def resume(self, execution_id, *, now=None) -> ExecutionRecord:
         """A failed or cancelled execution becomes admitted and due now; its steps are kept, and
-        the step its run ended on is tried again if that step failed."""
+        the step its run ended on is tried again if that step failed. A parked one (`parking`)
+        stays suspended and becomes due now, parked no more."""
         arguments.identifier("execution_id", execution_id)
         given, now = now, self._now(now)
         with self._conn.write() as db:
             now = self._now_locked(given, now)
             row = self._row(db, execution_id)
-            if row.status not in RESUMABLE:
+            if row.status in RESUMABLE:
+                self._resume_ended(db, row, now)
+            elif _parked(db, self._sql, row):
+                self.wake_in(db, execution_id, now, now)  # due now; a wake forgets the parking
+            else:
                 status = self._as_of(row, now).status
-                raise ExecutionConflict(f"execution {execution_id!r} is {status}: only a failed or cancelled execution"
-                                        f" can be resumed")
-            db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), execution_id))
-            last = db.execute(self._sql[LAST_STEP], (execution_id,)).fetchone()
-            if last is not None and last[1] and '"error"' in last[2]:
-                if json.loads(last[2]).get("error") is not None:
-                    db.execute(self._sql[REOPEN_STEP], (last[0],))
+                raise ExecutionConflict(f"execution {execution_id!r} is {status}: only a failed, cancelled or parked"
+                                        f" execution can be resumed")
             row = self._row(db, execution_id)
         self._on_due()
         return self._as_of(row, now)
+
+    def _resume_ended(self, db: Transaction, row: Row, now: int) -> None:
+        """`resume` of a failed or cancelled row, in the caller's transaction."""
+        execution_id = row.execution_id
+        db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), execution_id))
+        last = db.execute(self._sql[LAST_STEP], (execution_id,)).fetchone()
+        if last is not None and last[1] and '"error"' in last[2]:
+            if json.loads(last[2]).get("error") is not None:
+                db.execute(self._sql[REOPEN_STEP], (last[0],))
+
+    def unpark(self, workflows, *, now=None) -> int:
+        """Every parked execution of `workflows` becomes due at `now`, parked no more (see
+        `parking`), in one transaction; returns how many."""
+        names = arguments.workflows("workflows", workflows)
+        given, now = now, self._now(now)
+        if not names:
+            return 0
+        unparked = 0
+        with self._conn.write() as db:
+            now = self._now_locked(given, now)
+            for start in range(0, len(names), parking.UNPARK_WORKFLOWS):
+                some = names[start:start + parking.UNPARK_WORKFLOWS]
+                rows, registrations = parking.unpark(len(some), self._one_clock)
+                unparked += db.execute(self._sql[rows], (now, now, now, *some)).rowcount
+                db.execute(self._sql[registrations], some)
+        if unparked:
+            self._on_due()
+        return unparked
 
     def purge(self, *, before, statuses=TERMINAL, now=None, dry_run=False) -> int:
         """Delete terminal executions whose `updated_at < before`, with their steps, lease
@@ -287,7 +315,8 @@ class ExecutionOperators(ExecutionRows):
 
     def stats(self, *, now=None, limit=20) -> LedgerStats:
         """Counts by status and workflow, the longest-waiting due execution, the executions
-        whose deliveries go unacknowledged, and every live lease, read in one transaction."""
+        whose deliveries go unacknowledged, every live lease, and the parked executions by
+        workflow, read in one transaction."""
         arguments.integer("limit", limit, minimum=0)
         now = self._now(now)
         by_status = {s.value: 0 for s in ExecutionStatus}
@@ -301,11 +330,12 @@ class ExecutionOperators(ExecutionRows):
             unacked.sort(key=lambda r: (-r.unacknowledged_deliveries, r.execution_id))
             live = [LiveLease(*found) for found in db.execute(self._sql[LIVE], (now,)).fetchall()]
             deliveries = db.execute(self._sql[DELIVERIES]).fetchone()[0]
+            parked = dict(db.execute(self._sql[parking.PARKED_BY_WORKFLOW]).fetchall())
         # Workflows and each one's statuses by name, whatever order the backend's grouping gave.
         by_workflow = {workflow: dict(sorted(counts.items())) for workflow, counts in sorted(by_workflow.items())}
         return LedgerStats(now=now, by_status=by_status, by_workflow=by_workflow,
                            oldest_due=self._as_of(due[0], now) if due else None, unacknowledged=unacked[:limit],
-                           live_leases=live, deliveries=deliveries)
+                           live_leases=live, deliveries=deliveries, parked=parked)
 
 
 def _status(status: Optional[str]) -> Optional[str]:
@@ -314,6 +344,12 @@ def _status(status: Optional[str]) -> Optional[str]:
             f"status must be one of {', '.join(s.value for s in ExecutionStatus)}; got {status!r}"
         )
     return status
+
+
+def _parked(db: Transaction, sql: Rendered, row: Row) -> bool:
+    """Whether the (locked) row is parked: suspended, not due, and registered as waiting for code."""
+    return (row.status == SUSPENDED and row.due_at is None
+            and db.execute(sql[parking.PARKED], (row.workflow, row.execution_id)).fetchone() is not None)
 
 
 def _ready(row: Row, delay: Callable[[int], int]) -> Optional[int]:

@@ -4,6 +4,9 @@ A registration names a target (an execution that will finish, an effect that wil
 store that will change) and the waiting execution. It is one-shot: the change that wakes it
 deletes it; a waiter that still needs to wait registers again. Registrations are unfenced
 (RFC 002): a stale one costs at most one extra delivery, which replay absorbs.
+
+One kind is not woken by its target: `code`, which a parked execution holds under its workflow
+until whatever makes it due again deletes it (`parking`).
 """
 
 from __future__ import annotations
