@@ -709,3 +709,12 @@ def test_the_check_of_many_executions_takes_milliseconds_each(tmp_path, clock):
 
     assert set(details) == {"recorded step 'b' was next, but the code reached 'x'"}
     assert elapsed < 2.0, f"{elapsed / 200 * 1000:.2f} ms per execution"
+
+
+def test_a_divergence_detail_is_cut_to_what_the_ledger_takes():
+    from supervisor.ledger.arguments import MAX_DETAIL_LENGTH
+    from worker._runtime.unwinding import ReplayDiverged
+
+    detail = ReplayDiverged("recorded step 'a' was next, but the code reached '" + "b" * 5000 + "'").detail
+    assert len(detail) == MAX_DETAIL_LENGTH and detail.endswith("…")
+    assert ReplayDiverged("short").detail == "short"

@@ -7,6 +7,8 @@ The context also remembers that it unwound, so even a bare `except:` cannot resu
 every later step call raises again.
 """
 
+from supervisor.ledger.arguments import MAX_DETAIL_LENGTH
+
 
 class Suspend(BaseException):
     """Raised inside a workflow to end the delivery as `Suspended`; a wake is already requested."""
@@ -41,8 +43,12 @@ class ReplayDiverged(Suspend):
     task lands before it unwinds)."""
 
     def __init__(self, detail: str):
+        # One line naming the recorded step and the step the code reached; never longer than
+        # the ledger takes (two step keys of 255 characters fit many times over).
+        if len(detail) > MAX_DETAIL_LENGTH:
+            detail = detail[:MAX_DETAIL_LENGTH - 1] + "…"
         super().__init__(detail)
-        self.detail = detail  # one line naming the recorded step and the step the code reached
+        self.detail = detail
 
     def __str__(self) -> str:
         return self.detail
