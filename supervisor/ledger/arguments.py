@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Collection
 from typing import Any, Optional
 
 from .errors import InvalidArgument
@@ -48,6 +49,20 @@ def lease(name: str, value: Any) -> ExecutionLease:
     if not isinstance(value.execution_id, str) or type(token) is not int or not -2**63 <= token < 2**63:
         raise InvalidArgument(f"{name} must hold a str execution_id and a 64-bit int token, not {value!r}")
     return value
+
+
+def workflows(name: str, value: Any) -> Optional[frozenset[str]]:
+    """None (any workflow), or a collection of workflow names (each checked as an `identifier`)
+    as a frozenset. A bare str is refused, not read as its characters; an empty collection is
+    allowed (it matches nothing)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise InvalidArgument(f"{name} must be None or a collection of workflow names (a set, list or tuple of str),"
+                              f" not {type(value).__name__}")
+    for item in value:
+        identifier(f"{name} item", item)
+    return frozenset(value)
 
 
 def boolean(name: str, value: Any) -> bool:

@@ -273,6 +273,33 @@ class LiveLease:
     renewals: int
 
 
+# A supervisor is live while seen within this many of its renewal intervals (SPEC section 11).
+LIVE_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class SupervisorRecord:
+    """A running supervisor as the ledger knows it (`backend.supervisors`): registered at its
+    start, seen again at every renewal round, removed at its clean exit. `id` is its own, for its
+    run; `workflows` the names it serves (claims), sorted; `renew_ms` its renewal interval, which
+    says how long it may go unseen: it is live while `now < last_seen_at + LIVE_INTERVALS *
+    renew_ms` (`live_until`)."""
+
+    id: str
+    host: str
+    pid: int
+    started_at: int
+    last_seen_at: int
+    workflows: tuple[str, ...]
+    concurrency: int
+    workers: int
+    renew_ms: int
+
+    @property
+    def live_until(self) -> int:
+        return self.last_seen_at + LIVE_INTERVALS * self.renew_ms
+
+
 @dataclass(frozen=True)
 class LedgerStats:
     """A summary of a ledger as of `now` (`executions.stats`), for `stats`, `metrics` and `top`.
