@@ -245,13 +245,14 @@ def test_until_idle_exits_0_once_every_execution_is_terminal(each_backend, each_
     for execution_id in ids:
         admit(each_backend, execution_id, "sv.noop3")
     admit(each_backend, "idle-nap", "sv.nap", {"seconds": 1.0, "log": str(log)})  # due again later: not idle yet
-    admit(each_backend, "idle-unknown", "sv.no-such-workflow")  # fails, and never stops the supervisor
+    # Not this app's: never claimed, never failed, and not waited for (routing, SPEC section 11).
+    admit(each_backend, "idle-unknown", "sv.no-such-workflow")
 
     supervisor = supervisors.start(each_backend, concurrency=2, until_idle=True, ready=False)
     assert supervisor.wait(30) == 0
     assert completed(each_ledger, *ids, "idle-nap")
-    failure = each_ledger.executions.get("idle-unknown")
-    assert failure.status == "failed" and json.loads(failure.error_json)["type"] == "UnknownWorkflow"
+    foreign = each_ledger.executions.get("idle-unknown")
+    assert foreign.status == "admitted" and foreign.token == 0 and foreign.error_json is None
     assert [e.event for e in read_log(log)] == ["begin", "end"]
     assert "idle: nothing running and nothing due" in supervisor.log()
 
