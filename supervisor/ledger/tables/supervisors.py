@@ -33,7 +33,8 @@ REGISTER = f"""
 INSERT INTO supervisors ({COLUMNS}) VALUES ($p, $p, $p, $p, $p, $p, $p, $p, $p)
 ON CONFLICT (supervisor_id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
     last_seen_at = excluded.last_seen_at, workflows_json = excluded.workflows_json,
-    concurrency = excluded.concurrency, workers = excluded.workers, renew_ms = excluded.renew_ms"""
+    concurrency = excluded.concurrency, workers = excluded.workers, renew_ms = excluded.renew_ms
+RETURNING {COLUMNS}"""
 # Rows of supervisors no longer live: killed, or their host cut off. A few at most.
 DROP_GONE = f"DELETE FROM supervisors WHERE last_seen_at + {LIVE_INTERVALS} * renew_ms <= $p"
 SEEN = "UPDATE supervisors SET last_seen_at = $p WHERE supervisor_id = $p"
@@ -75,8 +76,8 @@ class SupervisorTable(SupervisorClient):
         row = (supervisor_id, host, pid, started, now, json.dumps(sorted(served)), concurrency, workers, renew_ms)
         with self._conn.write() as db:
             db.execute(self._sql[DROP_GONE], (now,))
-            db.execute(self._sql[REGISTER], row)
-        return _record(row)
+            stored = db.execute(self._sql[REGISTER], row).fetchone()
+        return _record(stored)  # its start kept, when it was registered already
 
     def seen(self, supervisor_id, *, now=None) -> bool:
         arguments.identifier("supervisor_id", supervisor_id)
