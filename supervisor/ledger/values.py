@@ -6,7 +6,7 @@ Every reply object has a `status` string, so callers can branch on `reply.status
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Optional, Union
 
 
@@ -309,7 +309,9 @@ class LedgerStats:
     (None when nothing is due); `unacknowledged` the executions whose last deliveries went
     unacknowledged, most first (at most `limit`); `live_leases` every live lease, soonest
     expiry first. `deliveries` counts every claim ever made (the lease history's rows), so two
-    readings give deliveries per second.
+    readings give deliveries per second. `served`, when its reader asked (`with_served`), is the
+    set of workflows some live supervisor serves (`backend.supervisors.served`), read after the
+    rest; None when not read.
     """
 
     now: int
@@ -319,3 +321,23 @@ class LedgerStats:
     unacknowledged: list
     live_leases: list
     deliveries: int
+    served: Optional[frozenset] = None
+
+    def with_served(self, served) -> "LedgerStats":
+        return replace(self, served=frozenset(served))
+
+    def unserved(self) -> dict:
+        """The work nobody runs (SPEC section 11): for each workflow that no live supervisor
+        serves, its admitted and suspended executions, `{workflow: {status: count}}`, non-zero
+        counts only; empty when `served` was not read."""
+        if self.served is None:
+            return {}
+        waiting = (ExecutionStatus.ADMITTED.value, ExecutionStatus.SUSPENDED.value)
+        out = {}
+        for workflow, counts in self.by_workflow.items():
+            if workflow in self.served:
+                continue
+            counts = {status: counts[status] for status in waiting if counts.get(status)}
+            if counts:
+                out[workflow] = counts
+        return out
