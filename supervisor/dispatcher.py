@@ -33,6 +33,12 @@ errors are replies like any other: a transient one (busy, disk full, I/O) is log
 is made again after a backoff; a lasting one (a corrupt, deleted or foreign file) stops the
 supervisor with exit code 5 and a message that says what to do.
 
+Routing (SPEC section 11): each worker reports the workflows its app registers when it is ready,
+and the supervisor claims only those (`serving`): executions of other workflows are left to the
+supervisors that serve them, and `--until-idle` does not wait for them. While it runs, the
+supervisor has a row among the ledger's live supervisors (`backend.supervisors`), seen again at
+every renewal round and removed at a clean exit.
+
 The app is loaded before the ledger is opened: the workers start first, and the supervisor
 opens its connections once one of them reports that it loaded the app (they open the ledger only
 then, too). An app that cannot be loaded (a mistyped path, a syntax error, an exception on
