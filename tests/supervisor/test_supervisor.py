@@ -339,8 +339,10 @@ def test_cli_commands_over_a_supervised_run(each_backend, tmp_path, supervisors,
     got = cli(each_backend, "get", "order-1", "--json")
     assert got.returncode == 0, got.stderr
     record = json.loads(got.stdout)
-    assert set(record) == record_keys() | {"waiting_for"}  # `get` adds what a waiting execution waits for
+    # `get` adds what a waiting execution waits for, and whether a live supervisor serves it
+    assert set(record) == record_keys() | {"waiting_for", "served"}
     assert record["waiting_for"] == []  # a completed execution waits for nothing
+    assert record["served"] is False  # its supervisor exited: it is no longer live
     assert (record["input"], record["result"], record["error"]) == ({"order": 1}, "ok", None)
     assert (record["status"], record["token"], record["unacknowledged_deliveries"]) == ("completed", 1, 0)
     text = cli(each_backend, "get", "order-1")
