@@ -144,7 +144,8 @@ EXECUTIONS_CLAIMABLE_BY_WORKFLOW = """
 CREATE INDEX executions_claimable_by_workflow ON executions (workflow, due_at, seq)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
 EXECUTIONS_READY_BY_WORKFLOW = """
-CREATE INDEX executions_ready_by_workflow ON executions (workflow, ready_at) WHERE ready_at IS NOT NULL"""
+CREATE INDEX executions_ready_by_workflow ON executions (workflow, ready_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
 SUPERVISORS = """
 CREATE TABLE supervisors (
     supervisor_id  TEXT PRIMARY KEY,

@@ -145,8 +145,10 @@ INSERT INTO epochs (epoch, started_at, reason) VALUES (0, CAST((julianday('now')
 EXECUTIONS_CLAIMABLE_BY_WORKFLOW = """
 CREATE INDEX executions_claimable_by_workflow ON executions (workflow, due_at)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# Waiting rows only: a renewal, which moves a running row's ready_at, never writes to it.
 EXECUTIONS_READY_BY_WORKFLOW = """
-CREATE INDEX executions_ready_by_workflow ON executions (workflow, ready_at) WHERE ready_at IS NOT NULL"""
+CREATE INDEX executions_ready_by_workflow ON executions (workflow, ready_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
 # Every running supervisor, refreshed at each renewal round (`tables.supervisors`).
 SUPERVISORS = """
 CREATE TABLE supervisors (

@@ -40,8 +40,17 @@ from .lease_history import (
 )
 
 NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
-# The same for one workflow: a seek in the index of (workflow, ready_at) (`next_ready_of`).
-_NEXT_READY_OF = "SELECT min(ready_at) AS ready FROM executions $by_executions_ready_by_workflow WHERE workflow = $p AND ready_at IS NOT NULL"
+# The same for one workflow, in two parts (`next_ready_of`): the waiting rows, a seek in the index of
+# (workflow, ready_at), which a renewal never touches (it holds no running row: a renewal moves a
+# running row's ready_at at every round); and the running ones (each lease's expiry, plus the
+# redelivery delay), by the expiring index, whose rows of other workflows are stepped over.
+_NEXT_WAITING_OF = """
+SELECT min(ready_at) AS ready FROM executions $by_executions_ready_by_workflow
+WHERE workflow = $p AND ready_at IS NOT NULL AND status <> 'running'"""
+_NEXT_RUNNING_OF = """
+SELECT * FROM (
+    SELECT ready_at AS ready FROM executions $by_executions_expiring
+    WHERE status = 'running' AND workflow IN ({names}) ORDER BY ready_at LIMIT 1) AS running"""
 # An execution's row, then its recorded steps in write order, in one statement (one round trip,
 # one snapshot): each part's columns are NULL in the other's rows, so the row's input is sent
 # once, not once per step.
@@ -397,7 +406,7 @@ class ExecutionLeases(ExecutionRows):
         names, times = sorted(workflows), []
         for start in range(0, len(names), NEXT_READY_WORKFLOWS):
             some = names[start:start + NEXT_READY_WORKFLOWS]
-            times.append(self._conn.execute(self._sql[next_ready_of(len(some))], some).fetchone()[0])
+            times.append(self._conn.execute(self._sql[next_ready_of(len(some))], some + some).fetchone()[0])
         return min((at for at in times if at is not None), default=None)
 
     def ended(self, leases, *, now=None) -> list[ExecutionLease]:
@@ -426,9 +435,10 @@ NEXT_READY_WORKFLOWS = 200  # workflows per statement, as `execution_rows.CLAIM_
 
 @functools.lru_cache(maxsize=64)
 def next_ready_of(count: int) -> str:
-    """The earliest ready time of `count` named workflows: one index seek each."""
-    arms = " UNION ALL ".join([_NEXT_READY_OF] * count)
-    return f"SELECT min(ready) FROM ({arms}) AS each_workflow"
+    """The earliest ready time of `count` named workflows (their names are its parameters, twice:
+    once for the waiting rows, a seek each, once for the running ones)."""
+    arms = [_NEXT_WAITING_OF] * count + [_NEXT_RUNNING_OF.format(names=", ".join(["$p"] * count))]
+    return f"SELECT min(ready) FROM ({' UNION ALL '.join(arms)}) AS each_workflow"
 
 
 @functools.lru_cache(maxsize=64)
