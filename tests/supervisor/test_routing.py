@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from faults import RENEW_MS, TESTS, admit, cli, wait_gone, wait_until
+from faults import RENEW_MS, TESTS, admit, cli, sigkill, wait_gone, wait_until
 
 pytestmark = [pytest.mark.usefixtures("dump_on_hang"), pytest.mark.timeout(90)]
 
@@ -144,3 +144,42 @@ def test_get_json_says_whether_a_live_supervisor_serves_the_workflow_and_start_n
     orders.signal(signal.SIGTERM)
     assert orders.wait(30) == 0
     assert json.loads(cli(each_backend, "get", "order-1", "--json").stdout)["served"] is False
+
+
+CHANGING_APP = """
+from worker import workflow
+
+
+@workflow("rt.order")
+def order(ctx, input):
+    return "order"
+"""
+EXTRA = """
+
+@workflow("rt.extra")
+def extra(ctx, input):
+    return "extra, from the first version of the app"
+"""
+
+
+def test_an_app_changed_on_disk_under_a_running_supervisor_is_served_what_every_worker_runs(
+        sqlite_path, sqlite_ledger, supervisors, tmp_path):
+    app = tmp_path / "changing_app.py"
+    app.write_text(CHANGING_APP + EXTRA)
+    supervisor = supervisors.start(sqlite_path, app=str(app), concurrency=2)
+    wait_until(lambda: [s["workflows"] for s in live(sqlite_path)] == [["rt.extra", "rt.order"]], 20,
+               message="registered with both workflows")
+
+    app.write_text(CHANGING_APP)  # rt.extra is gone from the app; one worker is replaced and loads this
+    old = supervisor.workers()
+    sigkill(old[0])
+    supervisor.wait_log("claiming only what every worker runs: [rt.order]")
+    wait_until(lambda: [s["workflows"] for s in live(sqlite_path)] == [["rt.order"]], 20,
+               message="registered with rt.order alone")
+
+    admit(sqlite_path, "extra-1", "rt.extra")  # due first, and never claimed: not every worker runs it
+    admit(sqlite_path, "order-1", "rt.order")
+    wait_until(lambda: sqlite_ledger.executions.get("order-1").status == "completed", 20, message="order-1 completed")
+    extra = sqlite_ledger.executions.get("extra-1")
+    assert (extra.status, extra.token, extra.error_json) == ("admitted", 0, None)
+    assert "UnknownWorkflow" not in supervisor.log()
