@@ -9,6 +9,8 @@ On one fresh SQLite file in a temporary folder, in one process, with the ledger'
                  module, into a table shaped like `steps` (a text key of three columns and a
                  JSON text), on its own connection to the same file
   claim_due      one execution claimed per call (limit=1) from a backlog of due ones
+  claim routed   the same with workflows={"bench"} (routing: a supervisor's claim of the
+                 workflows its app registers)
   renew          one renewal of a live lease
   write_step     one fenced step write (token check and insert in one statement)
   acknowledge    one Completed acknowledgement
@@ -23,7 +25,9 @@ Then claim_due's cost against the history: the same claims with 1k and with 100k
 executions, in two more fresh files measured alternately. The completed rows are copies of a
 row the ledger itself produced (admitted, claimed, acknowledged), with its lease history,
 inserted in one transaction. An empty poll (claim_due with nothing due) is timed too, since
-that is what an idle dispatcher repeats. Last, for scale and without a target, claim_due's cost
+that is what an idle dispatcher repeats. Then a routed claim's cost against the due executions of
+a workflow it does not serve: with none and with 100k of them waiting (nobody serves them), in two
+more fresh files measured alternately. Last, for scale and without a target, claim_due's cost
 while 0, 1k and 10k other executions hold live leases.
 
 Exits 1 when the write_step target is missed.
@@ -66,7 +70,8 @@ class Round:
     """One repetition: N fresh executions taken through claim, renew, write_step, acknowledge,
     each call paired with a raw insert timed just before it."""
 
-    KINDS = ("claim_due", "renew", "write_step", "acknowledge")
+    KINDS = ("claim_due", "claim routed", "renew", "write_step", "acknowledge")
+    SERVED = frozenset({"bench"})
 
     def __init__(self, backend, raw, tag: str, n: int):
         self.backend, self.raw, self.tag, self.n = backend, raw, tag, n
@@ -99,11 +104,15 @@ class Round:
         for first in range(0, self.n, batch):
             for i in range(first, min(first + batch, self.n)):
                 ex.admit(f"{self.tag}-{i}", "bench")
-            leases, replies = [], []
+                ex.admit(f"{self.tag}-routed-{i}", "bench")
+            leases, routed, replies = [], [], []
             gc.collect()
             gc.disable()
             try:
                 timed("claim_due", lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS)),
+                      range(first, min(first + batch, self.n)))
+                timed("claim routed", lambda _: routed.extend(
+                    ex.claim_due(limit=1, duration=LEASE_MS, workflows=self.SERVED)),
                       range(first, min(first + batch, self.n)))
                 timed("renew", lambda lease: replies.append(ex.renew(lease, duration=LEASE_MS)), leases)
                 timed("write_step", lambda lease: replies.append(heap.write_step(
@@ -111,8 +120,10 @@ class Round:
                 timed("acknowledge", lambda lease: replies.append(ex.acknowledge(lease, Completed("null"))), leases)
             finally:
                 gc.enable()
+            for lease in routed:
+                ex.acknowledge(lease, Completed("null"))
             # Every call timed did its work (none was refused as a lost lease).
-            assert len(leases) == min(batch, self.n - first)
+            assert len(leases) == len(routed) == min(batch, self.n - first)
             assert [r.status for r in replies] == (["renewed"] * len(leases) + ["written"] * len(leases)
                                                     + ["completed"] * len(leases)), replies
         return {kind: (statistics.median(mine), statistics.median(base)) for kind, (mine, base) in times.items()}
@@ -204,6 +215,70 @@ def scaling(folder: str, small: int, large: int, repeats: int) -> None:
     print(f"  {f'ratio {large:,} / {small:,}':36}{claim[large] / claim[small]:12.2f}{poll[large] / poll[small]:12.2f}")
 
 
+def add_foreign_due(path: str, count: int) -> None:
+    """`count` due executions of workflow "other", admitted as the ledger admits them (copies of
+    one admitted row), in one transaction."""
+    with open_backend(path) as backend:
+        backend.executions.admit("other-template", "other", now=1)
+    conn = sqlite3.connect(path, isolation_level=None)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(executions)")]
+    select = ", ".join("'other-' || n.i" if c == "execution_id" else f"t.{c}" for c in columns)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(f"""
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+        INSERT INTO executions ({", ".join(columns)})
+        SELECT {select} FROM n, executions t WHERE t.execution_id = 'other-template'""", (count - 1,))
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def routed_costs(backend, tag: str, n: int) -> tuple[float, float]:
+    """Median seconds of one routed claim (workflows={"bench"}) from a backlog of n due
+    executions of its own, and of a routed empty poll; acknowledged afterwards."""
+    ex = backend.executions
+    for i in range(n):
+        ex.admit(f"{tag}-{i}", "bench")
+    leases = []
+    gc.collect()
+    gc.disable()
+    try:
+        claim = per_call(lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS, workflows=Round.SERVED)),
+                         range(n))
+        poll = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS, workflows=Round.SERVED), range(n))
+    finally:
+        gc.enable()
+    assert len(leases) == n
+    for lease in leases:
+        ex.acknowledge(lease, Completed("null"))
+    return claim, poll
+
+
+def routing(folder: str, foreign: int, repeats: int) -> None:
+    """A routed claim's cost with no due executions of other workflows, and with `foreign` of
+    them waiting (nobody serves them), measured alternately."""
+    files = {}
+    for size in (0, foreign):
+        path = os.path.join(folder, f"routing-{size}.db")
+        if size:
+            add_foreign_due(path, size)
+        files[size] = open_backend(path)
+    costs: dict[int, list[tuple[float, float]]] = {size: [] for size in files}
+    for r in range(repeats):
+        for size, backend in files.items():
+            costs[size].append(routed_costs(backend, f"r{r}", 200))
+    for backend in files.values():
+        backend.close()
+    claim = {size: statistics.median(c for c, _ in costs[size]) for size in costs}
+    poll = {size: statistics.median(p for _, p in costs[size]) for size in costs}
+    print()
+    print('claim_due(workflows={"bench"}) against due executions of a workflow it does not serve'
+          " (two fresh files; claims from a backlog of 200):")
+    print(f"  {'due executions of other workflows':36}{'claim one':>12}{'empty poll':>12}")
+    for size in files:
+        print(f"  {f'{size:,}':36}{us(claim[size]):>12}{us(poll[size]):>12}")
+    print(f"  {f'ratio {foreign:,} / 0':36}{claim[foreign] / claim[0]:12.2f}{poll[foreign] / poll[0]:12.2f}")
+
+
 def live_leases(folder: str, sizes=(0, 1_000, 10_000)) -> None:
     """claim_due's cost while many other executions hold live leases (for scale, not a target)."""
     with open_backend(os.path.join(folder, "live.db")) as backend:
@@ -269,6 +344,7 @@ def main() -> int:
         raw.close()
 
         scaling(folder, 1_000, args.terminal, args.repeats)
+        routing(folder, args.terminal, args.repeats)
         live_leases(folder)
     return 0 if verdict == "PASS" else 1
 

@@ -22,11 +22,12 @@ from .ledger.values import (
     Retry,
     StepWrite,
     Suspended,
+    SupervisorRecord,
 )
 
 __all__ = [
     "open_backend", "Backend", "SqliteBackend",
-    "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord", "StepWrite",
+    "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord", "StepWrite", "SupervisorRecord",
     "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost", "Retry",
     "ExecutionStatus", "DeliveryEnd",
     "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy",

@@ -33,6 +33,12 @@ errors are replies like any other: a transient one (busy, disk full, I/O) is log
 is made again after a backoff; a lasting one (a corrupt, deleted or foreign file) stops the
 supervisor with exit code 5 and a message that says what to do.
 
+Routing (SPEC section 11): each worker reports the workflows its app registers when it is ready,
+and the supervisor claims only those (`serving`): executions of other workflows are left to the
+supervisors that serve them, and `--until-idle` does not wait for them. While it runs, the
+supervisor has a row among the ledger's live supervisors (`backend.supervisors`), seen again at
+every renewal round and removed at a clean exit.
+
 The app is loaded before the ledger is opened: the workers start first, and the supervisor
 opens its connections once one of them reports that it loaded the app (they open the ledger only
 then, too). An app that cannot be loaded (a mistyped path, a syntax error, an exception on
@@ -163,6 +169,7 @@ class Supervisor:
         self._stop_requests = 0
         self._signals = Wakeup()
         self._pool: Optional[Pool] = None
+        self._loop: Optional[DispatchLoop] = None
 
     # -- signals: flags only -------------------------------------------------------------------
 
@@ -224,9 +231,9 @@ class Supervisor:
                     nudges = calls.backend.listen_for_due()
                 except (OSError, StorageError) as exc:
                     log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
-            loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, signals=self._signals,
-                                stop_requests=lambda: self._stop_requests, nudges=nudges, until_idle=until_idle,
-                                on_delivery=self._on_delivery)
+            loop = self._loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, signals=self._signals,
+                                             stop_requests=lambda: self._stop_requests, nudges=nudges,
+                                             until_idle=until_idle, on_delivery=self._on_delivery)
             shape = "" if cfg.slots == 1 else f" in {cfg.processes} workers of up to {cfg.slots} deliveries"
             log.info("supervising %s on %s: concurrency %d%s, lease %d ms, renew every %d ms (pid %d)",
                      self.app, shown(self.db_path), cfg.concurrency, shape, cfg.lease_ms, cfg.renew_ms, os.getpid())
@@ -244,6 +251,8 @@ class Supervisor:
             killed = self._stop_requests > 1 or loop is None or loop.fatal is not None
             pool.shutdown(kill=killed)
             # Told to stop at once, or with nothing left to write: do not wait for a busy database.
+            if loop is not None and not killed:
+                loop.deregister()  # after the calls in flight, before the threads stop
             self._close(calls, renewals, timeout=0.5 if killed else 5.0)
             self._restore(previous_handlers)
 
@@ -273,6 +282,13 @@ class Supervisor:
                 return None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    @property
+    def workflows(self) -> Optional[frozenset[str]]:
+        """The workflows this supervisor serves (claims): None until its first worker reported
+        them (see `serving`)."""
+        loop = self._loop
+        return None if loop is None else loop.workflows
 
     @property
     def running(self) -> int:

@@ -44,6 +44,7 @@ class LeaseKeeping:
         if now < self.next_renewal:
             return
         self.next_renewal = now + self.cfg.renew_ms / 1000
+        self.refresh_registration()  # this supervisor is live: one small statement a round
         due = [d for d in self.renewable(now) if not d.renewing and not d.lost]
         for delivery in due:
             delivery.renewing, delivery.renew_sent_at = True, now

@@ -15,7 +15,8 @@ touches nothing but its own queue and connection.
           +--- wait() sees the wake-up fd <-- Reply --+
 
 Each call is a value of its own type (`Claim`, `Acknowledge`, `Release`, `Renew`, `Ended`,
-`NextReadyAt`), matched by type: `make` makes each kind's one ledger method, the thread batches
+`NextReadyAt`; `Register`, `Seen`, `Deregister` for the supervisor's own row in the live
+supervisors), matched by type: `make` makes each kind's one ledger method, the thread batches
 by type, and the loop takes each reply to the handler registered for its call's type, so no
 call is named by a string.
 
@@ -116,11 +117,13 @@ class Call:
 
 @dataclass(frozen=True)
 class Claim(Call, name="claim_deliveries"):
-    """Up to `limit` leases of `duration` ms; as of the ledger's clock unless `now` is given."""
+    """Up to `limit` leases of `duration` ms of executions of `workflows` (None: any; routing);
+    as of the ledger's clock unless `now` is given."""
 
     limit: int
     duration: int
     now: Optional[int] = None
+    workflows: Optional[frozenset[str]] = None
 
 
 @dataclass(frozen=True)
@@ -160,14 +163,42 @@ class Ended(Call, name="ended"):
 
 @dataclass(frozen=True)
 class NextReadyAt(Call, name="next_ready_at"):
-    """When the next execution becomes claimable."""
+    """When the next execution (of `workflows`, None: any) becomes claimable."""
+
+    workflows: Optional[frozenset[str]] = None
 
 
-def make(call: Call, executions) -> Any:
-    """Make `call` on `executions` (a backend's `executions`): its reply's value."""
+@dataclass(frozen=True)
+class Register(Call, name="register"):
+    """Record this supervisor among the live ones (`backend.supervisors.register`): `row` holds
+    register's keyword arguments."""
+
+    supervisor_id: str
+    row: tuple  # ((name, value), ...): register's keyword arguments, hashable
+
+
+@dataclass(frozen=True)
+class Seen(Call, name="seen"):
+    """This supervisor is still running: one small statement, made at each renewal round; the
+    reply is False when its row was dropped (it was not seen for too long): register again."""
+
+    supervisor_id: str
+
+
+@dataclass(frozen=True)
+class Deregister(Call, name="remove"):
+    """This supervisor exits cleanly: its row goes."""
+
+    supervisor_id: str
+
+
+def make(call: Call, backend: Backend) -> Any:
+    """Make `call` on `backend`: its reply's value."""
+    executions = backend.executions
     match call:
         case Claim():
-            return executions.claim_deliveries(limit=call.limit, duration=call.duration, now=call.now)
+            return executions.claim_deliveries(limit=call.limit, duration=call.duration, now=call.now,
+                                               workflows=call.workflows)
         case Acknowledge():
             return executions.acknowledge(call.lease, call.outcome)
         case Release():
@@ -177,11 +208,17 @@ def make(call: Call, executions) -> Any:
         case Ended():
             return executions.ended(call.leases)
         case NextReadyAt():
-            return executions.next_ready_at()
+            return executions.next_ready_at(workflows=call.workflows)
+        case Register():
+            return backend.supervisors.register(call.supervisor_id, **dict(call.row))
+        case Seen():
+            return backend.supervisors.seen(call.supervisor_id)
+        case Deregister():
+            return backend.supervisors.remove(call.supervisor_id)
     raise TypeError(f"not a ledger call: {call!r}")
 
 
-CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt)
+CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt, Register, Seen, Deregister)
 
 
 @dataclass
@@ -194,12 +231,14 @@ class Reply:
 
 def _joins(call: Call, batch: Optional[list[Call]] = None) -> bool:
     """Whether `call` may share one transaction with `batch` (or start a batch when None):
-    acknowledgements, and claims of one lease duration, made as of the backend's clock."""
+    acknowledgements, and claims of one lease duration and one set of workflows, made as of the
+    backend's clock."""
     match call:
         case Acknowledge():
             return True
         case Claim(now=None):
-            return all(other.duration == call.duration for other in batch or () if isinstance(other, Claim))
+            return all(other.duration == call.duration and other.workflows == call.workflows
+                       for other in batch or () if isinstance(other, Claim))
         case _:
             return False
 
@@ -342,12 +381,12 @@ class LedgerCalls:
         if len(batch) == 1:
             call = batch[0]
             clock_ms = backend.clock() if call.timed else None
-            return [Reply(call, make(call, executions), clock_ms=clock_ms)]
+            return [Reply(call, make(call, backend), clock_ms=clock_ms)]
         acks = [call for call in batch if isinstance(call, Acknowledge)]
         claims = [call for call in batch if isinstance(call, Claim)]
         replies, claimed = executions.acknowledge_and_claim_deliveries(
             [(call.lease, call.outcome) for call in acks], limit=sum(call.limit for call in claims),
-            duration=claims[0].duration if claims else 1)
+            duration=claims[0].duration if claims else 1, workflows=claims[0].workflows if claims else None)
         out = [Reply(call, reply) for call, reply in zip(acks, replies)]
         for call in claims:  # each claim gets deliveries up to its own limit, in the order claimed
             out.append(Reply(call, claimed[:call.limit]))

@@ -46,8 +46,10 @@ from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
-from .ledger_calls import Acknowledge, Call, Claim, Ended, LedgerCalls, NextReadyAt, Release, Renew, Reply, Wakeup
+from .ledger_calls import (Acknowledge, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, Register, Release,
+                           Renew, Reply, Seen, Wakeup)
 from .pool import Child, Delivery, Pool
+from .serving import Serving, new_supervisor_id
 from .worker_watch import RELEASE_LINE, WorkerWatch
 
 __all__ = ["DispatchLoop", "ON_REPLY", "EXIT_STOPPED", "EXIT_KILLED", "EXIT_LEDGER_UNUSABLE",
@@ -67,10 +69,12 @@ BACKOFF_MAX_S = 2.0
 FILE_CHECK_S = 1.0
 
 
-class DispatchLoop(LeaseKeeping, WorkerWatch):
+class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
     seconds) as an argument and none blocks: waiting happens in `wait` alone. The steps that keep
-    leases are in `lease_keeping`, those that watch the worker processes in `worker_watch`."""
+    leases are in `lease_keeping`, those that watch the worker processes in `worker_watch`, those
+    that decide which workflows it serves and keep its row among the live supervisors in
+    `serving`."""
 
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
                  signals: Wakeup, stop_requests: Callable[[], int],
@@ -127,6 +131,13 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         self.next_unconfirmed = float("inf")
         self._selector: Optional[selectors.BaseSelector] = None  # see `selector`
         self._watched: list[Child] = []  # the children it watches
+        # Routing (`serving`): the workflows it claims, None until a worker reported them, and
+        # its row among the live supervisors.
+        self.workflows: Optional[frozenset[str]] = None
+        self.supervisor_id = new_supervisor_id()
+        self.registered = False  # its registration succeeded (and was not found gone since)
+        self.registering = False  # a Register or Seen is in flight
+        self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -227,6 +238,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         """Claim for the idle workers that no claim in flight is for. A claim may be sent while
         another is in flight: a worker freed meanwhile need not wait for it, and its claim goes
         out with the acknowledgement that freed it, in one transaction (see `wait`)."""
+        # No worker is ready before its report said what it serves (`serving`): `workflows` is
+        # set by the time there is a free slot to claim for.
         if self.grace_deadline is not None:
             return
         if not (self.claim_wanted or now >= self.next_poll):
@@ -238,7 +251,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         self.claiming += 1
         self.promised += wanted
         self.next_poll = now + self.cfg.poll_ms / 1000
-        self.calls.submit(Claim(wanted, self.cfg.lease_ms, about=now))
+        self.calls.submit(Claim(wanted, self.cfg.lease_ms, about=now, workflows=self.workflows))
 
     def on_claimed(self, reply: Reply, now: float) -> None:
         limit, sent_at = reply.call.limit, reply.call.about
@@ -269,7 +282,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         # after a nudge or a finished delivery that came while this claim was in flight).
         self.claim_wanted = self.claim_wanted or len(claimed) == limit
         if not claimed and self.claiming == 0 and (self.pool.idle() or self.until_idle):
-            self.calls.submit(NextReadyAt(timed=True))
+            self.calls.submit(NextReadyAt(timed=True, workflows=self.workflows))
 
     def idle(self, now: float) -> list[Child]:
         """The workers with a free slot that may take a delivery: heard from within two
@@ -358,6 +371,24 @@ class DispatchLoop(LeaseKeeping, WorkerWatch):
         for delivery in reply.call.about:
             if (delivery.lease.execution_id, delivery.lease.token) in ended:
                 self.lose(delivery, ENDED_IN_LEDGER, now)
+
+    # -- this supervisor among the live ones (the calls are made in `serving`) ----------------
+
+    def on_registered(self, reply: Reply, now: float) -> None:
+        self.registering = False
+        if reply.error is None:
+            self.registered = True
+            self.started_at_ms = reply.value.started_at
+
+    def on_seen(self, reply: Reply, now: float) -> None:
+        self.registering = False
+        if reply.error is None and reply.value is False:
+            log.info("this supervisor's registration was gone (not seen for three renewal intervals): registering"
+                     " again")
+            self.registered = False
+
+    def on_deregistered(self, reply: Reply, now: float) -> None:
+        pass  # made as the supervisor exits: nobody waits for it
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -513,6 +544,9 @@ ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
     Ended: DispatchLoop.on_ended,
     Acknowledge: DispatchLoop.on_settled,
     Release: DispatchLoop.on_settled,
+    Register: DispatchLoop.on_registered,
+    Seen: DispatchLoop.on_seen,
+    Deregister: DispatchLoop.on_deregistered,
 }
 
 

@@ -147,6 +147,7 @@ class Child:
     launched: float = field(default_factory=time.monotonic)
     start_deadline: Optional[float] = None  # while not ready: when to give up on it
     slots: int = 1  # deliveries it runs at once
+    workflows: Optional[frozenset] = None  # what its app registers, once it is ready
     # What it runs, by (execution id, token): handed over and not yet reported done.
     deliveries: dict[tuple, Delivery] = field(default_factory=dict)
 

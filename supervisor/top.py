@@ -79,6 +79,11 @@ def render(stats: LedgerStats, previous: LedgerStats | None = None, *, title: st
         failing.add_row(record.execution_id, record.workflow, str(record.status),
                         str(record.unacknowledged_deliveries), str(record.token))
 
+    unserved = stats.unserved()
+    if unserved:
+        waiting = "; ".join(f"{workflow} (" + ", ".join(f"{status} {n}" for status, n in counts.items()) + ")"
+                            for workflow, counts in unserved.items())
+        due = Text.assemble(due, "\n", (f"not served by any live supervisor: {waiting}", "yellow"))
     parts = [heading, Text(""), counts, due, Text(""),
              Text(f"live leases: {len(stats.live_leases)}", style="bold"), leases, Text(""),
              Text(f"failing (deliveries that went unacknowledged, most first): {len(stats.unacknowledged)}",

@@ -4,7 +4,8 @@ in, and owns its state).
 The heartbeat beats every ready worker and judges its silence; the loop's `wait` hands each
 message a worker sends to `receive`, and each death to `child_died`:
 
-    Ready / AppNotLoaded / LedgerNotOpened -> started (its first message)
+    Ready / AppNotLoaded / LedgerNotOpened -> started (its first message); Ready's workflows
+      -> what the loop serves (`serving`)
     Alive -> heard from     Done(execution, token) -> done -> the loop's `end`
     silent past the tolerance, dead, or not stopping a delivery it was told to stop
       -> replaced (killed, confirmed gone); one of several deliveries has them released at
@@ -143,6 +144,7 @@ class WorkerWatch:
                 self.ever_ready = True
                 self.start_deaths = 0
                 self.claim_wanted = True
+                self.worker_serves(child, message.workflows)
                 return
             case LedgerNotOpened():  # the ledger, not the app: the message says what to do
                 self.fatal = self.fatal or LedgerUnusable(message.error)

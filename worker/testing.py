@@ -55,6 +55,11 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
             with open_backend(os.path.join(folder, "ledger.db"), clock=clock, redelivery_delay=lambda n: 1) as backend:
                 return run_workflow(registry, workflow, input, execution_id=execution_id, backend=backend,
                                     clock=clock, max_deliveries=max_deliveries, lease_ms=lease_ms)
+    if workflow not in registry:
+        # A supervisor would never claim it (routing, SPEC section 11): it would stay admitted.
+        known = ", ".join(registry.names()) or "none"
+        raise WorkflowStuck(f"no workflow is registered as {workflow!r} (registered: {known}): no supervisor"
+                            " of this registry would ever run it")
     backend.executions.admit(execution_id, workflow, json.dumps(input))
     retried = ""
     for _ in range(max_deliveries):

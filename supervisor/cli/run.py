@@ -37,7 +37,9 @@ from . import (
                    " PostgreSQL): for a connection pooler that cannot LISTEN.")
 @click.option("--grace-ms", type=click.IntRange(min=0), default=10_000, show_default=True)
 @click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
-@click.option("--until-idle", is_flag=True, help="Exit once nothing is running and nothing is due.")
+@click.option("--until-idle", is_flag=True,
+              help="Exit once nothing is running and nothing of the workflows APP registers is due (executions of"
+                   " other workflows, which this supervisor never claims, are not waited for).")
 @click.option("--summary", "summary_s", type=click.FloatRange(min=0.1), default=None,
               help="Print a summary line every this many seconds.")
 @click.option("--quiet", is_flag=True, help="No line per delivery.")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 import click
 
 from ..humane import format_time, parse_time
-from ..ledger.values import ExecutionRecord, ExecutionStatus, WaitReason
+from ..ledger.values import TERMINAL_STATUSES, ExecutionRecord, ExecutionStatus, WaitReason
 from . import (
     EXIT_UNKNOWN,
     as_json,
@@ -33,17 +33,21 @@ LABEL = 27  # wide enough for `unacknowledged_deliveries`
 @click.pass_context
 @handles_errors
 def get(ctx, execution_id: str, as_json_: bool) -> None:
-    """Show one execution, and what it waits for."""
+    """Show one execution, what it waits for, and whether a live supervisor serves its workflow."""
     with backend_of(ctx, create=False) as backend:
         now = backend.clock()
         record = backend.executions.get(execution_id, now=now)
         if record is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         waiting = backend.executions.waiting_for(execution_id, now=now)
+        served = record.workflow in backend.supervisors.served(now=now)
     if as_json_:
-        click.echo(json.dumps({**as_json(record), "waiting_for": [asdict(w) for w in waiting]}))
+        click.echo(json.dumps({**as_json(record), "waiting_for": [asdict(w) for w in waiting], "served": served}))
         return
-    click.echo("\n".join(record_lines(record, waiting, now)))
+    lines = record_lines(record, waiting, now)
+    if not served and record.status not in TERMINAL_STATUSES:
+        lines.append(f"{'served':<{LABEL}} no: no live supervisor serves workflow {record.workflow!r}; it waits for one")
+    click.echo("\n".join(lines))
 
 
 def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int) -> list[str]:

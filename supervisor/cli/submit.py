@@ -8,7 +8,7 @@ import click
 
 from worker.client import Client
 
-from ..ledger.errors import UnknownEffect
+from ..ledger.errors import StorageError, UnknownEffect
 from ..ledger.values import SettleConflict
 from . import (
     EXIT_UNKNOWN,
@@ -36,6 +36,21 @@ def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None
     with Client(ledger_of(ctx)) as client:
         handle = client.start_json(workflow, input_json, id=execution_id)
     click.echo(handle.execution_id)
+    note_unserved(ctx, workflow)
+
+
+def note_unserved(ctx, workflow: str) -> None:
+    """A note on stderr when no live supervisor serves `workflow` (routing, SPEC section 11):
+    the execution was admitted all the same, and waits for one. A ledger that cannot say (busy,
+    unavailable) gets no note: the start is done."""
+    try:
+        with backend_of(ctx, create=False) as backend:
+            served = backend.supervisors.served()
+    except StorageError:
+        return
+    if workflow not in served:
+        click.echo(f"yieldstar: note: no live supervisor serves workflow {workflow!r}; the execution waits, admitted,"
+                   " until one that does is running (yieldstar supervisors lists them)", err=True)
 
 
 @main.command()

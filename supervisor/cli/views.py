@@ -1,6 +1,9 @@
 """Commands that summarise a ledger: `stats`, `metrics`, and the live view `top`.
 
-All three read one `executions.stats()` (a single read transaction) and never write.
+All three read one `executions.stats()` (a single read transaction), then the workflows live
+supervisors serve (`supervisors.served()`), and never write. Work that no live supervisor serves
+(routing, SPEC section 11) is shown apart: `stats --json`'s `unserved`, a `not served` line, and
+a line in `top`.
 """
 
 from __future__ import annotations
@@ -28,11 +31,17 @@ ALL = 2 ** 62
 def stats(ctx, limit: int, as_json_: bool) -> None:
     """Counts per status and workflow, the oldest due execution, and those whose deliveries fail."""
     with backend_of(ctx, create=False) as backend:
-        summary = backend.executions.stats(limit=limit)
+        summary = read_stats(backend, limit=limit)
     if as_json_:
         click.echo(json.dumps(stats_json(summary)))
         return
     click.echo("\n".join(stats_lines(summary)))
+
+
+def read_stats(backend, **options) -> LedgerStats:
+    """`executions.stats(**options)`, with the workflows live supervisors serve."""
+    summary = backend.executions.stats(**options)
+    return summary.with_served(backend.supervisors.served(now=summary.now))
 
 
 def stats_json(summary: LedgerStats) -> dict:
@@ -47,6 +56,7 @@ def stats_json(summary: LedgerStats) -> dict:
         "live_leases": [asdict(lease) for lease in summary.live_leases],
         "deliveries": summary.deliveries,
         "parked": summary.parked,
+        "unserved": summary.unserved(),
     }
 
 
@@ -77,7 +87,19 @@ def stats_lines(summary: LedgerStats) -> list[str]:
                      + "): a supervisor that serves the workflow tries them when it starts; `resume ID` one")
     lines.append(f"{'live leases':<{width}}  {len(summary.live_leases)}")
     lines.append(f"{'deliveries':<{width}}  {summary.deliveries}")
+    lines += unserved_lines(summary, width)
     return lines
+
+
+def unserved_lines(summary: LedgerStats, width: int) -> list[str]:
+    """`not served` and a line per workflow that no live supervisor serves while executions of it
+    wait; nothing when every waiting workflow is served."""
+    unserved = summary.unserved()
+    if not unserved:
+        return []
+    return [f"{'not served':<{width}}  no live supervisor serves these workflows; their executions wait"] + [
+        f"{'  ' + workflow:<{width}}  " + ", ".join(f"{status} {count}" for status, count in counts.items())
+        for workflow, counts in unserved.items()]
 
 
 @main.command()
@@ -102,4 +124,4 @@ def top(ctx, interval: float) -> None:
     from ..top import run  # rich is imported only by the command that draws with it
 
     with backend_of(ctx, create=False) as backend:
-        run(lambda: backend.executions.stats(), interval=interval, title=ctx.obj["db"])
+        run(lambda: read_stats(backend), interval=interval, title=ctx.obj["db"])

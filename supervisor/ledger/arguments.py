@@ -73,6 +73,20 @@ def lease(name: str, value: Any) -> ExecutionLease:
     return value
 
 
+def workflows(name: str, value: Any) -> Optional[frozenset[str]]:
+    """None (any workflow), or a collection of workflow names (each checked as an `identifier`)
+    as a frozenset. A bare str is refused, not read as its characters; an empty collection is
+    allowed (it matches nothing)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise InvalidArgument(f"{name} must be None or a collection of workflow names (a set, list or tuple of str),"
+                              f" not {type(value).__name__}")
+    for item in value:
+        identifier(f"{name} item", item)
+    return frozenset(value)
+
+
 def boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be a bool, not {type(value).__name__}")

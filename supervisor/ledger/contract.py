@@ -51,6 +51,7 @@ from .values import (
     StepWrite,
     StoreReceipt,
     StoreState,
+    SupervisorRecord,
     WaitReason,
 )
 
@@ -130,16 +131,29 @@ class ExecutionClient(abc.ABC):
         """
 
     @abc.abstractmethod
-    def claim_due(self, *, limit: int, duration: int, now: Optional[int] = None) -> list[ExecutionLease]:
+    def claim_due(self, *, limit: int, duration: int, now: Optional[int] = None,
+                  workflows: Optional[Collection[str]] = None) -> list[ExecutionLease]:
         """Atomically, across every process sharing the backend, lease up to `limit` executions.
 
         Claimable: non-terminal, `due_at <= now`, no live lease, and past the redelivery delay
         of its unacknowledged deliveries. Each gets `token + 1`, status `running` and
         `lease_expires_at = now + duration`; earliest `due_at` first.
+
+        Routing (SPEC section 11): with `workflows`, a collection of workflow names, only
+        executions whose workflow is one of them are claimed; None claims any workflow. An empty
+        collection claims nothing (a supervisor that serves no workflow). The cost of a claim
+        does not grow with the due executions of other workflows: each named workflow is one
+        index seek.
+
+        Raises:
+            InvalidArgument: `workflows` is not None nor a collection of workflow names (a bare
+                str is refused, not read as its characters), or one of them is not a valid
+                name (empty, not a str, too long); nothing is claimed then.
         """
 
     @abc.abstractmethod
-    def claim_deliveries(self, *, limit: int, duration: int, now: Optional[int] = None) -> list[Claimed]:
+    def claim_deliveries(self, *, limit: int, duration: int, now: Optional[int] = None,
+                         workflows: Optional[Collection[str]] = None) -> list[Claimed]:
         """`claim_due`, with what a worker needs to start each lease's delivery: the workflow,
         and for a first delivery (token 1, nothing recorded yet) the input (see `Claimed`)."""
 
@@ -193,10 +207,12 @@ class ExecutionClient(abc.ABC):
 
     @abc.abstractmethod
     def acknowledge_and_claim(self, acknowledgements: Sequence[tuple[ExecutionLease, Outcome]], *, limit: int,
-                              duration: int, now: Optional[int] = None
+                              duration: int, now: Optional[int] = None,
+                              workflows: Optional[Collection[str]] = None
                               ) -> tuple[list[Outcome | LeaseLost], list[ExecutionLease]]:
         """Group commit: every `(lease, outcome)` acknowledged as by `acknowledge`, then up to
-        `limit` executions claimed as by `claim_due`, in one transaction with one commit.
+        `limit` executions (of `workflows`, as `claim_due` filters them) claimed as by
+        `claim_due`, in one transaction with one commit.
 
         Each acknowledgement is fenced by its own token: a stale one is `LeaseLost` in its place
         in the replies and changes nothing, while the others are applied. Returns the replies, in
@@ -205,13 +221,15 @@ class ExecutionClient(abc.ABC):
 
     @abc.abstractmethod
     def acknowledge_and_claim_deliveries(self, acknowledgements: Sequence[tuple[ExecutionLease, Outcome]], *,
-                                         limit: int, duration: int, now: Optional[int] = None
+                                         limit: int, duration: int, now: Optional[int] = None,
+                                         workflows: Optional[Collection[str]] = None
                                          ) -> tuple[list[Outcome | LeaseLost], list[Claimed]]:
         """`acknowledge_and_claim`, with each new lease as `claim_deliveries` gives it."""
 
     @abc.abstractmethod
-    def next_ready_at(self) -> Optional[int]:
-        """The earliest time any execution may become claimable, or None."""
+    def next_ready_at(self, *, workflows: Optional[Collection[str]] = None) -> Optional[int]:
+        """The earliest time any execution (of `workflows`, when given, as `claim_due` filters
+        them) may become claimable, or None."""
 
     @abc.abstractmethod
     def history(self, execution_id: str, *, now: Optional[int] = None) -> list[LeaseRecord]:
@@ -419,13 +437,51 @@ class StoreClient(abc.ABC):
         of what a `take` looks for, is kept for operators (`waiting_for`)."""
 
 
+class SupervisorClient(abc.ABC):
+    """The live supervisors (SPEC section 11): a registration each running supervisor keeps
+    fresh. Unfenced: a hint for operators and for "is this workflow served", which nothing that
+    decides whose writes count reads."""
+
+    @abc.abstractmethod
+    def register(self, supervisor_id: str, *, host: str, pid: int, workflows: Collection[str], concurrency: int,
+                 workers: int, renew_ms: int, started_at: Optional[int] = None, now: Optional[int] = None
+                 ) -> SupervisorRecord:
+        """Record (or update) the supervisor `supervisor_id`, seen at `now`, serving `workflows`
+        (an empty collection: none), renewing every `renew_ms`; `started_at` defaults to `now`
+        and is kept when the row exists. In the same transaction, drops the rows of supervisors
+        no longer live.
+
+        Raises:
+            InvalidArgument: a bad id, host, pid, workflow name or count.
+        """
+
+    @abc.abstractmethod
+    def seen(self, supervisor_id: str, *, now: Optional[int] = None) -> bool:
+        """One statement: `last_seen_at = now`. False when the row is gone (dropped once it was no
+        longer live, e.g. after a pause): the supervisor registers again."""
+
+    @abc.abstractmethod
+    def remove(self, supervisor_id: str) -> None:
+        """Remove the registration (a clean exit); nothing when there is none."""
+
+    @abc.abstractmethod
+    def live(self, *, now: Optional[int] = None) -> list[SupervisorRecord]:
+        """The supervisors live at `now` (seen within `LIVE_INTERVALS` of their own renewal
+        intervals), oldest first."""
+
+    @abc.abstractmethod
+    def served(self, *, now: Optional[int] = None) -> set[str]:
+        """The workflows some live supervisor serves at `now`."""
+
+
 class Backend(abc.ABC):
     """The ledger as a backend opens it (`open_backend`): what everything above the ledger calls,
     and all it may know of the database it runs on. Nothing above the ledger asks which database
     that is; where the two differ, a backend answers one of the questions below.
 
     Attributes:
-        executions, heap, starts, effects, stores: the table clients (the interfaces above).
+        executions, heap, starts, effects, stores, supervisors: the table clients (the
+            interfaces above).
         clock: `() -> int` ms, the time the backend's calls take when given no `now`.
         path: what the ledger was opened from, as given (a file's path, or a URI).
 
@@ -437,6 +493,7 @@ class Backend(abc.ABC):
     starts: WorkflowStartClient
     effects: EffectClient
     stores: StoreClient
+    supervisors: SupervisorClient
     clock: Callable[[], int]
     path: str
 

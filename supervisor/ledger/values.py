@@ -6,7 +6,7 @@ Every reply object has a `status` string, so callers can branch on `reply.status
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Optional, Union
 
 
@@ -280,6 +280,33 @@ class LiveLease:
     renewals: int
 
 
+# A supervisor is live while seen within this many of its renewal intervals (SPEC section 11).
+LIVE_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class SupervisorRecord:
+    """A running supervisor as the ledger knows it (`backend.supervisors`): registered at its
+    start, seen again at every renewal round, removed at its clean exit. `id` is its own, for its
+    run; `workflows` the names it serves (claims), sorted; `renew_ms` its renewal interval, which
+    says how long it may go unseen: it is live while `now < last_seen_at + LIVE_INTERVALS *
+    renew_ms` (`live_until`)."""
+
+    id: str
+    host: str
+    pid: int
+    started_at: int
+    last_seen_at: int
+    workflows: tuple[str, ...]
+    concurrency: int
+    workers: int
+    renew_ms: int
+
+    @property
+    def live_until(self) -> int:
+        return self.last_seen_at + LIVE_INTERVALS * self.renew_ms
+
+
 @dataclass(frozen=True)
 class LedgerStats:
     """A summary of a ledger as of `now` (`executions.stats`), for `stats`, `metrics` and `top`.
@@ -290,7 +317,9 @@ class LedgerStats:
     unacknowledged, most first (at most `limit`); `live_leases` every live lease, soonest
     expiry first. `deliveries` counts every claim ever made (the lease history's rows), so two
     readings give deliveries per second. `parked` maps each workflow that has parked executions
-    (suspended after a diverged replay, waiting for new code) to how many.
+    (suspended after a diverged replay, waiting for new code) to how many. `served`, when its
+    reader asked (`with_served`), is the set of workflows some live supervisor serves
+    (`backend.supervisors.served`), read after the rest; None when not read.
     """
 
     now: int
@@ -301,3 +330,23 @@ class LedgerStats:
     live_leases: list
     deliveries: int
     parked: dict = field(default_factory=dict)
+    served: Optional[frozenset] = None
+
+    def with_served(self, served) -> "LedgerStats":
+        return replace(self, served=frozenset(served))
+
+    def unserved(self) -> dict:
+        """The work nobody runs (SPEC section 11): for each workflow that no live supervisor
+        serves, its admitted and suspended executions, `{workflow: {status: count}}`, non-zero
+        counts only; empty when `served` was not read."""
+        if self.served is None:
+            return {}
+        waiting = (ExecutionStatus.ADMITTED.value, ExecutionStatus.SUSPENDED.value)
+        out = {}
+        for workflow, counts in self.by_workflow.items():
+            if workflow in self.served:
+                continue
+            counts = {status: counts[status] for status in waiting if counts.get(status)}
+            if counts:
+                out[workflow] = counts
+        return out

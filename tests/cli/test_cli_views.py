@@ -212,9 +212,10 @@ def test_get_shows_a_failure_readably_and_json_values_as_json(shop):
     assert "waiting for" not in shown  # a terminal execution waits for nothing
 
 
-def test_get_json_adds_waiting_for_and_keeps_every_other_key(shop):
+def test_get_json_adds_waiting_for_and_served_and_keeps_every_other_key(shop):
     record = json.loads(ok(yieldstar(shop, "get", "order-wait", "--json")))
-    assert set(record) == record_keys() | {"waiting_for"}
+    assert set(record) == record_keys() | {"waiting_for", "served"}
+    assert record["served"] is False  # no supervisor runs here
     assert record["status"] == "admitted" and isinstance(record["due_at"], int)
     assert record["waiting_for"] == [{"kind": "due", "target": None, "at": record["due_at"], "detail": None}]
     text = fields(ok(yieldstar(shop, "get", "order-wait")))

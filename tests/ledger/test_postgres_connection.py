@@ -186,6 +186,31 @@ def test_a_version_1_ledger_is_migrated_into_epoch_0_and_records_the_server_it_r
     assert (epoch, reason) == (0, "created") and incarnation.startswith(f"{system}:")
 
 
+def test_a_version_2_ledger_is_migrated_to_routing_and_live_supervisors_and_keeps_its_rows(pg_uri):
+    from supervisor.ledger.postgres.schema import MIGRATIONS
+
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        for statements in MIGRATIONS[:2]:
+            for statement in statements:
+                conn.execute(statement)
+        conn.execute("INSERT INTO yieldstar_schema (version) VALUES (2)")
+        for execution_id, workflow in (("old-order", "order"), ("old-refund", "refund")):
+            conn.execute("INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,"
+                         " unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)"
+                         " VALUES (%s, %s, 'null', 'admitted', 0, 5, 0, 0, 5, 5, 5)", (execution_id, workflow))
+    with open_backend(pg_uri) as backend:
+        (lease,) = backend.executions.claim_due(limit=10, duration=60_000, workflows={"refund"})
+        assert lease.execution_id == "old-refund"
+        assert backend.executions.next_ready_at(workflows={"order"}) == 5
+        backend.supervisors.register("s", host="h", pid=1, workflows=["refund"], concurrency=1, workers=1,
+                                     renew_ms=1_000)
+        assert [s.id for s in backend.supervisors.live()] == ["s"]
+    with psycopg.connect(pg_uri) as conn:
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(3,)]
+        indexes = {name for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'executions'")}
+    assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
+
+
 def test_the_uris_own_options_reach_the_server_beside_the_ledgers_settings(pg_cluster, pg_uri):
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA ledger")

@@ -58,7 +58,33 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
         assert backend.executions.get("old").status == "admitted"
         assert backend.executions.waiting_for("old", now=10) == [WaitReason("effect", "e"), WaitReason("due", None, 5)]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert "detail" in [row[1] for row in db.execute("PRAGMA table_info(waiters)")]
     # Version 3: a ledger from before epochs ran in epoch 0, and goes on in it.
     assert db.execute("SELECT epoch, reason FROM epochs").fetchall() == [(0, "created")]
+
+
+def test_a_version_3_ledger_is_migrated_to_routing_and_live_supervisors_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "v3.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statements in MIGRATIONS[:3]:
+        for statement in statements:
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 3")
+    for execution_id, workflow in (("old-order", "order"), ("old-refund", "refund")):
+        db.execute("INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,"
+                   " unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)"
+                   " VALUES (?, ?, 'null', 'admitted', 0, 5, 0, 0, 5, 5, 5)", (execution_id, workflow))
+    db.close()
+    path.chmod(0o600)
+    with open_backend(path) as backend:
+        (lease,) = backend.executions.claim_due(limit=10, duration=60_000, workflows={"refund"})
+        assert lease.execution_id == "old-refund"
+        assert backend.executions.next_ready_at(workflows={"order"}) == 5
+        backend.supervisors.register("s", host="h", pid=1, workflows=["refund"], concurrency=1, workers=1,
+                                     renew_ms=1_000)
+        assert [s.id for s in backend.supervisors.live()] == ["s"]
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes

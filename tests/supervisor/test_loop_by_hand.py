@@ -3,7 +3,9 @@ at once, by a claim of its own, and no worker is claimed for twice; a lease foun
 from its worker's report when one is already waiting in the pipe, and its worker killed otherwise.
 With workers of several deliveries (`--workers`): claims fill the free slots in turn up to the
 concurrency, a lost lease is a `Stop` to its worker alone, and a worker found dead while being
-handed deliveries has them released.
+handed deliveries has them released. Routing: workers that report different workflows are
+served only what every one of them runs, and a registration among the live supervisors that meets
+a storage error is made again at the next round.
 
 Real ledger threads on a real SQLite file; the workers are the supervisor's ends of socket pairs
 (what the loop sends them is read back from the other ends).
@@ -21,8 +23,9 @@ import pytest
 from faults import APP, admit, wait_until
 from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
+from supervisor.ledger.errors import StorageUnavailable
 from supervisor.ledger.values import LeaseLost
-from supervisor.ledger_calls import CALLS, LedgerCalls, Renew, Reply, Wakeup
+from supervisor.ledger_calls import CALLS, LedgerCalls, Register, Renew, Reply, Wakeup
 from supervisor.loop import ON_REPLY, DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
 from worker._runtime.protocol import Alive, Done, Run, Stop
@@ -194,3 +197,47 @@ def test_a_shared_worker_found_dead_while_handed_deliveries_has_them_all_release
     wait_until(lambda: (shared_loop.take_replies(time.monotonic()) or not shared_loop.ending),
                message="the 3 releases")
     assert sqlite_ledger.executions.stats().by_status.get("running", 0) == 2
+
+
+# -- routing (`serving`) ---------------------------------------------------------------------------
+
+def replies_taken(loop, done) -> None:
+    wait_until(lambda: loop.take_replies(time.monotonic()) or done(), message="the replies")
+
+
+def test_workers_that_report_different_workflows_are_served_only_what_every_one_runs(loop, sqlite_ledger, caplog):
+    first, second = loop.pool.children
+    loop.worker_serves(first, ("rt.a", "rt.b"))
+    assert loop.workflows == {"rt.a", "rt.b"}
+    replies_taken(loop, lambda: loop.registered)
+    assert [s.workflows for s in sqlite_ledger.supervisors.live()] == [("rt.a", "rt.b")]
+
+    # The app was edited on disk: a replacement worker registers another set.
+    loop.worker_serves(second, ("rt.b", "rt.c"))
+    assert loop.workflows == {"rt.b"}
+    assert "claiming only what every worker runs: [rt.b]" in caplog.text
+    replies_taken(loop, lambda: loop.registered)
+    assert [s.workflows for s in sqlite_ledger.supervisors.live()] == [("rt.b",)]
+
+    for name in ("rt.a", "rt.b", "rt.c"):
+        admit(sqlite_ledger.path, f"e-{name}", name)
+    loop.claim(time.monotonic())
+    loop.calls.flush()
+    replies_taken(loop, lambda: loop.claiming == 0)
+    assert sorted(e for end in loop.workers for e in handed(end)) == ["e-rt.b"]
+    assert {r.execution_id: r.status for r in sqlite_ledger.executions.list()} == {
+        "e-rt.a": "admitted", "e-rt.b": "running", "e-rt.c": "admitted"}
+
+
+def test_a_registration_that_meets_a_storage_error_is_made_again_at_the_next_round(loop, sqlite_ledger):
+    loop.workflows = frozenset({"rt.a"})
+    now = time.monotonic()
+    failed = Reply(Register(loop.supervisor_id, ()), error=StorageUnavailable("disk full"))
+    loop.registering = True
+    loop.count_failures(failed)
+    ON_REPLY[Register](loop, failed, now)  # as `take_replies` hands it on
+    assert loop.fatal is None and not loop.registered and loop.stats.storage_errors == 1
+
+    loop.renew(loop.next_renewal)  # the next renewal round registers it again
+    replies_taken(loop, lambda: loop.registered)
+    assert [(s.id, s.workflows) for s in sqlite_ledger.supervisors.live()] == [(loop.supervisor_id, ("rt.a",))]

@@ -245,13 +245,14 @@ def test_until_idle_exits_0_once_every_execution_is_terminal(each_backend, each_
     for execution_id in ids:
         admit(each_backend, execution_id, "sv.noop3")
     admit(each_backend, "idle-nap", "sv.nap", {"seconds": 1.0, "log": str(log)})  # due again later: not idle yet
-    admit(each_backend, "idle-unknown", "sv.no-such-workflow")  # fails, and never stops the supervisor
+    # Not this app's: never claimed, never failed, and not waited for (routing, SPEC section 11).
+    admit(each_backend, "idle-unknown", "sv.no-such-workflow")
 
     supervisor = supervisors.start(each_backend, concurrency=2, until_idle=True, ready=False)
     assert supervisor.wait(30) == 0
     assert completed(each_ledger, *ids, "idle-nap")
-    failure = each_ledger.executions.get("idle-unknown")
-    assert failure.status == "failed" and json.loads(failure.error_json)["type"] == "UnknownWorkflow"
+    foreign = each_ledger.executions.get("idle-unknown")
+    assert foreign.status == "admitted" and foreign.token == 0 and foreign.error_json is None
     assert [e.event for e in read_log(log)] == ["begin", "end"]
     assert "idle: nothing running and nothing due" in supervisor.log()
 
@@ -338,8 +339,10 @@ def test_cli_commands_over_a_supervised_run(each_backend, tmp_path, supervisors,
     got = cli(each_backend, "get", "order-1", "--json")
     assert got.returncode == 0, got.stderr
     record = json.loads(got.stdout)
-    assert set(record) == record_keys() | {"waiting_for"}  # `get` adds what a waiting execution waits for
+    # `get` adds what a waiting execution waits for, and whether a live supervisor serves it
+    assert set(record) == record_keys() | {"waiting_for", "served"}
     assert record["waiting_for"] == []  # a completed execution waits for nothing
+    assert record["served"] is False  # its supervisor exited: it is no longer live
     assert (record["input"], record["result"], record["error"]) == ({"order": 1}, "ok", None)
     assert (record["status"], record["token"], record["unacknowledged_deliveries"]) == ("completed", 1, 0)
     text = cli(each_backend, "get", "order-1")

@@ -40,7 +40,7 @@ MESSAGES = [
     Done("e1", 3, Completed('{"ok": true}'), 12),
     Done("e2", 1, Retry("x" * 100_000), 0),  # larger than one write
     (ExecutionLease("e3", 7, 42), "é" * 20_000),
-    Beat(None), Exit(), Alive(), Ready(123), AppNotLoaded(123, "cannot load app x: y"),
+    Beat(None), Exit(), Alive(), Ready(123, ("order", "refund")), AppNotLoaded(123, "cannot load app x: y"),
     LedgerNotOpened(123, "corrupt", "corrupt"), Stop("e1", 3),
 ]
 

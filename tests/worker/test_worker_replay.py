@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from supervisor import Completed, Failed, LeaseLost, Retry, Suspended, open_backend  # noqa: E402
+from supervisor import Completed, Failed, LeaseLost, Released, Retry, Suspended, open_backend  # noqa: E402
 from tests import workflows_sample as sample  # noqa: E402
 from worker._runtime.driver import run_delivery  # noqa: E402
 from worker.testing import FakeClock, WorkflowStuck, run_workflow  # noqa: E402
@@ -456,14 +456,18 @@ def test_a_non_serialisable_workflow_result_fails_the_execution(sqlite_backend):
     assert sqlite_backend.executions.get(EID).status == "failed"
 
 
-def test_an_unknown_workflow_fails_the_execution_cleanly(sqlite_backend):
+def test_an_unknown_workflow_is_released_not_failed(sqlite_backend):
     admit(sqlite_backend, "no_such_workflow")
+    lease = claim(sqlite_backend, EID)
 
-    outcome = deliver(sqlite_backend)
+    outcome = run_delivery(sqlite_backend, lease, sample.registry)
 
-    error = error_of(outcome)
-    assert error["type"] == "UnknownWorkflow" and "'no_such_workflow'" in error["message"]
-    assert sqlite_backend.executions.get(EID).status == "failed"
+    # Routing (SPEC section 11): a workflow this worker's app lacks is another supervisor's.
+    assert isinstance(outcome, Retry) and outcome.storage_error is None
+    assert outcome.reason.startswith("UnknownWorkflow") and "'no_such_workflow'" in outcome.reason
+    assert sqlite_backend.executions.release(lease) == Released()
+    record = sqlite_backend.executions.get(EID)
+    assert record.status == "admitted" and record.error_json is None and record.unacknowledged_deliveries == 1
 
 
 # -- a busy database --------------------------------------------------------------------------

@@ -135,9 +135,13 @@ class WorkflowRun:
             return storage_retry(exc)
         self.fn = self.registry.get(self.execution.workflow)
         if self.fn is None:
+            # Not this worker's to run (routing, SPEC section 11): released, never failed. A
+            # supervisor claims only the workflows its workers reported, so this is an app
+            # changed on disk under a running supervisor, or a delivery made by hand; the
+            # execution stays admitted (or suspended) for a supervisor that serves it.
             known = ", ".join(self.registry.names()) or "none"
-            return failure("UnknownWorkflow",
-                           f"no workflow is registered as {self.execution.workflow!r} (registered: {known})")
+            return Retry(f"UnknownWorkflow: no workflow is registered as {self.execution.workflow!r} in this"
+                         f" worker's app (registered: {known}); released for a supervisor that serves it")
         self.asynchronous = is_async_workflow(self.fn)
         return None
 

@@ -9,7 +9,7 @@ the one a frozen dataclass with slots gets pickles by way of `copyreg` and a Pyt
 `Run` carries goes as its three fields for the same reason.
 
 parent -> child                               child -> parent
-Run(lease, claimed_at, start)                 Ready(pid)                    once, after loading the
+Run(lease, claimed_at, start)                 Ready(pid, workflows)         once, after loading the
 Stop(execution_id, token)                     AppNotLoaded(pid, error)      app and opening the
 Beat(expires_at or None)                      LedgerNotOpened(pid, error,   ledger: one of these
 Exit()    finish and exit                       storage_error)
@@ -23,7 +23,8 @@ which come back in the order the deliveries end, each naming its execution and t
 A `Done`'s outcome goes whole, fields included: a replay that diverged from its records comes
 back as `Suspended(diverged=detail)`, and the detail reaches the acknowledgement that parks it.
 
-`AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
+`Ready.workflows` names the workflows the app registers, sorted: what the supervisor claims
+(routing, SPEC section 11). `AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
 `LedgerNotOpened` says the ledger could not be opened for a lasting reason (a corrupt or unsafe
 file; `storage_error` is the `StorageError.kind`), not that the app is broken.
 
@@ -113,6 +114,7 @@ class Ready:
     """The child loaded the app and opened the ledger: it may take deliveries."""
 
     pid: int
+    workflows: tuple[str, ...] = ()  # the names its app registers, sorted
 
 
 @message

@@ -14,9 +14,11 @@
 -- p_flush: the commit waits for the WAL flush (a claim is durable before it is handed out).
 -- p_details: per acknowledgement, how a diverged replay diverged (a suspension that parks the
 -- execution: `tables.parking`), else NULL.
+-- p_workflows: claim only executions of these workflows (routing); NULL: of any workflow.
 CREATE FUNCTION pg_temp.yieldstar_batch(
     p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[], p_details text[],
-    p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean)
+    p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean,
+    p_workflows text[])
 RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text)
 LANGUAGE plpgsql AS $batch$
 DECLARE
@@ -124,12 +126,23 @@ BEGIN
             FROM (
                 SELECT * FROM (
                     SELECT 0 AS part, seq, {columns} FROM executions
-                    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
+                    WHERE p_workflows IS NULL
+                        AND ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
                     ORDER BY due_at, seq LIMIT p_limit FOR UPDATE SKIP LOCKED) AS due
+                UNION ALL
+                -- Routing: the due rows of each workflow served, one index seek each
+                -- (executions_claimable_by_workflow), so that due rows of workflows not served
+                -- here, however many, are never read.
+                SELECT 0, due_of.* FROM unnest(p_workflows) AS served (name) CROSS JOIN LATERAL (
+                    SELECT seq, {columns} FROM executions
+                    WHERE workflow = served.name
+                        AND ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
+                    ORDER BY due_at, seq LIMIT p_limit FOR UPDATE SKIP LOCKED) AS due_of
                 UNION ALL
                 SELECT * FROM (
                     SELECT 1, seq, {columns} FROM executions
-                    WHERE status = 'running' AND ready_at <= p_now FOR UPDATE SKIP LOCKED) AS expired
+                    WHERE status = 'running' AND ready_at <= p_now
+                        AND (p_workflows IS NULL OR workflow = ANY(p_workflows)) FOR UPDATE SKIP LOCKED) AS expired
                 ORDER BY due_at, part, seq LIMIT p_limit) AS claimable),
         claimed AS (
             UPDATE executions e SET token = p.token + 1, status = 'running', lease_expires_at = p.at + p_duration,

@@ -56,12 +56,12 @@ def batch_function() -> str:
 BATCH = """
 SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input FROM pg_temp.yieldstar_batch(
     %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint, %s::bigint, %s::bigint, %s::text,
-    %s::boolean, %s::boolean)"""
+    %s::boolean, %s::boolean, %s::text[])"""
 
 
 class PostgresExecutionTable(ExecutionTable):
     def _acknowledge_and_claim(self, checked: list[Acknowledgement], now: Optional[int], *, limit: int = 0,
-                               duration: int = 0):
+                               duration: int = 0, workflows: Optional[frozenset[str]] = None):
         """As the shared table's, in one call of `yieldstar_batch`: one round trip, in a
         transaction of its own, whose commit waits for the WAL flush when it claims."""
         now = self._now(now)
@@ -80,8 +80,9 @@ class PostgresExecutionTable(ExecutionTable):
                                                acknowledgement.diverged)):
                 column.append(value)
         flush = limit > 0
+        served = None if workflows is None else sorted(workflows)
         rows = self._conn.execute(BATCH, (*columns, now, limit, duration, self._holder, self._one_clock,
-                                          flush)).fetchall()
+                                          flush, served)).fetchall()
         current, ended, woke, claimed = set(), [], False, []
         for kind, execution_id, token, expires, workflow, input_json in rows:
             if kind in ("acknowledged", "ended"):

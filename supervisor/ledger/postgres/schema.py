@@ -139,6 +139,26 @@ FIRST_EPOCH = """
 INSERT INTO epochs (epoch, started_at, reason) VALUES (0, (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
     'created')"""
 
+# Version 3 (the SQLite ledger's version 4): routing and live supervisors, as on SQLite.
+EXECUTIONS_CLAIMABLE_BY_WORKFLOW = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, due_at, seq)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+EXECUTIONS_READY_BY_WORKFLOW = """
+CREATE INDEX executions_ready_by_workflow ON executions (workflow, ready_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+SUPERVISORS = """
+CREATE TABLE supervisors (
+    supervisor_id  TEXT PRIMARY KEY,
+    host           TEXT NOT NULL,
+    pid            INTEGER NOT NULL,
+    started_at     BIGINT NOT NULL,
+    last_seen_at   BIGINT NOT NULL,
+    renew_ms       BIGINT NOT NULL,
+    workflows_json TEXT NOT NULL,
+    concurrency    INTEGER NOT NULL,
+    workers        INTEGER NOT NULL
+)"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -146,11 +166,12 @@ MIGRATIONS: list[tuple[str, ...]] = [
      EXECUTIONS_BY_AGE, EXECUTIONS_BY_UPDATE, LEASE_HISTORY, STEPS, STEPS_IN_ORDER, WAITERS, WAITERS_BY_WAITER,
      STARTS, STARTS_BY_TARGET, EFFECTS, STORES, STORE_RECEIPTS),
     (EPOCHS, FIRST_EPOCH),
+    (EXECUTIONS_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_READY_BY_WORKFLOW, SUPERVISORS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.
 TABLES_SINCE = {"executions": 1, "lease_history": 1, "steps": 1, "waiters": 1, "starts": 1, "effects": 1, "stores": 1,
-                "store_receipts": 1, "epochs": 2}
+                "store_receipts": 1, "epochs": 2, "supervisors": 3}
 TABLES = tuple(TABLES_SINCE)
 
 SCHEMA_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"

@@ -139,12 +139,37 @@ CREATE TABLE epochs (
 FIRST_EPOCH = """
 INSERT INTO epochs (epoch, started_at, reason) VALUES (0, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER), 'created')"""
 
+# Version 4: routing and live supervisors (SPEC section 11). A supervisor claims only the
+# workflows its app registers: one seek per workflow in these, so due executions that nobody here
+# serves are never read by its claims or by its wait for the next one.
+EXECUTIONS_CLAIMABLE_BY_WORKFLOW = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, due_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# Waiting rows only: a renewal, which moves a running row's ready_at, never writes to it.
+EXECUTIONS_READY_BY_WORKFLOW = """
+CREATE INDEX executions_ready_by_workflow ON executions (workflow, ready_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# Every running supervisor, refreshed at each renewal round (`tables.supervisors`).
+SUPERVISORS = """
+CREATE TABLE supervisors (
+    supervisor_id  TEXT PRIMARY KEY,
+    host           TEXT NOT NULL,
+    pid            INTEGER NOT NULL,
+    started_at     INTEGER NOT NULL,
+    last_seen_at   INTEGER NOT NULL,
+    renew_ms       INTEGER NOT NULL,  -- its renewal interval: live while seen within three of them
+    workflows_json TEXT NOT NULL,     -- the workflows it serves, a JSON array of names
+    concurrency    INTEGER NOT NULL,
+    workers        INTEGER NOT NULL
+) WITHOUT ROWID"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
      LEASE_HISTORY, STEPS, WAITERS, STARTS, EFFECTS, STORES, STORE_RECEIPTS),
     (EXECUTIONS_BY_UPDATE, WAITERS_BY_WAITER, WAITERS_DETAIL, STARTS_PARENT, STARTS_BY_TARGET),
     (EPOCHS, FIRST_EPOCH),
+    (EXECUTIONS_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_READY_BY_WORKFLOW, SUPERVISORS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -11,6 +11,7 @@ Each module holds the statements of its tables and the logic of its client:
       execution_rows   what both halves share: the row, its statuses, how it reads as of a time
     lease_history    every statement for the lease history
     heap, starts, effects, stores, and the `waiters` they share; `epochs`.
+    supervisors      the live supervisors (routing: who serves which workflows)
 
 Each statement is a module-level template, written once for both backends: plain SQL where the
 databases agree and a named fragment where they differ (`$p` for a parameter, `$for_update`,
@@ -35,6 +36,7 @@ from .executions import ExecutionTable
 from .heap import HeapTable
 from .starts import StartTable
 from .stores import StoreTable
+from .supervisors import SupervisorTable
 
 
 def default_redelivery_delay(n: int) -> int:
@@ -86,6 +88,7 @@ class LedgerTables(Backend):
         self.starts = StartTable(self._conn, self._clock, on_due=announce)
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)
         self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)
+        self.supervisors = SupervisorTable(self._conn, self._clock)
 
     def _announce_due(self) -> None:
         raise NotImplementedError

@@ -18,6 +18,7 @@ How a row is stored versus how it reads:
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from typing import Callable, Optional
@@ -63,19 +64,49 @@ ON CONFLICT (execution_id) DO NOTHING"""
 # Claimable rows: due executions not running, earliest due first, and running ones whose lease
 # expired and whose redelivery delay has passed (all of them: as many as the leases dead holders
 # left behind), to be ordered by due_at with the others. One statement, one round trip; `{lock}`
-# is where each half takes its row locks (`claimable`).
-_CLAIMABLE = f"""
+# is where each half takes its row locks (`claimable_statement`).
+_DUE = f"""
 SELECT * FROM (
     SELECT {COLUMNS} FROM executions $by_executions_claimable
     WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= $p AND ready_at <= $p
-    ORDER BY due_at LIMIT $p{{lock}}) AS due
-UNION ALL
+    ORDER BY due_at LIMIT $p{{lock}}) AS due"""
+# The same for one workflow (a claim of the workflows a supervisor serves: routing), by the index
+# of (workflow, due_at): one seek per workflow, so due executions of workflows it does not serve,
+# however many, are never read.
+_DUE_OF = f"""
+SELECT * FROM (
+    SELECT {COLUMNS} FROM executions $by_executions_claimable_by_workflow
+    WHERE workflow = $p AND ready_at IS NOT NULL AND status <> 'running' AND due_at <= $p AND ready_at <= $p
+    ORDER BY due_at LIMIT $p{{lock}}) AS due{{i}}"""
+# Expired leases are few (those of dead holders), so a workflow filter on them reads no more.
+_EXPIRED = f"""
 SELECT * FROM (
     SELECT {COLUMNS} FROM executions $by_executions_expiring
-    WHERE status = 'running' AND ready_at <= $p{{lock}}) AS expired"""
+    WHERE status = 'running' AND ready_at <= $p{{only}}{{lock}}) AS expired"""
 SKIP_LOCKED = " $skip_locked"
-CLAIMABLE = _CLAIMABLE.format(lock="")
-CLAIMABLE_LOCKED = _CLAIMABLE.format(lock=SKIP_LOCKED)
+# How many workflows one claim statement names, at most (SQLite allows 500 arms in a UNION):
+# a claim for more is made of several statements, merged by due time.
+CLAIM_WORKFLOWS = 200
+
+
+@functools.lru_cache(maxsize=256)
+def claimable_statement(workflows: int, lock: bool) -> str:
+    """The claimable rows' template: any workflow when `workflows` is -1, else the rows of
+    `workflows` named workflows (their names are its parameters: `claimable_parameters`)."""
+    lock_clause = SKIP_LOCKED if lock else ""
+    if workflows < 0:
+        return _DUE.format(lock=lock_clause) + "\nUNION ALL" + _EXPIRED.format(only="", lock=lock_clause)
+    arms = [_DUE_OF.format(lock=lock_clause, i=i) for i in range(workflows)]
+    only = " AND workflow IN ({})".format(", ".join(["$p"] * workflows))
+    return "\nUNION ALL".join(arms + [_EXPIRED.format(only=only, lock=lock_clause)])
+
+
+def claimable_parameters(workflows: Optional[list[str]], now: int, limit: int) -> tuple:
+    """The parameters of `claimable_statement` for `workflows` (None: any)."""
+    if workflows is None:
+        return (now, now, limit, now)
+    return (*(value for name in workflows for value in (name, now, now, limit)), now, *workflows)
+
 
 WAKE = """
 UPDATE executions SET due_at = $p, wake_during_lease = $p, ready_at = $p, updated_at = $p
@@ -190,10 +221,20 @@ class ExecutionRows:
             db.execute(self._sql[WAKE], (due, None, ready, self._stamp(row, now), execution_id))
         return True
 
-    def _claimable(self, db, now: int, limit: int, *, lock: bool = False) -> list[Row]:
-        """Up to `limit` claimable rows, earliest due first; with `lock`, rows no other claimer
-        holds (on PostgreSQL, each claimer skips the rows another has locked)."""
-        found = db.execute(self._sql[CLAIMABLE_LOCKED if lock else CLAIMABLE], (now, now, limit, now)).fetchall()
+    def _claimable(self, db, now: int, limit: int, *, lock: bool = False,
+                   workflows: Optional[frozenset[str]] = None) -> list[Row]:
+        """Up to `limit` claimable rows, earliest due first, of `workflows` (None: any); with
+        `lock`, rows no other claimer holds (on PostgreSQL, each claimer skips the rows another
+        has locked)."""
+        if workflows is None:
+            found = db.execute(self._sql[claimable_statement(-1, lock)],
+                               claimable_parameters(None, now, limit)).fetchall()
+        else:
+            names, found = sorted(workflows), []
+            for start in range(0, len(names), CLAIM_WORKFLOWS):
+                some = names[start:start + CLAIM_WORKFLOWS]
+                found += db.execute(self._sql[claimable_statement(len(some), lock)],
+                                    claimable_parameters(some, now, limit)).fetchall()
         return sorted((Row(row) for row in found), key=lambda row: row.due_at)[:limit]
 
     def _row(self, db: Transaction, execution_id: str, *, lock: bool = True) -> Row:

@@ -40,6 +40,17 @@ from .lease_history import (
 )
 
 NEXT_READY = "SELECT min(ready_at) FROM executions WHERE ready_at IS NOT NULL"
+# The same for one workflow, in two parts (`next_ready_of`): the waiting rows, a seek in the index of
+# (workflow, ready_at), which a renewal never touches (it holds no running row: a renewal moves a
+# running row's ready_at at every round); and the running ones (each lease's expiry, plus the
+# redelivery delay), by the expiring index, whose rows of other workflows are stepped over.
+_NEXT_WAITING_OF = """
+SELECT min(ready_at) AS ready FROM executions $by_executions_ready_by_workflow
+WHERE workflow = $p AND ready_at IS NOT NULL AND status <> 'running'"""
+_NEXT_RUNNING_OF = """
+SELECT * FROM (
+    SELECT ready_at AS ready FROM executions $by_executions_expiring
+    WHERE status = 'running' AND workflow IN ({names}) ORDER BY ready_at LIMIT 1) AS running"""
 # An execution's row, then its recorded steps in write order, in one statement (one round trip,
 # one snapshot): each part's columns are NULL in the other's rows, so the row's input is sent
 # once, not once per step.
@@ -163,14 +174,16 @@ class ExecutionLeases(ExecutionRows):
                 waiters.register(db, self._sql, waiters.EXECUTION, execution_id, waiter, now)
         return self._as_of(row, now)
 
-    def claim_due(self, *, limit, duration, now=None) -> list[ExecutionLease]:
-        return [claimed.lease for claimed in self.claim_deliveries(limit=limit, duration=duration, now=now)]
+    def claim_due(self, *, limit, duration, now=None, workflows=None) -> list[ExecutionLease]:
+        return [claimed.lease for claimed in self.claim_deliveries(limit=limit, duration=duration, now=now,
+                                                                   workflows=workflows)]
 
-    def claim_deliveries(self, *, limit, duration, now=None) -> list[Claimed]:
+    def claim_deliveries(self, *, limit, duration, now=None, workflows=None) -> list[Claimed]:
         arguments.integer("limit", limit, minimum=0)
         arguments.integer("duration", duration, minimum=1)
+        workflows = arguments.workflows("workflows", workflows)
         given, now = now, self._now(now)
-        if limit == 0:
+        if limit == 0 or workflows is not None and not workflows:
             return []
         # Look before taking the write lock: an idle supervisor's empty poll then costs a read,
         # and does not queue behind (or hold up) other processes' writes. A backend with row
@@ -178,13 +191,14 @@ class ExecutionLeases(ExecutionRows):
         # Right after a claim that found work, more is likely: the look would only cost a read.
         if self._conn.whole_database_write_lock and not self._last_claim_found:
             with self._conn.read() as db:
-                if not self._claimable(db, now, limit):
+                if not self._claimable(db, now, limit, workflows=workflows):
                     return []
-        return self._acknowledge_and_claim([], given, limit=limit, duration=duration)[1]
+        return self._acknowledge_and_claim([], given, limit=limit, duration=duration, workflows=workflows)[1]
 
-    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int) -> list[Claimed]:
+    def _claim_in(self, db: Transaction, now: int, limit: int, duration: int,
+                  workflows: Optional[frozenset[str]] = None) -> list[Claimed]:
         claimed, opened = [], []
-        for row in self._claimable(db, now, limit, lock=True):
+        for row in self._claimable(db, now, limit, lock=True, workflows=workflows):
             at = self._stamp(row, now)
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
             if row.status == RUNNING:
@@ -299,12 +313,12 @@ class ExecutionLeases(ExecutionRows):
         (reply,), _ = self._acknowledge_and_claim([self._acknowledgement(lease, outcome)], now)
         return reply
 
-    def acknowledge_and_claim(self, acknowledgements, *, limit, duration, now=None):
+    def acknowledge_and_claim(self, acknowledgements, *, limit, duration, now=None, workflows=None):
         replies, claimed = self.acknowledge_and_claim_deliveries(acknowledgements, limit=limit, duration=duration,
-                                                                  now=now)
+                                                                  now=now, workflows=workflows)
         return replies, [each.lease for each in claimed]
 
-    def acknowledge_and_claim_deliveries(self, acknowledgements, *, limit, duration, now=None):
+    def acknowledge_and_claim_deliveries(self, acknowledgements, *, limit, duration, now=None, workflows=None):
         if isinstance(acknowledgements, (str, bytes)) or not hasattr(acknowledgements, "__iter__"):
             raise arguments.InvalidArgument(
                 f"acknowledgements must be a sequence of (lease, outcome) pairs, not {type(acknowledgements).__name__}")
@@ -315,12 +329,16 @@ class ExecutionLeases(ExecutionRows):
             checked.append(self._acknowledgement(*pair))
         arguments.integer("limit", limit, minimum=0)
         arguments.integer("duration", duration, minimum=1)
-        return self._acknowledge_and_claim(checked, now, limit=limit, duration=duration)
+        workflows = arguments.workflows("workflows", workflows)
+        if workflows is not None and not workflows:
+            limit = 0  # serving no workflow claims nothing
+        return self._acknowledge_and_claim(checked, now, limit=limit, duration=duration, workflows=workflows)
 
     def _acknowledge_and_claim(self, checked: list[Acknowledgement], now: Optional[int], *, limit: int = 0,
-                               duration: int = 0):
+                               duration: int = 0, workflows: Optional[frozenset[str]] = None):
         """Checked acknowledgements, then a claim of up to `limit` leases of
-        `duration`, in one transaction; the announcements after its commit."""
+        `duration` (of `workflows`, a non-empty set, or any when None), in one transaction; the
+        announcements after its commit."""
         given, now = now, self._now(now)
         with self._conn.write(flush=limit > 0) as db:  # claims are durable before they are handed out
             now = self._now_locked(given, now)
@@ -334,7 +352,7 @@ class ExecutionLeases(ExecutionRows):
             ended = ended_executions(checked, replies)
             # Executions waiting for these to finish (ctx.wait_for) are woken with them, all at once.
             woke = waiters.wake_all(db, self._sql, waiters.EXECUTION, ended, now, self.wake_in)
-            claimed = self._claim_in(db, now, limit, duration) if limit else []
+            claimed = self._claim_in(db, now, limit, duration, workflows) if limit else []
         if limit:
             self._last_claim_found = bool(claimed)
         self._announce_acknowledged(ended, woke)
@@ -378,11 +396,20 @@ class ExecutionLeases(ExecutionRows):
             db.execute(self._sql[history_end(len(some))],
                        (now, how.value, outcome, *(value for lease in some for value in (lease.execution_id, lease.token))))
 
-    def next_ready_at(self) -> Optional[int]:
-        """The earliest time any execution may be claimed (it may be past), or None if none ever
-        will be without a new admission or wake. Running executions count at their lease's
-        expiry plus the redelivery delay."""
-        return self._conn.execute(self._sql[NEXT_READY]).fetchone()[0]
+    def next_ready_at(self, *, workflows=None) -> Optional[int]:
+        """The earliest time any execution (of `workflows`, when given) may be claimed (it may be
+        past), or None if none ever will be without a new admission or wake. Running executions
+        count at their lease's expiry plus the redelivery delay."""
+        workflows = arguments.workflows("workflows", workflows)
+        if workflows is None:
+            return self._conn.execute(self._sql[NEXT_READY]).fetchone()[0]
+        if not workflows:
+            return None
+        names, times = sorted(workflows), []
+        for start in range(0, len(names), NEXT_READY_WORKFLOWS):
+            some = names[start:start + NEXT_READY_WORKFLOWS]
+            times.append(self._conn.execute(self._sql[next_ready_of(len(some))], some + some).fetchone()[0])
+        return min((at for at in times if at is not None), default=None)
 
     def ended(self, leases, *, now=None) -> list[ExecutionLease]:
         """The leases among `leases` whose delivery has ended: cancelled, acknowledged,
@@ -403,6 +430,17 @@ class ExecutionLeases(ExecutionRows):
 def renew_many_statement(count: int) -> str:
     """RENEW_MANY for `count` leases."""
     return RENEW_MANY.format(leases=", ".join(["($p, $p)"] * count))
+
+
+NEXT_READY_WORKFLOWS = 200  # workflows per statement, as `execution_rows.CLAIM_WORKFLOWS`
+
+
+@functools.lru_cache(maxsize=64)
+def next_ready_of(count: int) -> str:
+    """The earliest ready time of `count` named workflows (their names are its parameters, twice:
+    once for the waiting rows, a seek each, once for the running ones)."""
+    arms = [_NEXT_WAITING_OF] * count + [_NEXT_RUNNING_OF.format(names=", ".join(["$p"] * count))]
+    return f"SELECT min(ready) FROM ({' UNION ALL '.join(arms)}) AS each_workflow"
 
 
 @functools.lru_cache(maxsize=64)

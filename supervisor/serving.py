@@ -1,0 +1,109 @@
+"""What a supervisor serves, and its row among the live supervisors: a part of the dispatcher
+loop (`loop.DispatchLoop` mixes it in, and owns its state). SPEC section 11, routing.
+
+The supervisor learns its workflows from its workers: each reports the names its app registers
+when it is ready (`Ready.workflows`). The loop claims only those (`Claim.workflows`), waits only
+for those (`NextReadyAt.workflows`, so `--until-idle` counts only its own), and keeps a row in
+the ledger's live supervisors saying so:
+
+    first worker ready      -> served = its workflows; `began_serving`: Register
+                               (and, where it belongs, the unparking of their parked executions)
+    another worker ready    -> served = what every ready worker registers (the intersection);
+                               a change (the app was edited on disk) is logged, and registered
+    each renewal round      -> Seen: one small statement; a row found gone -> Register again
+    clean exit              -> Deregister
+
+Why the intersection: a delivery goes to whichever worker has a free slot, so the loop may claim
+only what every worker can run. A worker whose app lacks a workflow that was claimed anyway
+releases its delivery (`Retry`, "UnknownWorkflow"), never fails it.
+
+The row is a hint for operators and for "is this served": a storage error on any of these calls
+is logged once (`count_failures`) and the call is made again at the next round. It costs an
+operator a moment of a wrong "not served", never a delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from typing import Optional
+
+from .ledger_calls import Deregister, Register, Seen
+from .pool import Child
+
+log = logging.getLogger("yieldstar.supervisor")
+
+
+def new_supervisor_id() -> str:
+    """`host:pid:random`, readable and unique for the run."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Serving:
+    """The dispatcher loop's steps that decide what it serves and keep its row among the live
+    supervisors (see the module docstring); the state they use is `DispatchLoop`'s:
+    `workflows` (None until a worker is ready), `supervisor_id`, `registered`, `started_at_ms`.
+    The replies to its calls are the loop's (`DispatchLoop.on_registered`, `on_seen`)."""
+
+    def worker_serves(self, child: Child, workflows: tuple[str, ...]) -> None:
+        """A worker reported ready with the workflows its app registers."""
+        child.workflows = frozenset(workflows)
+        reports = [c.workflows for c in self.pool.children if c.ready and c.workflows is not None]
+        served = frozenset.intersection(*reports)
+        if self.workflows is None:
+            self.workflows = served
+            if served:
+                log.info("serving %d workflows: %s", len(served), ", ".join(sorted(served)))
+            else:
+                log.warning("the app registers no workflow: nothing will be claimed")
+            self.began_serving(served)
+            return
+        if served == self.workflows:
+            return
+        if child.workflows != self.workflows:
+            log.warning("worker pid %d registers %s, where the workers before it registered %s (was the app changed"
+                        " on disk?); claiming only what every worker runs: %s", child.pid, _names(child.workflows),
+                        _names(self.workflows), _names(served))
+        else:
+            log.info("every worker now registers %s: claiming them", _names(served))
+        self.workflows = served
+        self.register()
+
+    def began_serving(self, workflows: frozenset[str]) -> None:
+        """The workflows this supervisor serves are known (its first worker is ready): record it
+        among the live supervisors. Parked executions of these workflows become due again here
+        once the ledger can do so (`backend.executions.unpark(workflows)`, SPEC section 11: "a
+        parked execution is tried again when a supervisor that serves its workflow starts"),
+        submitted as a call on `self.calls` like `Register`."""
+        self.register()
+
+    def register(self) -> None:
+        """Submit this supervisor's registration (again)."""
+        cfg = self.cfg
+        row = (("host", socket.gethostname()), ("pid", os.getpid()), ("workflows", tuple(sorted(self.workflows))),
+               ("concurrency", cfg.concurrency), ("workers", cfg.processes), ("renew_ms", cfg.renew_ms),
+               ("started_at", self.started_at_ms))
+        self.registered, self.registering = False, True
+        self.renewals.submit(Register(self.supervisor_id, row))
+
+    def refresh_registration(self) -> None:
+        """At each renewal round: say this supervisor is still running (or register it, when its
+        registration has not succeeded yet)."""
+        if self.workflows is None or self.grace_deadline is not None or self.registering:
+            return
+        if self.registered:
+            self.registering = True
+            self.renewals.submit(Seen(self.supervisor_id))
+        else:
+            self.register()
+
+    def deregister(self) -> None:
+        """A clean exit: the row goes (after the calls already submitted)."""
+        if self.workflows is not None:
+            self.renewals.submit(Deregister(self.supervisor_id))
+
+
+def _names(workflows: Optional[frozenset[str]]) -> str:
+    return "[" + ", ".join(sorted(workflows or ())) + "]"
