@@ -192,6 +192,14 @@ class Deregister(Call, name="remove"):
     supervisor_id: str
 
 
+@dataclass(frozen=True)
+class Unpark(Call, name="unpark"):
+    """The workflows this supervisor serves became known (or changed): their parked executions
+    (parked by a replay that diverged, SPEC section 11) are due again (`executions.unpark`)."""
+
+    workflows: frozenset[str]
+
+
 def make(call: Call, backend: Backend) -> Any:
     """Make `call` on `backend`: its reply's value."""
     executions = backend.executions
@@ -215,10 +223,13 @@ def make(call: Call, backend: Backend) -> Any:
             return backend.supervisors.seen(call.supervisor_id)
         case Deregister():
             return backend.supervisors.remove(call.supervisor_id)
+        case Unpark():
+            return executions.unpark(call.workflows)
     raise TypeError(f"not a ledger call: {call!r}")
 
 
-CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt, Register, Seen, Deregister)
+CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt, Register, Seen, Deregister,
+                                 Unpark)
 
 
 @dataclass

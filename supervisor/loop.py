@@ -47,7 +47,7 @@ from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
 from .ledger_calls import (Acknowledge, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, Register, Release,
-                           Renew, Reply, Seen, Wakeup)
+                           Renew, Reply, Seen, Unpark, Wakeup)
 from .pool import Child, Delivery, Pool
 from .serving import Serving, new_supervisor_id
 from .worker_watch import RELEASE_LINE, WorkerWatch
@@ -137,6 +137,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
         self.supervisor_id = new_supervisor_id()
         self.registered = False  # its registration succeeded (and was not found gone since)
         self.registering = False  # a Register or Seen is in flight
+        self.unpark_pending = False  # an Unpark met a storage error: made again at the next round
         self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
 
     # -- the loop ------------------------------------------------------------------------------
@@ -387,6 +388,13 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
                      " again")
             self.registered = False
 
+    def on_unparked(self, reply: Reply, now: float) -> None:
+        if reply.error is not None:
+            self.unpark_pending = True
+        elif reply.value:
+            log.info("%d parked executions are due again: their replay diverged from their records under earlier"
+                     " code, and this code may replay them", reply.value)
+
     def on_deregistered(self, reply: Reply, now: float) -> None:
         pass  # made as the supervisor exits: nobody waits for it
 
@@ -547,6 +555,7 @@ ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
     Register: DispatchLoop.on_registered,
     Seen: DispatchLoop.on_seen,
     Deregister: DispatchLoop.on_deregistered,
+    Unpark: DispatchLoop.on_unparked,
 }
 
 

@@ -6,11 +6,13 @@ when it is ready (`Ready.workflows`). The loop claims only those (`Claim.workflo
 for those (`NextReadyAt.workflows`, so `--until-idle` counts only its own), and keeps a row in
 the ledger's live supervisors saying so:
 
-    first worker ready      -> served = its workflows; `began_serving`: Register
-                               (and, where it belongs, the unparking of their parked executions)
+    first worker ready      -> served = its workflows; `began_serving`: Register, and Unpark:
+                               their parked executions are due again (new code may replay them)
     another worker ready    -> served = what every ready worker registers (the intersection);
-                               a change (the app was edited on disk) is logged, and registered
-    each renewal round      -> Seen: one small statement; a row found gone -> Register again
+                               a change (the app was edited on disk) is logged, registered and
+                               unparked
+    each renewal round      -> Seen: one small statement; a row found gone -> Register again;
+                               an Unpark that met a storage error -> made again
     clean exit              -> Deregister
 
 Why the intersection: a delivery goes to whichever worker has a free slot, so the loop may claim
@@ -30,7 +32,7 @@ import secrets
 import socket
 from typing import Optional
 
-from .ledger_calls import Deregister, Register, Seen
+from .ledger_calls import Deregister, Register, Seen, Unpark
 from .pool import Child
 
 log = logging.getLogger("yieldstar.supervisor")
@@ -70,14 +72,22 @@ class Serving:
             log.info("every worker now registers %s: claiming them", _names(served))
         self.workflows = served
         self.register()
+        self.unpark()
 
     def began_serving(self, workflows: frozenset[str]) -> None:
         """The workflows this supervisor serves are known (its first worker is ready): record it
-        among the live supervisors. Parked executions of these workflows become due again here
-        once the ledger can do so (`backend.executions.unpark(workflows)`, SPEC section 11: "a
-        parked execution is tried again when a supervisor that serves its workflow starts"),
-        submitted as a call on `self.calls` like `Register`."""
+        among the live supervisors, and make the parked executions of these workflows due again
+        (SPEC section 11: "a parked execution is tried again when a supervisor that serves its
+        workflow starts"); one whose replay still diverges is parked again, at the cost of one
+        delivery."""
         self.register()
+        self.unpark()
+
+    def unpark(self) -> None:
+        """Submit the unparking of the served workflows' parked executions (again)."""
+        self.unpark_pending = False
+        if self.workflows:
+            self.renewals.submit(Unpark(self.workflows))
 
     def register(self) -> None:
         """Submit this supervisor's registration (again)."""
@@ -91,7 +101,11 @@ class Serving:
     def refresh_registration(self) -> None:
         """At each renewal round: say this supervisor is still running (or register it, when its
         registration has not succeeded yet)."""
-        if self.workflows is None or self.grace_deadline is not None or self.registering:
+        if self.workflows is None or self.grace_deadline is not None:
+            return
+        if self.unpark_pending:
+            self.unpark()
+        if self.registering:
             return
         if self.registered:
             self.registering = True

@@ -46,13 +46,6 @@ def detail(name: str, value: Any) -> str:
     return value
 
 
-def workflows(name: str, value: Any) -> list[str]:
-    """A collection of workflow names (each an `identifier`), not a str itself; distinct, sorted."""
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Collection):
-        raise InvalidArgument(f"{name} must be a collection of workflow names, not {type(value).__name__}")
-    return sorted({identifier(f"{name}[{i}]", each) for i, each in enumerate(value)})
-
-
 def integer(name: str, value: Any, *, minimum: Optional[int] = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidArgument(f"{name} must be an int, not {type(value).__name__}")
@@ -75,11 +68,11 @@ def lease(name: str, value: Any) -> ExecutionLease:
 
 def workflows(name: str, value: Any) -> Optional[frozenset[str]]:
     """None (any workflow), or a collection of workflow names (each checked as an `identifier`)
-    as a frozenset. A bare str is refused, not read as its characters; an empty collection is
-    allowed (it matches nothing)."""
+    as a frozenset. A bare str is refused, not read as its characters, and so is a mapping; an
+    empty collection is allowed (it matches nothing)."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Collection):
         raise InvalidArgument(f"{name} must be None or a collection of workflow names (a set, list or tuple of str),"
                               f" not {type(value).__name__}")
     for item in value:

@@ -432,3 +432,24 @@ def test_a_replay_that_diverges_under_new_code_ends_its_delivery_parked_and_runs
     assert record.status == "suspended" and record.error_json is None and record.token == 2
     assert [(e.event, e.step_key) for e in read_log(log)] == [("begin", "charge"), ("end", "charge")]
     assert [s.step_key for s in each_ledger.executions.get_with_steps("deploy-1")[1]] == ["charge", "cool-off"]
+
+    # Parked, not failed: nothing claims it, and it says what it waits for.
+    wait_until(lambda: [w.kind for w in each_ledger.executions.waiting_for("deploy-1")] == ["code"],
+               message="the execution parked")
+    (reason,) = each_ledger.executions.waiting_for("deploy-1")
+    assert "'charge-v2'" in reason.detail and reason.at is None
+    assert each_ledger.executions.get("deploy-1").due_at is None
+
+    # The code that recorded it comes back (a rollback): a supervisor that starts with it makes
+    # the parked execution due again; its replay meets its records, and it waits for its timer
+    # again, parked no more. The charge never ran twice.
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait() == 0
+    code.write_text("charge")
+    restarted = supervisors.start(each_backend, concurrency=1)
+    restarted.wait_log("1 parked executions are due again")
+    wait_until(lambda: [w.kind for w in each_ledger.executions.waiting_for("deploy-1")] == ["timer"],
+               message="replayed to its timer")
+    record = each_ledger.executions.get("deploy-1")
+    assert record.status == "suspended" and record.token == 3 and record.due_at is not None
+    assert [(e.event, e.step_key) for e in read_log(log)] == [("begin", "charge"), ("end", "charge")]

@@ -238,7 +238,9 @@ class ExecutionOperators(ExecutionRows):
     def unpark(self, workflows, *, now=None) -> int:
         """Every parked execution of `workflows` becomes due at `now`, parked no more (see
         `parking`), in one transaction; returns how many."""
-        names = arguments.workflows("workflows", workflows)
+        if workflows is None:
+            raise arguments.InvalidArgument("workflows must be a collection of workflow names, not None")
+        names = sorted(arguments.workflows("workflows", workflows))
         given, now = now, self._now(now)
         if not names:
             return 0
