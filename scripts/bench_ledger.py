@@ -150,8 +150,9 @@ def add_completed(path: str, template_id: str, first: int, count: int) -> None:
     conn.close()
 
 
-def claim_costs(backend, tag: str, n: int) -> tuple[float, float]:
-    """Median seconds of one claim from a backlog of n due executions, and of an empty poll.
+def claim_costs(backend, tag: str, n: int, workflows=None) -> tuple[float, float]:
+    """Median seconds of one claim from a backlog of n due executions, and of an empty poll;
+    `workflows`: routed claims (`claim_due(workflows=...)`) instead.
 
     The claimed executions are acknowledged afterwards, so that live leases do not pile up
     between repetitions (each repetition adds n completed executions to the history).
@@ -163,8 +164,9 @@ def claim_costs(backend, tag: str, n: int) -> tuple[float, float]:
     gc.collect()
     gc.disable()
     try:
-        claim = per_call(lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS)), range(n))
-        poll = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS), range(n))
+        claim = per_call(lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS, workflows=workflows)),
+                         range(n))
+        poll = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS, workflows=workflows), range(n))
     finally:
         gc.enable()
     assert len(leases) == n
@@ -232,27 +234,6 @@ def add_foreign_due(path: str, count: int) -> None:
     conn.close()
 
 
-def routed_costs(backend, tag: str, n: int) -> tuple[float, float]:
-    """Median seconds of one routed claim (workflows={"bench"}) from a backlog of n due
-    executions of its own, and of a routed empty poll; acknowledged afterwards."""
-    ex = backend.executions
-    for i in range(n):
-        ex.admit(f"{tag}-{i}", "bench")
-    leases = []
-    gc.collect()
-    gc.disable()
-    try:
-        claim = per_call(lambda _: leases.extend(ex.claim_due(limit=1, duration=LEASE_MS, workflows=Round.SERVED)),
-                         range(n))
-        poll = per_call(lambda _: ex.claim_due(limit=1, duration=LEASE_MS, workflows=Round.SERVED), range(n))
-    finally:
-        gc.enable()
-    assert len(leases) == n
-    for lease in leases:
-        ex.acknowledge(lease, Completed("null"))
-    return claim, poll
-
-
 def routing(folder: str, foreign: int, repeats: int) -> None:
     """A routed claim's cost with no due executions of other workflows, and with `foreign` of
     them waiting (nobody serves them), measured alternately."""
@@ -265,7 +246,7 @@ def routing(folder: str, foreign: int, repeats: int) -> None:
     costs: dict[int, list[tuple[float, float]]] = {size: [] for size in files}
     for r in range(repeats):
         for size, backend in files.items():
-            costs[size].append(routed_costs(backend, f"r{r}", 200))
+            costs[size].append(claim_costs(backend, f"r{r}", 200, Round.SERVED))
     for backend in files.values():
         backend.close()
     claim = {size: statistics.median(c for c, _ in costs[size]) for size in costs}

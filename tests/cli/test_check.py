@@ -7,7 +7,6 @@ import json
 import textwrap
 
 import pytest
-from conftest import snapshot
 from faults import cli
 
 from supervisor import Suspended, open_backend
@@ -84,12 +83,12 @@ def test_check_passes_the_code_that_recorded_the_steps(in_flight, tmp_path):
     assert "would diverge: none" in text.stdout and "not served by" in text.stdout and "newsletter 1" in text.stdout
 
 
-def test_check_lists_what_new_code_would_diverge_on_and_changes_nothing(in_flight, tmp_path):
+def test_check_lists_what_new_code_would_diverge_on_and_changes_nothing(in_flight, tmp_path, db_snapshot):
     db, _ = in_flight
     v2 = write_app(tmp_path, "app_v2", first="hold", refund="return-goods")  # `reserve` renamed
     v3 = write_app(tmp_path, "app_v3", first="reserve", refund="refund-goods")  # the async one renamed
     ran_before = (tmp_path / "steps.log").read_text()
-    before = snapshot(db)
+    before = db_snapshot(db)
 
     done = check(db, v2, "--json")
     assert done.returncode == 1, done.stderr
@@ -103,12 +102,12 @@ def test_check_lists_what_new_code_would_diverge_on_and_changes_nothing(in_fligh
 
     # No step function ran, nothing was written.
     assert (tmp_path / "steps.log").read_text() == ran_before
-    assert snapshot(db) == before
+    assert db_snapshot(db) == before
 
 
-def test_check_refuses_bad_input_with_one_line_and_exit_2(in_flight, tmp_path):
+def test_check_refuses_bad_input_with_one_line_and_exit_2(in_flight, tmp_path, db_snapshot):
     db, _ = in_flight
-    before = snapshot(db)
+    before = db_snapshot(db)
     missing = check(db, str(tmp_path / "nowhere.py"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.startswith("yieldstar: ") and "nowhere.py" in missing.stderr
@@ -119,4 +118,4 @@ def test_check_refuses_bad_input_with_one_line_and_exit_2(in_flight, tmp_path):
     no_ledger = cli(tmp_path / "none.db", "check", str(broken))
     assert no_ledger.returncode == 2 and "no ledger" in no_ledger.stderr
     assert not (tmp_path / "none.db").exists()
-    assert snapshot(db) == before
+    assert db_snapshot(db) == before
