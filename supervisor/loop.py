@@ -138,6 +138,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
         self.registered = False  # its registration succeeded (and was not found gone since)
         self.registering = False  # a Register or Seen is in flight
         self.unpark_pending = False  # an Unpark met a storage error: made again at the next round
+        self.unparking = False  # an Unpark is in flight
         self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
 
     # -- the loop ------------------------------------------------------------------------------
@@ -344,7 +345,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             # that is a round trip, which could block every heartbeat behind a lost server).
             wait_s = max(0.005, (ready - reply.clock_ms) / 1000)
             self.next_poll = min(self.next_poll, now + wait_s)
-        elif self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0:
+        elif (self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0
+              and not self.unparking and not self.unpark_pending):
             self.idle_checked = True
 
     # -- what renewals and `Ended` found (acted on in `lease_keeping`) ------------------------
@@ -389,11 +391,13 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             self.registered = False
 
     def on_unparked(self, reply: Reply, now: float) -> None:
+        self.unparking = False
         if reply.error is not None:
             self.unpark_pending = True
         elif reply.value:
-            log.info("%d parked executions are due again: their replay diverged from their records under earlier"
-                     " code, and this code may replay them", reply.value)
+            self.claim_wanted = True
+            log.info("unparked %d execution%s: parked when their replay diverged under earlier code, due again for"
+                     " this code to replay", reply.value, "" if reply.value == 1 else "s")
 
     def on_deregistered(self, reply: Reply, now: float) -> None:
         pass  # made as the supervisor exits: nobody waits for it

@@ -57,7 +57,7 @@ class Serving:
         if self.workflows is None:
             self.workflows = served
             if served:
-                log.info("serving %d workflows: %s", len(served), ", ".join(sorted(served)))
+                log.info("serving %d workflow%s: %s", len(served), "" if len(served) == 1 else "s", ", ".join(sorted(served)))
             else:
                 log.warning("the app registers no workflow: nothing will be claimed")
             self.began_serving(served)
@@ -84,10 +84,13 @@ class Serving:
         self.unpark()
 
     def unpark(self) -> None:
-        """Submit the unparking of the served workflows' parked executions (again)."""
+        """Submit the unparking of the served workflows' parked executions (again), with the
+        claims: before the first claim of these workflows, and `--until-idle` does not call the
+        supervisor idle before its reply (`unparking`)."""
         self.unpark_pending = False
         if self.workflows:
-            self.renewals.submit(Unpark(self.workflows))
+            self.unparking = True
+            self.calls.submit(Unpark(self.workflows))
 
     def register(self) -> None:
         """Submit this supervisor's registration (again)."""

@@ -447,7 +447,7 @@ def test_a_replay_that_diverges_under_new_code_ends_its_delivery_parked_and_runs
     assert supervisor.wait() == 0
     code.write_text("charge")
     restarted = supervisors.start(each_backend, concurrency=1)
-    restarted.wait_log("1 parked executions are due again")
+    restarted.wait_log("unparked 1 execution:")
     wait_until(lambda: [w.kind for w in each_ledger.executions.waiting_for("deploy-1")] == ["timer"],
                message="replayed to its timer")
     record = each_ledger.executions.get("deploy-1")
