@@ -6,6 +6,8 @@ and input, and the errors of `@workflow(..., schedule=, timezone=, every=)` at d
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -174,3 +176,21 @@ def test_a_bad_schedule_is_refused_at_decoration_naming_what_is_wrong(arguments,
     with pytest.raises(InvalidArgument, match=r"@workflow\('bad'\).*" + message):
         registry.workflow("bad", **arguments)
     assert registry.names() == [] and registry.schedules() == []
+
+
+def test_a_cron_schedule_without_cronsim_installed_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cronsim", None)  # as if not installed: its import fails
+    with pytest.raises(InvalidArgument, match=r"needs cronsim: pip install 'yieldstar\[schedules\]'"):
+        Registry().workflow("nightly", schedule="0 3 * * *")
+    assert schedule_of("tick", every=2).every_ms == 2000  # every= does not need it
+
+
+def test_a_worker_whose_app_has_no_cron_schedule_never_imports_cronsim_or_zoneinfo(tmp_path):
+    app = tmp_path / "every_app.py"
+    app.write_text("from worker import workflow\n\n@workflow('tick', every=1)\ndef tick(ctx, input):\n    return 1\n")
+    code = ("import sys; from worker._runtime.loading import load_app; load_app(sys.argv[1]);"
+            " print(sorted(m for m in ('cronsim', 'zoneinfo') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code, str(app)], capture_output=True, text=True, timeout=30,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
