@@ -16,7 +16,7 @@ touches nothing but its own queue and connection.
 
 Each call is a value of its own type (`Claim`, `Acknowledge`, `Release`, `Renew`, `Ended`,
 `NextReadyAt`; `Register`, `Seen`, `Deregister` for the supervisor's own row in the live
-supervisors), matched by type: `make` makes each kind's one ledger method, the thread batches
+supervisors; `AdmitTicks` for the app's schedules), matched by type: `make` makes each kind's one ledger method, the thread batches
 by type, and the loop takes each reply to the handler registered for its call's type, so no
 call is named by a string.
 
@@ -200,6 +200,15 @@ class Unpark(Call, name="unpark"):
     workflows: frozenset[str]
 
 
+@dataclass(frozen=True)
+class AdmitTicks(Call, name="admit_due"):
+    """Admit the due ticks of `schedules` (the app's schedules, SPEC section 12), each once across
+    every supervisor (`backend.schedules.admit_due`); the reply is their records, whose next ticks
+    say when to call again. Made timed, for that "when"."""
+
+    schedules: tuple
+
+
 def make(call: Call, backend: Backend) -> Any:
     """Make `call` on `backend`: its reply's value."""
     executions = backend.executions
@@ -225,11 +234,13 @@ def make(call: Call, backend: Backend) -> Any:
             return backend.supervisors.remove(call.supervisor_id)
         case Unpark():
             return executions.unpark(call.workflows)
+        case AdmitTicks():
+            return backend.schedules.admit_due(call.schedules)
     raise TypeError(f"not a ledger call: {call!r}")
 
 
 CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt, Register, Seen, Deregister,
-                                 Unpark)
+                                 Unpark, AdmitTicks)
 
 
 @dataclass

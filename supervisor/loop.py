@@ -1,7 +1,7 @@
 """The dispatcher loop: the supervisor's only thread that touches delivery state.
 
-Each turn of the loop is a few named steps — check for a stop, take the ledger's replies, claim,
-renew, beat, settle — and one `wait()` on everything that can need attention: each child's pipe
+Each turn of the loop is a few named steps — check for a stop, take the ledger's replies, admit
+due ticks of the app's schedules, claim, renew, beat, settle — and one `wait()` on everything that can need attention: each child's pipe
 and process sentinel, the nudge socket, the stop-signal wake-up and the wake-ups of the two
 ledger threads (`ledger_calls`). No step waits for the database: a call is submitted, and its
 reply is handled on a later turn, so a held write lock or a full disk delays claims and
@@ -46,9 +46,10 @@ from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
-from .ledger_calls import (Acknowledge, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, Register, Release,
-                           Renew, Reply, Seen, Unpark, Wakeup)
+from .ledger_calls import (Acknowledge, AdmitTicks, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, Register,
+                           Release, Renew, Reply, Seen, Unpark, Wakeup)
 from .pool import Child, Delivery, Pool
+from .scheduling import Scheduling
 from .serving import Serving, new_supervisor_id
 from .worker_watch import RELEASE_LINE, WorkerWatch
 
@@ -69,12 +70,12 @@ BACKOFF_MAX_S = 2.0
 FILE_CHECK_S = 1.0
 
 
-class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
+class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
     seconds) as an argument and none blocks: waiting happens in `wait` alone. The steps that keep
     leases are in `lease_keeping`, those that watch the worker processes in `worker_watch`, those
     that decide which workflows it serves and keep its row among the live supervisors in
-    `serving`."""
+    `serving`, those that admit the app's schedules' ticks in `scheduling`."""
 
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
                  signals: Wakeup, stop_requests: Callable[[], int],
@@ -140,6 +141,12 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
         self.unpark_pending = False  # an Unpark met a storage error: made again at the next round
         self.unparking = False  # an Unpark is in flight
         self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
+        # Schedules (`scheduling`): those of the served workflows, None until a worker reported them.
+        self.schedules: Optional[tuple] = None
+        self.next_ticks_at = now  # monotonic s: when to ask the ledger to admit due ticks
+        self.ticking = False  # an AdmitTicks is in flight
+        self.ticks_checked = False  # an AdmitTicks was answered (until_idle waits for the first)
+        self.tick_failures = 0
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -165,6 +172,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
                 log.info("idle: nothing running and nothing due")
                 return EXIT_STOPPED
             self.stop_unconfirmed(now)
+            self.admit_ticks(now)
             self.claim(now)
             self.renew(now)
             self.beat(now)
@@ -346,7 +354,9 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             wait_s = max(0.005, (ready - reply.clock_ms) / 1000)
             self.next_poll = min(self.next_poll, now + wait_s)
         elif (self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0
-              and not self.unparking and not self.unpark_pending):
+              and not self.unparking and not self.unpark_pending and not self.ticking
+              and (not self.schedules or self.ticks_checked)):
+            # A schedule's next tick is not waited for: `--until-idle` runs what is due now.
             self.idle_checked = True
 
     # -- what renewals and `Ended` found (acted on in `lease_keeping`) ------------------------
@@ -398,6 +408,9 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             self.claim_wanted = True
             log.info("unparked %d execution%s: parked when their replay diverged under earlier code, due again for"
                      " this code to replay", reply.value, "" if reply.value == 1 else "s")
+
+    def on_ticks_admitted(self, reply: Reply, now: float) -> None:
+        self.ticks_admitted(reply, now)  # `scheduling`
 
     def on_deregistered(self, reply: Reply, now: float) -> None:
         pass  # made as the supervisor exits: nobody waits for it
@@ -493,6 +506,9 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             deadlines.append(self.next_renewal)
         deadlines += held
         deadlines += [d.retry_at for d in self.ending.values()]
+        ticks = self.ticks_deadline()
+        if ticks is not None:
+            deadlines.append(ticks)
         return min(deadlines)
 
     def wait(self, deadline: float) -> None:
@@ -560,6 +576,7 @@ ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
     Seen: DispatchLoop.on_seen,
     Deregister: DispatchLoop.on_deregistered,
     Unpark: DispatchLoop.on_unparked,
+    AdmitTicks: DispatchLoop.on_ticks_admitted,
 }
 
 

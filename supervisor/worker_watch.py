@@ -145,6 +145,7 @@ class WorkerWatch:
                 self.start_deaths = 0
                 self.claim_wanted = True
                 self.worker_serves(child, message.workflows)
+                self.worker_schedules(child, message.schedules, time.monotonic())
                 return
             case LedgerNotOpened():  # the ledger, not the app: the message says what to do
                 self.fatal = self.fatal or LedgerUnusable(message.error)

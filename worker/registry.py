@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from supervisor.ledger.arguments import identifier
 from supervisor.ledger.errors import AppNotFound, InvalidArgument, YieldstarError
+from supervisor.ledger.ticks import Schedule, schedule_of
 
 WorkflowFunction = Callable[[Any, Any], Any]
 # What `@workflow` decorates: returned as it came, so a type checker keeps its own signature.
@@ -19,9 +20,15 @@ class Registry:
 
     def __init__(self) -> None:
         self._workflows: dict[str, WorkflowFunction] = {}
+        self._schedules: dict[str, Schedule] = {}
 
-    def workflow(self, name: str) -> Callable[[W], W]:
+    def workflow(self, name: str, *, schedule: Optional[str] = None, timezone: Optional[str] = None,
+                 every: Optional[float] = None) -> Callable[[W], W]:
+        """`schedule` (a cron expression, in UTC unless `timezone`) or `every` (seconds) makes the
+        supervisors that serve the workflow admit it at each tick (SPEC section 12); both are
+        checked here, so a bad one fails the app's import."""
         identifier("workflow name", name)
+        ticking = schedule_of(name, schedule=schedule, timezone=timezone, every=every)
 
         def register(fn: W) -> W:
             if not callable(fn):
@@ -32,6 +39,8 @@ class Registry:
                     f"workflow {name!r} is already registered by {_origin(known)}; refusing {_origin(fn)}"
                 )
             self._workflows[name] = fn
+            if ticking is not None:
+                self._schedules[name] = ticking
             fn.workflow_name = name  # type: ignore[attr-defined]
             return fn
 
@@ -42,6 +51,10 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._workflows)
+
+    def schedules(self) -> list[Schedule]:
+        """The schedules of the registered workflows, by name."""
+        return [self._schedules[name] for name in sorted(self._schedules)]
 
     def __contains__(self, name: object) -> bool:
         return name in self._workflows
@@ -55,6 +68,8 @@ def _origin(fn: Callable) -> str:
 default_registry = Registry()
 
 
-def workflow(name: str) -> Callable[[W], W]:
-    """Register `f(ctx, input)` as the workflow called `name`."""
-    return default_registry.workflow(name)
+def workflow(name: str, *, schedule: Optional[str] = None, timezone: Optional[str] = None,
+             every: Optional[float] = None) -> Callable[[W], W]:
+    """Register `f(ctx, input)` as the workflow called `name`; with `schedule=` (cron, UTC unless
+    `timezone=`) or `every=` (seconds), admitted at each tick with input `{"scheduled_at": TICK}`."""
+    return default_registry.workflow(name, schedule=schedule, timezone=timezone, every=every)

@@ -3,7 +3,7 @@
 The group and what every command shares live here; the commands live in one module per
 concern: `submit` (start, settle, stores), `show` (get, ls, steps, history, wake),
 `operate` (cancel, resume, purge), `views` (stats, metrics, top), `supervisors` (the live
-supervisors), `run` (supervise, demo, chaos).
+supervisors), `schedules` (the workflows' schedules), `run` (supervise, demo, chaos).
 
 Every error is one line on stderr, `yieldstar: <message>`, without a traceback, and one exit
 code per kind of error, the same in every command:
@@ -263,4 +263,4 @@ def main(ctx: click.Context, db: str) -> None:
 
 
 # Registers every command on `main`.
-from . import check, operate, run, show, submit, supervisors, views  # noqa: F401
+from . import check, operate, run, schedules, show, submit, supervisors, views  # noqa: F401

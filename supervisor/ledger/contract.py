@@ -51,9 +51,11 @@ from .values import (
     StepWrite,
     StoreReceipt,
     StoreState,
+    ScheduleRecord,
     SupervisorRecord,
     WaitReason,
 )
+from .ticks import Schedule
 
 
 class DueListener(Protocol):
@@ -474,13 +476,38 @@ class SupervisorClient(abc.ABC):
         """The workflows some live supervisor serves at `now`."""
 
 
+class ScheduleClient(abc.ABC):
+    """The workflows' schedules (SPEC section 12): per schedule the last tick admitted and the next
+    one, kept by every supervisor that serves it. Each tick is admitted once across them all, and
+    never again once admitted, even after its execution was purged."""
+
+    @abc.abstractmethod
+    def admit_due(self, schedules: Collection[Schedule], *, now: Optional[int] = None) -> list[ScheduleRecord]:
+        """For each schedule (in order): record it when new (its first tick is the first at or after
+        `now`: a new schedule has missed nothing), and when its next tick is due (`<= now`), admit
+        the **latest** tick at or before `now` (the ticks missed meanwhile are skipped) as the
+        execution `tick_id(workflow, tick)` with input `{"scheduled_at": tick_text(tick)}`, and
+        advance `last_tick`/`next_tick`, in one transaction with a compare-and-set on the next
+        tick: of several callers that race, one admits it and the others find it admitted. A
+        changed spec (the app's schedule was edited) replaces the stored one and its next tick.
+        Returns each schedule's record as of the call (`admitted` set where this call admitted).
+
+        Raises:
+            InvalidArgument: not a collection of `Schedule` values.
+        """
+
+    @abc.abstractmethod
+    def list(self) -> list[ScheduleRecord]:
+        """Every recorded schedule, by name."""
+
+
 class Backend(abc.ABC):
     """The ledger as a backend opens it (`open_backend`): what everything above the ledger calls,
     and all it may know of the database it runs on. Nothing above the ledger asks which database
     that is; where the two differ, a backend answers one of the questions below.
 
     Attributes:
-        executions, heap, starts, effects, stores, supervisors: the table clients (the
+        executions, heap, starts, effects, stores, supervisors, schedules: the table clients (the
             interfaces above).
         clock: `() -> int` ms, the time the backend's calls take when given no `now`.
         path: what the ledger was opened from, as given (a file's path, or a URI).
@@ -494,6 +521,7 @@ class Backend(abc.ABC):
     effects: EffectClient
     stores: StoreClient
     supervisors: SupervisorClient
+    schedules: ScheduleClient
     clock: Callable[[], int]
     path: str
 

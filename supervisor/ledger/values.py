@@ -285,6 +285,24 @@ LIVE_INTERVALS = 3
 
 
 @dataclass(frozen=True)
+class ScheduleRecord:
+    """A workflow's schedule as the ledger keeps it (`backend.schedules`, SPEC section 12): `spec`
+    is its cron expression or "every S s", `timezone` the cron's zone (None: UTC). `last_tick` is
+    the latest tick admitted (ms, None before the first), `next_tick` the first not yet due (None:
+    a cron expression that matches no time in the next 50 years); both move forward only, in the
+    transaction that admits the tick. `admitted`: the call that returned it admitted a tick (the
+    execution `tick_id(name, last_tick)`)."""
+
+    name: str
+    spec: str
+    timezone: Optional[str]
+    last_tick: Optional[int]
+    next_tick: Optional[int]
+    updated_at: int
+    admitted: bool = False
+
+
+@dataclass(frozen=True)
 class SupervisorRecord:
     """A running supervisor as the ledger knows it (`backend.supervisors`): registered at its
     start, seen again at every renewal round, removed at its clean exit. `id` is its own, for its

@@ -206,7 +206,7 @@ def test_a_version_2_ledger_is_migrated_to_routing_and_live_supervisors_and_keep
                                      renew_ms=1_000)
         assert [s.id for s in backend.supervisors.live()] == ["s"]
     with psycopg.connect(pg_uri) as conn:
-        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(3,)]
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(4,)]
         indexes = {name for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'executions'")}
     assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
 

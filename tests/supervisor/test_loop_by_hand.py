@@ -5,7 +5,8 @@ With workers of several deliveries (`--workers`): claims fill the free slots in 
 concurrency, a lost lease is a `Stop` to its worker alone, and a worker found dead while being
 handed deliveries has them released. Routing: workers that report different workflows are
 served only what every one of them runs, and a registration among the live supervisors that meets
-a storage error is made again at the next round.
+a storage error is made again at the next round. Schedules: the ticks are asked for when due, the
+loop wakes for the next one, and a storage error costs a backoff.
 
 Real ledger threads on a real SQLite file; the workers are the supervisor's ends of socket pairs
 (what the loop sends them is read back from the other ends).
@@ -25,7 +26,8 @@ from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
 from supervisor.ledger.errors import StorageUnavailable
 from supervisor.ledger.values import LeaseLost
-from supervisor.ledger_calls import CALLS, LedgerCalls, Register, Renew, Reply, Wakeup
+from supervisor.ledger.ticks import schedule_of
+from supervisor.ledger_calls import CALLS, AdmitTicks, LedgerCalls, Register, Renew, Reply, Wakeup
 from supervisor.loop import ON_REPLY, DispatchLoop
 from supervisor.pool import Child, ChildProcess, Delivery, Pool
 from worker._runtime.protocol import Alive, Done, Run, Stop
@@ -241,3 +243,55 @@ def test_a_registration_that_meets_a_storage_error_is_made_again_at_the_next_rou
     loop.renew(loop.next_renewal)  # the next renewal round registers it again
     replies_taken(loop, lambda: loop.registered)
     assert [(s.id, s.workflows) for s in sqlite_ledger.supervisors.live()] == [(loop.supervisor_id, ("rt.a",))]
+
+
+# -- schedules (SPEC section 12) ---------------------------------------------------------------
+
+
+def test_schedules_ticks_are_admitted_when_due_and_the_loop_wakes_for_the_next(loop, sqlite_ledger):
+    """The first worker's schedules of served workflows are kept; an AdmitTicks goes out at once,
+    its reply sets the wake-up for the next tick by the ledger's clock, and `deadline` includes it."""
+    first, _ = loop.pool.children
+    loop.worker_serves(first, ("sc.tick",))
+    every_2, other = schedule_of("sc.tick", every=2), schedule_of("not.served", every=1)
+    now = time.monotonic()
+    loop.worker_schedules(first, (every_2, other), now)
+    assert loop.schedules == (every_2,)  # only the served workflow's
+    loop.admit_ticks(now)
+    assert loop.ticking and loop.ticks_deadline() is None
+    loop.admit_ticks(now)  # one in flight at a time
+    loop.calls.flush()
+    replies_taken(loop, lambda: not loop.ticking)
+    (record,) = sqlite_ledger.schedules.list()
+    assert record.name == "sc.tick" and record.next_tick % 2000 == 0
+    assert 0 < loop.next_ticks_at - now <= 2.0 + 0.5  # the next tick, not a poll
+    assert loop.deadline(now) <= loop.next_ticks_at
+
+
+def test_an_admit_ticks_that_meets_a_storage_error_is_made_again_after_a_backoff(loop, sqlite_ledger):
+    first, _ = loop.pool.children
+    loop.worker_serves(first, ("sc.tick",))
+    loop.worker_schedules(first, (schedule_of("sc.tick", every=1),), time.monotonic())
+    now = time.monotonic()
+    failed = Reply(AdmitTicks(loop.schedules, timed=True), error=StorageUnavailable("disk full"))
+    loop.ticking = True
+    loop.count_failures(failed)
+    ON_REPLY[AdmitTicks](loop, failed, now)  # as `take_replies` hands it on
+    assert loop.fatal is None and not loop.ticking and loop.stats.storage_errors == 1
+    assert loop.next_ticks_at == pytest.approx(now + 0.05)
+    loop.admit_ticks(now)
+    assert not loop.ticking  # not before the backoff
+    loop.admit_ticks(loop.next_ticks_at)
+    loop.calls.flush()
+    replies_taken(loop, lambda: not loop.ticking)
+    assert [r.name for r in sqlite_ledger.schedules.list()] == ["sc.tick"]
+
+
+def test_a_stopping_loop_admits_no_more_ticks(loop):
+    first, _ = loop.pool.children
+    loop.worker_serves(first, ("sc.tick",))
+    now = time.monotonic()
+    loop.worker_schedules(first, (schedule_of("sc.tick", every=1),), now)
+    loop.grace_deadline = now + 10
+    loop.admit_ticks(now)
+    assert not loop.ticking and loop.ticks_deadline() is None

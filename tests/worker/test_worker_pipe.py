@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 import pytest
 
 from faults import wait_until
+from supervisor.ledger.ticks import schedule_of
 from supervisor.ledger.values import Completed, ExecutionLease, Retry
 from worker._runtime.pipe import Pipe
 from worker._runtime.protocol import Alive, AppNotLoaded, Beat, Done, Exit, LedgerNotOpened, Ready, Run, Stop
@@ -42,11 +43,13 @@ MESSAGES = [
     (ExecutionLease("e3", 7, 42), "é" * 20_000),
     Beat(None), Exit(), Alive(), Ready(123, ("order", "refund")), AppNotLoaded(123, "cannot load app x: y"),
     LedgerNotOpened(123, "corrupt", "corrupt"), Stop("e1", 3),
+    Ready(123, ("nightly", "tick"), (schedule_of("nightly", schedule="0 3 * * *", timezone="Europe/Paris"),
+                                     schedule_of("tick", every=2.0))),
 ]
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=["run", "done", "large", "unicode", "beat", "exit", "alive", "ready",
-                                                   "app-not-loaded", "ledger-not-opened", "stop"])
+                                                   "app-not-loaded", "ledger-not-opened", "stop", "ready-with-schedules"])
 def test_messages_cross_both_ways_unchanged(ends, message):
     supervisor, child = ends
     supervisor.send(message)

@@ -62,7 +62,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         os._exit(EXIT_APP_FAILED)
     backend = _open_ledger(conn, db_path, durability)
     watch.start()
-    watch.send(Ready(os.getpid(), tuple(sorted(registry.names()))))
+    watch.send(Ready(os.getpid(), tuple(sorted(registry.names())), tuple(registry.schedules())))
     if slots > 1:
         # Imported here: a worker of one delivery has no use for its thread pool and group commit.
         from .deliveries import serve_many

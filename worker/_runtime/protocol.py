@@ -9,7 +9,8 @@ the one a frozen dataclass with slots gets pickles by way of `copyreg` and a Pyt
 `Run` carries goes as its three fields for the same reason.
 
 parent -> child                               child -> parent
-Run(lease, claimed_at, start)                 Ready(pid, workflows)         once, after loading the
+Run(lease, claimed_at, start)                 Ready(pid, workflows,         once, after loading the
+                                                schedules)
 Stop(execution_id, token)                     AppNotLoaded(pid, error)      app and opening the
 Beat(expires_at or None)                      LedgerNotOpened(pid, error,   ledger: one of these
 Exit()    finish and exit                       storage_error)
@@ -24,7 +25,8 @@ A `Done`'s outcome goes whole, fields included: a replay that diverged from its 
 back as `Suspended(diverged=detail)`, and the detail reaches the acknowledgement that parks it.
 
 `Ready.workflows` names the workflows the app registers, sorted: what the supervisor claims
-(routing, SPEC section 11). `AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
+(routing, SPEC section 11); `Ready.schedules` the schedules it declares, which the supervisor
+admits the ticks of (SPEC section 12). `AppNotLoaded.error` is "cannot load app APP: CAUSE", then the child's traceback. A
 `LedgerNotOpened` says the ledger could not be opened for a lasting reason (a corrupt or unsafe
 file; `storage_error` is the `StorageError.kind`), not that the app is broken.
 
@@ -46,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Union
 
+from supervisor.ledger.ticks import Schedule
 from supervisor.ledger.values import DeliveryOutcome, ExecutionLease
 
 
@@ -115,6 +118,7 @@ class Ready:
 
     pid: int
     workflows: tuple[str, ...] = ()  # the names its app registers, sorted
+    schedules: tuple[Schedule, ...] = ()  # the schedules its app declares, by workflow name
 
 
 @message

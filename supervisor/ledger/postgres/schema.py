@@ -159,6 +159,17 @@ CREATE TABLE supervisors (
     workers        INTEGER NOT NULL
 )"""
 
+# Version 4 (the SQLite ledger's version 5): schedules, as on SQLite.
+SCHEDULES = """
+CREATE TABLE schedules (
+    name       TEXT PRIMARY KEY,
+    spec       TEXT NOT NULL,
+    timezone   TEXT,
+    last_tick  BIGINT,
+    next_tick  BIGINT,
+    updated_at BIGINT NOT NULL
+)"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -167,11 +178,13 @@ MIGRATIONS: list[tuple[str, ...]] = [
      STARTS, STARTS_BY_TARGET, EFFECTS, STORES, STORE_RECEIPTS),
     (EPOCHS, FIRST_EPOCH),
     (EXECUTIONS_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_READY_BY_WORKFLOW, SUPERVISORS),
+    (SCHEDULES,),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.
 TABLES_SINCE = {"executions": 1, "lease_history": 1, "steps": 1, "waiters": 1, "starts": 1, "effects": 1, "stores": 1,
-                "store_receipts": 1, "epochs": 2, "supervisors": 3}
+                "store_receipts": 1, "epochs": 2, "supervisors": 3,
+                "schedules": 4}
 TABLES = tuple(TABLES_SINCE)
 
 SCHEMA_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"

@@ -163,6 +163,17 @@ CREATE TABLE supervisors (
     workers        INTEGER NOT NULL
 ) WITHOUT ROWID"""
 
+# Version 5: schedules (SPEC section 12), one row per scheduled workflow (`tables.schedules`).
+SCHEDULES = """
+CREATE TABLE schedules (
+    name       TEXT PRIMARY KEY,  -- the workflow
+    spec       TEXT NOT NULL,     -- its cron expression, or "every S s"
+    timezone   TEXT,              -- the cron's IANA zone; NULL: UTC
+    last_tick  INTEGER,           -- the latest tick admitted (ms); NULL before the first
+    next_tick  INTEGER,           -- the first tick not yet due; NULL: a cron that matches nothing
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -170,6 +181,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_BY_UPDATE, WAITERS_BY_WAITER, WAITERS_DETAIL, STARTS_PARENT, STARTS_BY_TARGET),
     (EPOCHS, FIRST_EPOCH),
     (EXECUTIONS_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_READY_BY_WORKFLOW, SUPERVISORS),
+    (SCHEDULES,),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -12,6 +12,7 @@ Each module holds the statements of its tables and the logic of its client:
     lease_history    every statement for the lease history
     heap, starts, effects, stores, and the `waiters` they share; `epochs`.
     supervisors      the live supervisors (routing: who serves which workflows)
+    schedules        the workflows' schedules: each tick admitted once (SPEC section 12)
 
 Each statement is a module-level template, written once for both backends: plain SQL where the
 databases agree and a named fragment where they differ (`$p` for a parameter, `$for_update`,
@@ -36,6 +37,7 @@ from .executions import ExecutionTable
 from .heap import HeapTable
 from .starts import StartTable
 from .stores import StoreTable
+from .schedules import ScheduleTable
 from .supervisors import SupervisorTable
 
 
@@ -89,6 +91,7 @@ class LedgerTables(Backend):
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)
         self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)
         self.supervisors = SupervisorTable(self._conn, self._clock)
+        self.schedules = ScheduleTable(self._conn, self._clock, on_due=announce)
 
     def _announce_due(self) -> None:
         raise NotImplementedError
