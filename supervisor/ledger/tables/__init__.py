@@ -34,6 +34,7 @@ from ..errors import InvalidArgument
 from .effects import EffectTable
 from .executions import ExecutionTable
 from .heap import HeapTable
+from .queues import QueueTable
 from .starts import StartTable
 from .stores import StoreTable
 from .supervisors import SupervisorTable
@@ -89,6 +90,7 @@ class LedgerTables(Backend):
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)
         self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)
         self.supervisors = SupervisorTable(self._conn, self._clock)
+        self.queues = QueueTable(self._conn, self._clock)
 
     def _announce_due(self) -> None:
         raise NotImplementedError

@@ -26,7 +26,7 @@ from ..values import (
     Released,
     Renewed,
 )
-from . import parking, waiters
+from . import parking, queues, waiters
 from .acknowledgements import Acknowledgement, ended_executions
 from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row
 from .lease_history import (
@@ -117,13 +117,19 @@ def renewal_lock_wait_ms(duration: int) -> int:
 class ExecutionLeases(ExecutionRows):
     """The lease state machine (see the module docstring)."""
 
-    def admit(self, execution_id, workflow, input_json="null", *, now=None) -> ExecutionRecord:
+    def admit(self, execution_id, workflow, input_json="null", *, queue="default", key=None, priority=0,
+              now=None) -> ExecutionRecord:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json)
+        arguments.identifier("queue", queue)
+        if key is not None:
+            arguments.identifier("key", key)
+        queues.priority("priority", priority)
         now = self._now(now)
         with self._conn.write() as db:
-            created = db.execute(self._sql[INSERT], (execution_id, workflow, input_json, now, now, now, now)).rowcount == 1
+            created = db.execute(self._sql[INSERT], (execution_id, workflow, input_json, now, now, now, now,
+                                                     queue, key, priority)).rowcount == 1
             found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
@@ -135,6 +141,11 @@ class ExecutionLeases(ExecutionRows):
                 f"execution_id {execution_id!r} was already admitted with workflow {row.workflow!r} and"
                 f" input {row.input_json}; refusing workflow {workflow!r} with input {input_json}"
             )
+        if (row.queue, row.queue_key, row.priority) != (queue, key, priority):
+            raise ExecutionConflict(
+                f"execution_id {execution_id!r} was already admitted in queue {row.queue!r} with key"
+                f" {row.queue_key!r} and priority {row.priority}; refusing queue {queue!r}, key {key!r},"
+                f" priority {priority}")
         return self._as_of(row, now)
 
     def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:
@@ -198,7 +209,8 @@ class ExecutionLeases(ExecutionRows):
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int,
                   workflows: Optional[frozenset[str]] = None) -> list[Claimed]:
         claimed, opened = [], []
-        for row in self._claimable(db, now, limit, lock=True, workflows=workflows):
+        rows, capacity = self._pick(db, now, limit, lock=True, workflows=workflows)
+        for row in rows:
             at = self._stamp(row, now)
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
             if row.status == RUNNING:
@@ -218,6 +230,8 @@ class ExecutionLeases(ExecutionRows):
             opened.append((row.execution_id, token, self._holder, at, expires))
             claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
                                    row.input_json if token == 1 else None))
+            if row.queue in capacity and capacity[row.queue].rate_limited:
+                db.execute(self._sql[queues.RATE_CLAIMED], (row.queue, now))
         for start in range(0, len(opened), HISTORY_OPEN_ROWS):
             rows = opened[start:start + HISTORY_OPEN_ROWS]
             db.execute(self._sql[history_open(len(rows))], [value for row in rows for value in row])
