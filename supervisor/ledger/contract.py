@@ -165,7 +165,8 @@ class ExecutionClient(abc.ABC):
     def renew(self, lease: ExecutionLease, *, duration: int, now: Optional[int] = None) -> Renewed | LeaseLost:
         """Fenced: extend the lease to `now + duration` if its token is current and its delivery
         has not ended by a release, an acknowledgement or a later claim. (An expired lease that
-        nobody claimed since is still current.)"""
+        nobody claimed since is still current, except in a queue with a `concurrency` or
+        `per_key` limit: its slot may have gone to another claim since it expired.)"""
 
     @abc.abstractmethod
     def renew_many(self, leases: Sequence[ExecutionLease], *, duration: int, now: Optional[int] = None

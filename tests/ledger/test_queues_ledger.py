@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from supervisor import Completed, ExecutionConflict, InvalidArgument, Released, open_backend
+from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Released, Renewed, open_backend
 
 LEASE_MS = 30_000
 
@@ -92,6 +92,24 @@ def test_concurrency_limit_refuses_claims_beyond_it_until_a_lease_ends_or_expire
     assert claim_ids(backend, now=expires - 1) == []
     assert sorted(claim_ids(backend, now=expires + 1)) == ["q-1", "q-4"]  # earliest due: q-1, released
     assert backend.executions.get("q-2", now=expires + 1).status == "admitted"
+
+
+@pytest.mark.timeout(60)
+def test_an_expired_lease_of_a_limited_queue_is_not_revived_by_a_late_renewal(backend, clock):
+    backend.queues.declare("q", concurrency=1)
+    backend.executions.admit("first", "wf", queue="q")
+    backend.executions.admit("second", "wf", queue="q")
+    backend.executions.admit("free", "wf")
+    leases = {lease.execution_id: lease for lease in claim_leases(backend)}
+    assert sorted(leases) == ["first", "free"]
+    late = leases["first"].expires_at + 1
+    assert claim_ids(backend, now=late) == ["second"]  # the expired lease's slot
+    # Renewing it now would make two live leases of a queue of one: it is lost.
+    assert backend.executions.renew(leases["first"], duration=LEASE_MS, now=late) == LeaseLost()
+    assert backend.executions.renew_many([leases["first"]], duration=LEASE_MS, now=late) == [LeaseLost()]
+    # In an unlimited queue, an expired lease nobody claimed since is still current.
+    renewed = backend.executions.renew(leases["free"], duration=LEASE_MS, now=late)
+    assert isinstance(renewed, Renewed)
 
 
 @pytest.mark.timeout(60)

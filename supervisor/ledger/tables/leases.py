@@ -71,23 +71,29 @@ UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = 
     ready_at = $p, updated_at = $p
 WHERE execution_id = $p"""
 
+# An expired lease of a queue whose limits count live leases is not renewed: a claim may have
+# given its slot to another since it expired (SPEC section 12), so reviving it could exceed them.
+# `$p`: now. (Of any other queue, an expired lease nobody claimed since is still current.)
+NOT_REVIVED = """(lease_expires_at > $p OR NOT EXISTS (
+        SELECT 1 FROM queues WHERE queues.name = executions.queue
+            AND (queues.concurrency IS NOT NULL OR queues.per_key IS NOT NULL)))"""
 # The fence is the WHERE clause: current token, delivery not ended.
-RENEW = """
+RENEW = f"""
 UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
     updated_at = $p
-WHERE execution_id = $p AND token = $p AND status = 'running'"""
+WHERE execution_id = $p AND token = $p AND status = 'running' AND {NOT_REVIVED}"""
 
 # A batch of renewals (`renew_many`), each fenced by its own token as RENEW is: `{leases}` is
 # "($p, $p)" (execution id, token) once per lease (`renew_many_statement`), at most
 # RENEW_MANY_LEASES. The inner SELECT locks the rows it renews, skipping (on PostgreSQL) those
 # another transaction holds, so that one busy row does not stall the batch; the skipped ones are
 # renewed one by one afterwards, with `renew`'s bounded wait. What it returns is what it renewed.
-RENEW_MANY = """
+RENEW_MANY = f"""
 UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
     updated_at = $p
 WHERE execution_id IN (
     SELECT execution_id FROM executions
-    WHERE (execution_id, token) IN (VALUES {leases}) AND status = 'running' $skip_locked)
+    WHERE (execution_id, token) IN (VALUES {{leases}}) AND status = 'running' AND {NOT_REVIVED} $skip_locked)
 RETURNING execution_id, token"""
 RENEW_MANY_LEASES = 1000
 
@@ -249,7 +255,7 @@ class ExecutionLeases(ExecutionRows):
         with self._conn.write(lock_wait_ms=lock_wait_ms) as db:
             now = self._now_locked(given, now)
             expires = now + duration
-            cursor = db.execute(self._sql[RENEW], (expires, expires, now, lease.execution_id, lease.token))
+            cursor = db.execute(self._sql[RENEW], (expires, expires, now, lease.execution_id, lease.token, now))
             if cursor.rowcount != 1:
                 return LeaseLost()
             db.execute(self._sql[HISTORY_RENEWED], (expires, lease.execution_id, lease.token))
@@ -299,7 +305,7 @@ class ExecutionLeases(ExecutionRows):
             now = self._now_locked(given, self._now(given))
             expires = now + duration
             done = {(eid, token) for eid, token in
-                    db.execute(self._sql[renew_many_statement(len(leases))], (expires, expires, now, *pairs))}
+                    db.execute(self._sql[renew_many_statement(len(leases))], (expires, expires, now, *pairs, now))}
             if done:
                 ids = [value for key in done for value in key]
                 db.execute(self._sql[history_renewed_many(len(done))], (expires, *ids))
