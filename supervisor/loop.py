@@ -46,8 +46,8 @@ from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
-from .ledger_calls import (Acknowledge, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, Register, Release,
-                           Renew, Reply, Seen, Unpark, Wakeup)
+from .ledger_calls import (Acknowledge, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, RecordQueues, Register,
+                           Release, Renew, Reply, Seen, Unpark, Wakeup)
 from .pool import Child, Delivery, Pool
 from .serving import Serving, new_supervisor_id
 from .worker_watch import RELEASE_LINE, WorkerWatch
@@ -139,6 +139,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
         self.registering = False  # a Register or Seen is in flight
         self.unpark_pending = False  # an Unpark met a storage error: made again at the next round
         self.unparking = False  # an Unpark is in flight
+        self.queues: Optional[RecordQueues] = None  # the app's queues, from its first ready worker
+        self.queues_pending = False  # recording them met a storage error: made again at the next round
         self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
 
     # -- the loop ------------------------------------------------------------------------------
@@ -399,6 +401,12 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             log.info("unparked %d execution%s: parked when their replay diverged under earlier code, due again for"
                      " this code to replay", reply.value, "" if reply.value == 1 else "s")
 
+    def on_queues_recorded(self, reply: Reply, now: float) -> None:
+        if reply.error is not None:
+            self.queues_pending = True  # made again at the next renewal round
+        elif reply.value:
+            log.info("recorded the limits of %d queue%s", reply.value, "" if reply.value == 1 else "s")
+
     def on_deregistered(self, reply: Reply, now: float) -> None:
         pass  # made as the supervisor exits: nobody waits for it
 
@@ -560,6 +568,7 @@ ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
     Seen: DispatchLoop.on_seen,
     Deregister: DispatchLoop.on_deregistered,
     Unpark: DispatchLoop.on_unparked,
+    RecordQueues: DispatchLoop.on_queues_recorded,
 }
 
 
