@@ -169,7 +169,7 @@ EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP = """
 CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority, due_at, seq)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
 EXECUTIONS_RUNNING_BY_QUEUE = """
-CREATE INDEX executions_running_by_queue ON executions (queue, queue_key, lease_expires_at) WHERE status = 'running'"""
+CREATE INDEX executions_running_by_queue ON executions (queue, queue_key) WHERE status = 'running'"""
 QUEUES = """
 CREATE TABLE queues (
     name        TEXT PRIMARY KEY,

@@ -76,8 +76,9 @@ SELECT * FROM (
 # Running rows whose lease expired and whose redelivery delay passed: few (those of dead holders),
 # so a workflow filter on them reads no more.
 _EXPIRED = f"""
-SELECT {COLUMNS}, 1 AS part, $row_order AS seq FROM executions $by_executions_expiring
-WHERE status = 'running' AND ready_at <= $p{{only}}{{lock}}"""
+SELECT * FROM (
+    SELECT {COLUMNS}, 1 AS part, $row_order AS seq FROM executions $by_executions_expiring
+    WHERE status = 'running' AND ready_at <= $p{{only}}{{lock}}) AS expired"""
 SKIP_LOCKED = " $skip_locked"
 # How many groups one claim statement seeks, at most (SQLite allows 500 arms in a UNION): a claim
 # of more is made of several statements, merged by priority and due time; and how many workflows
@@ -87,14 +88,18 @@ CLAIM_WORKFLOWS = 200
 
 
 @functools.lru_cache(maxsize=256)
-def due_statement(arms: tuple[int, ...], lock: bool) -> str:
-    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says."""
+def claimable_statement(arms: tuple[int, ...], lock: bool, expired: int) -> str:
+    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says; with
+    the expired leases of `expired` named workflows (0: of any; -1: none)."""
     lock_clause = SKIP_LOCKED if lock else ""
     parts = []
     for i, keys in enumerate(arms):
         skipped = "" if not keys else " AND (queue_key IS NULL OR queue_key NOT IN ({}))".format(
             ", ".join(["$p"] * keys))
         parts.append(_DUE_OF.format(keys=skipped, lock=lock_clause, i=i))
+    if expired >= 0:
+        only = "" if expired == 0 else " AND workflow IN ({})".format(", ".join(["$p"] * expired))
+        parts.append(_EXPIRED.format(only=only, lock=lock_clause))
     return "\nUNION ALL".join(parts)
 
 
@@ -102,11 +107,9 @@ def due_parameters(workflow: str, queue: str, priority: int, keys: list[str], no
     return (workflow, queue, priority, now, now, *keys, limit)
 
 
-@functools.lru_cache(maxsize=256)
-def expired_statement(workflows: int, lock: bool) -> str:
-    """Expired rows of any workflow (`workflows` -1), or of `workflows` named ones."""
-    only = "" if workflows < 0 else " AND workflow IN ({})".format(", ".join(["$p"] * workflows))
-    return _EXPIRED.format(only=only, lock=SKIP_LOCKED if lock else "")
+def _rows(cursor) -> list[tuple["Row", int, int]]:
+    """A claimable statement's rows: each as a `Row`, its part (0 due, 1 expired) and admission order."""
+    return [(Row(row[:-2]), row[-2], row[-1]) for row in cursor.fetchall()]
 
 
 WAKE = """
@@ -237,40 +240,52 @@ class ExecutionRows:
         (what remains of them after these rows); with `lock`, in the claim's write transaction:
         rows no other claimer holds (on PostgreSQL, each claimer skips the rows another has
         locked), the queues' rows locked before they are counted."""
-        groups: list[tuple[str, str, int]] = []
-        expired: list[tuple] = []  # each row's columns, then its part (1) and its admission order
+        groups: list[tuple] = []  # (workflow, queue, priority, concurrency, per_key, rate_count, rate_ms)
         if workflows is None:
-            names = [name for (name,) in db.execute(self._sql[queues.CLAIMABLE_WORKFLOWS]).fetchall()]
-            expired += db.execute(self._sql[expired_statement(-1, lock)], (now,)).fetchall()
+            names = None
+            groups += db.execute(self._sql[queues.GROUPS]).fetchall()
         else:
             names = sorted(workflows)
-            for start in range(0, len(names), CLAIM_WORKFLOWS):
-                some = names[start:start + CLAIM_WORKFLOWS]
-                expired += db.execute(self._sql[expired_statement(len(some), lock)], (now, *some)).fetchall()
-        for start in range(0, len(names), queues.GROUPS_WORKFLOWS):
-            some = names[start:start + queues.GROUPS_WORKFLOWS]
-            groups += db.execute(self._sql[queues.groups_of(len(some))], some).fetchall()
-        expired_rows = [(Row(found[:-2]), found[-2], found[-1]) for found in expired]
-        capacity = queues.capacities(db, self._sql, [queue for _, queue, _ in groups] +
-                                     [row.queue for row, _, _ in expired_rows], now, write=lock)
+            for start in range(0, len(names), queues.GROUPS_WORKFLOWS):
+                some = names[start:start + queues.GROUPS_WORKFLOWS]
+                groups += db.execute(self._sql[queues.groups_of(len(some))], some).fetchall()
+        limited = {group[1]: tuple(group[3:]) for group in groups if any(value is not None for value in group[3:])}
+        capacity = queues.capacities(db, self._sql, limited, now, write=lock,
+                                     lock_rows=lock and not self._conn.whole_database_write_lock)
         arms: list[tuple[int, tuple]] = []
-        for workflow, queue, priority in groups:
+        for workflow, queue, priority, *_ in groups:
             room = capacity.get(queue)
             most = limit if room is None or room.slots is None else min(limit, room.slots)
             if most <= 0:
                 continue  # a saturated queue: its backlog is not read
             keys = [] if room is None else room.saturated_keys()
             arms.append((len(keys), due_parameters(workflow, queue, priority, keys, now, most)))
-        found = []
-        for start in range(0, len(arms), CLAIM_GROUPS):
+        # The due rows of the groups with room, and the expired leases (few: those of dead
+        # holders), in one statement per CLAIM_GROUPS groups, the expired ones with the first.
+        found: list[tuple[Row, int, int]] = []
+        for start in range(0, max(len(arms), 1), CLAIM_GROUPS):
             some = arms[start:start + CLAIM_GROUPS]
-            found += [(Row(row[:-2]), row[-2], row[-1]) for row in
-                      db.execute(self._sql[due_statement(tuple(shape for shape, _ in some), lock)],
-                                 [value for _, params in some for value in params]).fetchall()]
+            expired = -1 if start else (len(names) if names is not None else 0)
+            if expired > CLAIM_WORKFLOWS:  # too many names for one statement: by themselves
+                for first in range(0, len(names), CLAIM_WORKFLOWS):
+                    part = names[first:first + CLAIM_WORKFLOWS]
+                    found += _rows(db.execute(self._sql[claimable_statement((), lock, len(part))], (now, *part)))
+                expired = -1
+            params = [value for _, each in some for value in each]
+            if expired >= 0:
+                params += [now, *(names or ())]
+            if some or expired >= 0:
+                found += _rows(db.execute(self._sql[claimable_statement(tuple(shape for shape, _ in some), lock,
+                                                                        expired)], params))
+        # An expired lease of a limited queue no group named: its limits too (rare).
+        unknown = {row.queue for row, part, _ in found if part == 1} - set(capacity) - {group[1] for group in groups}
+        if unknown:
+            capacity.update(queues.capacities(db, self._sql, queues.read_limits(db, self._sql, list(unknown)), now,
+                                              write=lock, lock_rows=lock and not self._conn.whole_database_write_lock))
         # By priority, then due time; at equal ones, due rows before expired leases, then in
         # admission order.
         picked = []
-        for row, _, _ in sorted(found + expired_rows, key=lambda each: (-each[0].priority, each[0].due_at, each[1], each[2])):
+        for row, _, _ in sorted(found, key=lambda each: (-each[0].priority, each[0].due_at, each[1], each[2])):
             room = capacity.get(row.queue)
             if room is None or room.take(row.queue_key):
                 picked.append(row)

@@ -52,27 +52,31 @@ def _next(column: str, index: str, of_workflow: str) -> str:
     return f"coalesce(({same}), ({later}))"
 
 
-# The workflows that have claimable rows (for a claim of any workflow), by a loose scan of the same
-# index: a seek per workflow.
-CLAIMABLE_WORKFLOWS = f"""
-WITH RECURSIVE names (workflow) AS (
-    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
-            ORDER BY workflow LIMIT 1)
-    UNION ALL
-    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow
-            WHERE {_CLAIMABLE} AND workflow > names.workflow ORDER BY workflow LIMIT 1)
-    FROM names WHERE names.workflow IS NOT NULL)
-SELECT workflow FROM names WHERE workflow IS NOT NULL"""
 _OF = "workflow = pairs.workflow AND "
-GROUPS_OF = f"""
-WITH RECURSIVE served (workflow) AS (VALUES {{names}}),
-pairs (workflow, queue, priority) AS (
-    SELECT workflow, CAST('' AS TEXT), CAST(0 AS BIGINT) FROM served
+_PAIRS = f"""pairs (workflow, queue, priority) AS (
+    SELECT workflow, CAST('' AS TEXT), CAST(0 AS BIGINT) FROM served WHERE workflow IS NOT NULL
     UNION ALL
     SELECT pairs.workflow, {_next("queue", "executions_claimable_by_workflow", _OF)},
         {_next("priority", "executions_claimable_by_workflow", _OF)}
     FROM pairs WHERE pairs.queue IS NOT NULL)
-SELECT workflow, queue, priority FROM pairs WHERE queue IS NOT NULL AND queue <> ''"""
+SELECT pairs.workflow, pairs.queue, pairs.priority, q.concurrency, q.per_key, q.rate_count, q.rate_ms
+FROM pairs LEFT JOIN queues q ON q.name = pairs.queue WHERE pairs.queue IS NOT NULL AND pairs.queue <> ''"""
+# Each group with its queue's limits (NULLs: none), in one statement: the common claim (no limits)
+# pays no statement more for them. Of the workflows served (`{names}`: a "(CAST($p AS TEXT))" per
+# workflow), or of any: the workflows that have claimable rows, found by a loose scan of the same
+# index first (a seek per workflow).
+GROUPS_OF = f"""
+WITH RECURSIVE served (workflow) AS (VALUES {{names}}),
+{_PAIRS}"""
+GROUPS = f"""
+WITH RECURSIVE served (workflow) AS (
+    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
+            ORDER BY workflow LIMIT 1)
+    UNION ALL
+    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow
+            WHERE {_CLAIMABLE} AND workflow > served.workflow ORDER BY workflow LIMIT 1)
+    FROM served WHERE served.workflow IS NOT NULL),
+{_PAIRS}"""
 GROUPS_WORKFLOWS = 200  # workflows per GROUPS_OF statement
 
 # `{names}`: a "$p" per queue. Locked in name order, the order every claim takes them in.
@@ -146,29 +150,42 @@ class Capacity:
         return True
 
 
-def capacities(db: Transaction, sql, queues: list[str], now: int, *, write: bool) -> dict[str, Capacity]:
-    """The limited queues among `queues`, their rows locked in name order, with what each may
-    still take at `now` (see the module docstring); `write`: in a write transaction, which prunes
-    the rate windows as it reads them."""
-    if not queues:
+def capacities(db: Transaction, sql, limited: dict[str, tuple], now: int, *, write: bool,
+               lock_rows: bool = False) -> dict[str, Capacity]:
+    """What each queue of `limited` ({name: (concurrency, per_key, rate_count, rate_ms)}) may still
+    take at `now` (see the module docstring). `write`: in a write transaction, which prunes the
+    rate windows as it reads them. `lock_rows`: on a backend with row locks, the queues' rows are
+    locked in name order and their limits read again first."""
+    if not limited:
         return {}
+    if lock_rows:
+        limited = read_limits(db, sql, list(limited), lock=True)
     found: dict[str, Capacity] = {}
+    for name in sorted(limited):
+        concurrency, per_key, rate_count, rate_ms = limited[name]
+        room = found[name] = Capacity(name, None, per_key)
+        if concurrency is not None or per_key is not None:
+            room.live_by_key = {key: count for key, count in db.execute(sql[LIVE_BY_KEY], (name, now)).fetchall()}
+        if concurrency is not None:
+            room.slots = concurrency - sum(room.live_by_key.values())
+        if rate_count is not None:
+            if write:
+                db.execute(sql[RATE_PRUNE], (name, now - rate_ms))
+            left = rate_count - db.execute(sql[RATE_COUNT], (name, now - rate_ms)).fetchone()[0]
+            room.slots = left if room.slots is None else min(room.slots, left)
+            room.rate_limited = True
+    return found
+
+
+def read_limits(db: Transaction, sql, queues: list[str], *, lock: bool = False) -> dict[str, tuple]:
+    """The limits of those of `queues` that have some: {name: (concurrency, per_key, rate_count,
+    rate_ms)}; with `lock`, their rows locked in name order."""
+    found = {}
     names = sorted(set(queues))
     for start in range(0, len(names), 500):
         some = names[start:start + 500]
-        for name, concurrency, per_key, rate_count, rate_ms in db.execute(sql[limits_of(len(some), write)], some).fetchall():
-            found[name] = Capacity(name, None, per_key)
-            if concurrency is not None or per_key is not None:
-                found[name].live_by_key = {key: count for key, count in
-                                           db.execute(sql[LIVE_BY_KEY], (name, now)).fetchall()}
-            if concurrency is not None:
-                found[name].slots = concurrency - sum(found[name].live_by_key.values())
-            if rate_count is not None:
-                if write:
-                    db.execute(sql[RATE_PRUNE], (name, now - rate_ms))
-                left = rate_count - db.execute(sql[RATE_COUNT], (name, now - rate_ms)).fetchone()[0]
-                found[name].slots = left if found[name].slots is None else min(found[name].slots, left)
-                found[name].rate_limited = True
+        for name, *values in db.execute(sql[limits_of(len(some), lock)], some).fetchall():
+            found[name] = tuple(values)
     return found
 
 
