@@ -142,6 +142,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
         self.queues: Optional[RecordQueues] = None  # the app's queues, from its first ready worker
         self.queues_pending = False  # recording them met a storage error: made again at the next round
         self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
+        self.blocked_polls = 0  # claims in a row that found nothing though something was due
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -268,6 +269,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
         self.claim_failures = 0
         claimed = reply.value
         self.stats.claimed += len(claimed)
+        if claimed:
+            self.blocked_polls = 0
         idle = self.takers(now, len(claimed)) if self.grace_deadline is None else []
         if claimed:
             self.next_unconfirmed = min(self.next_unconfirmed, sent_at + self.cfg.lease_ms / 1000)
@@ -346,6 +349,13 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving):
             # The ledger's time comes with the reply: this thread never reads it (on PostgreSQL
             # that is a round trip, which could block every heartbeat behind a lost server).
             wait_s = max(0.005, (ready - reply.clock_ms) / 1000)
+            if ready <= reply.clock_ms:
+                # Due, yet the claim before found nothing: held back by its queue's limit (SPEC
+                # section 12) or by another claimer's row locks, or it became due just after
+                # that claim. Try again soon, then less and less often, up to the poll interval:
+                # a saturated queue's backlog must not make an idle supervisor spin.
+                self.blocked_polls += 1
+                wait_s = min(self.cfg.poll_ms / 1000, 0.005 * 2 ** min(self.blocked_polls - 1, 16))
             self.next_poll = min(self.next_poll, now + wait_s)
         elif (self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0
               and not self.unparking and not self.unpark_pending):
