@@ -280,9 +280,10 @@ def blocked_ledger(ledger: str, count: int):
                    "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n) AS n")
         select = ", ".join("'blocked-' || n.i" if c.strip() == "execution_id" else f"t.{c.strip()}"
                            for c in BLOCKED_COLUMNS.split(","))
-        with backend.connection.write() as db:
-            db.execute(f"INSERT INTO executions ({BLOCKED_COLUMNS}) SELECT {select} FROM {numbers}, executions t"
-                       f" WHERE t.execution_id = 'blocked-template'", (count - 1,))
+        if count > 1:
+            with backend.connection.write() as db:
+                db.execute(f"INSERT INTO executions ({BLOCKED_COLUMNS}) SELECT {select} FROM {numbers}, executions t"
+                           f" WHERE t.execution_id = 'blocked-template'", (count - 1,))
     return backend
 
 
