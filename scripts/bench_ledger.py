@@ -260,6 +260,68 @@ def routing(folder: str, foreign: int, repeats: int) -> None:
     print(f"  {f'ratio {foreign:,} / 0':36}{claim[foreign] / claim[0]:12.2f}{poll[foreign] / poll[0]:12.2f}")
 
 
+BLOCKED_COLUMNS = ("execution_id, workflow, input_json, status, token, due_at, unacknowledged_deliveries, ever_suspended,"
+                   " ready_at, created_at, updated_at, queue, queue_key, priority")
+
+
+def blocked_ledger(ledger: str, count: int):
+    """A ledger whose queue "blocked" (concurrency 1) holds a live lease and `count` more due
+    executions, at priority 9 (ahead of the bench's backlog, were they not blocked): copies of
+    one the ledger admitted, inserted in one transaction."""
+    backend = open_backend(ledger)
+    backend.queues.declare("blocked", concurrency=1)
+    ex = backend.executions
+    ex.admit("blocked-holder", "bench", queue="blocked", priority=9, now=1)
+    [lease] = ex.claim_due(limit=1, duration=10 * LEASE_MS)
+    assert lease.execution_id == "blocked-holder"
+    if count:
+        ex.admit("blocked-template", "bench", queue="blocked", priority=9, now=1)
+        numbers = ("generate_series(1, %s) AS n(i)" if ledger.startswith("postgresql://") else
+                   "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n) AS n")
+        select = ", ".join("'blocked-' || n.i" if c.strip() == "execution_id" else f"t.{c.strip()}"
+                           for c in BLOCKED_COLUMNS.split(","))
+        if count > 1:
+            with backend.connection.write() as db:
+                db.execute(f"INSERT INTO executions ({BLOCKED_COLUMNS}) SELECT {select} FROM {numbers}, executions t"
+                           f" WHERE t.execution_id = 'blocked-template'", (count - 1,))
+    return backend
+
+
+def queue_blocked(ledgers: dict[int, str], name: str, repeats: int) -> float:
+    """A claim's cost with `max(ledgers)` due executions waiting behind their queue's limit, and
+    with none, measured alternately (plain and routed claims); the ratio of the plain claims."""
+    started = time.perf_counter()
+    backends = {size: blocked_ledger(ledger, size) for size, ledger in ledgers.items()}
+    setup = time.perf_counter() - started
+    costs: dict[int, list[tuple[float, float]]] = {size: [] for size in backends}
+    routed: dict[int, list[tuple[float, float]]] = {size: [] for size in backends}
+    for r in range(repeats):
+        for size, backend in backends.items():
+            costs[size].append(claim_costs(backend, f"r{r}", 200))
+            routed[size].append(claim_costs(backend, f"w{r}", 200, Round.SERVED))
+    for size, backend in backends.items():
+        due = {q.name: q.due for q in backend.queues.list()}
+        assert due.get("blocked", 0) == size, due  # still all waiting
+        backend.close()
+    small, large = sorted(backends)
+    print()
+    print(f"{name}: claim_due against due executions blocked by their queue's limit (concurrency 1, held;"
+          f" built in {setup:.1f} s; claims from a backlog of 200 in another queue):")
+    print(f"  {'blocked due executions':36}{'claim one':>12}{'routed':>12}{'empty poll':>12}")
+    claim = {size: statistics.median(c for c, _ in costs[size]) for size in costs}
+    claim_routed = {size: statistics.median(c for c, _ in routed[size]) for size in routed}
+    poll = {size: statistics.median(p for _, p in costs[size]) for size in costs}
+    for size in (small, large):
+        print(f"  {f'{size:,}':36}{us(claim[size]):>12}{us(claim_routed[size]):>12}{us(poll[size]):>12}")
+    ratio = claim[large] / claim[small]
+    print(f"  {f'ratio {large:,} / {small:,}':36}{ratio:12.2f}{claim_routed[large] / claim_routed[small]:12.2f}"
+          f"{poll[large] / poll[small]:12.2f}   target <= {QUEUE_TARGET}x")
+    return max(ratio, claim_routed[large] / claim_routed[small])
+
+
+QUEUE_TARGET = 1.2
+
+
 def live_leases(folder: str, sizes=(0, 1_000, 10_000)) -> None:
     """claim_due's cost while many other executions hold live leases (for scale, not a target)."""
     with open_backend(os.path.join(folder, "live.db")) as backend:
@@ -292,7 +354,15 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=1000, help="calls of each kind per repetition")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--terminal", type=int, default=100_000, help="completed executions for the scaling check")
+    parser.add_argument("--blocked", type=int, default=100_000,
+                        help="due executions blocked by their queue's limit, for the queue check")
+    parser.add_argument("--queues-only", action="store_true", help="only the queue check")
+    parser.add_argument("--postgres", action="store_true",
+                        help="the queue check on a throwaway PostgreSQL cluster too")
     args = parser.parse_args()
+    if args.queues_only:
+        with tempfile.TemporaryDirectory(prefix="bench-ledger-") as folder:
+            return 0 if queue_checks(folder, args) else 1
 
     with tempfile.TemporaryDirectory(prefix="bench-ledger-") as folder:
         path = os.path.join(folder, "ledger.db")
@@ -327,7 +397,24 @@ def main() -> int:
         scaling(folder, 1_000, args.terminal, args.repeats)
         routing(folder, args.terminal, args.repeats)
         live_leases(folder)
-    return 0 if verdict == "PASS" else 1
+        queues_pass = queue_checks(folder, args)
+    return 0 if verdict == "PASS" and queues_pass else 1
+
+
+def queue_checks(folder: str, args) -> bool:
+    """The queue check on SQLite, and on PostgreSQL with --postgres; whether each met its target."""
+    ratios = [queue_blocked({size: os.path.join(folder, f"blocked-{size}.db") for size in (0, args.blocked)},
+                            "SQLite", args.repeats)]
+    if args.postgres:
+        from supervisor.chaos.cluster import Cluster
+
+        cluster = Cluster().start()
+        try:
+            ratios.append(queue_blocked({size: cluster.new_database() for size in (0, args.blocked)},
+                                        "PostgreSQL", args.repeats))
+        finally:
+            cluster.stop()
+    return all(ratio <= QUEUE_TARGET for ratio in ratios)
 
 
 if __name__ == "__main__":

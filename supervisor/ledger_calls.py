@@ -209,6 +209,24 @@ class AdmitTicks(Call, name="admit_due"):
     schedules: tuple
 
 
+@dataclass(frozen=True)
+class RecordQueues(Call, name="record_queues"):
+    """The app's queue limits and its workflows' default queues, recorded when the supervisor
+    starts serving (SPEC section 12: the latest start wins), before its first claim."""
+
+    queues: tuple[tuple, ...]  # (name, concurrency, per_key, rate_count, rate_seconds)
+    defaults: tuple[tuple[str, str, int], ...]  # (workflow, queue, priority)
+
+
+def record_queues(backend: Backend, call: RecordQueues) -> int:
+    """Declare each queue's limits, then record the defaults; how many queues."""
+    for name, concurrency, per_key, rate_count, rate_seconds in call.queues:
+        backend.queues.declare(name, concurrency=concurrency, per_key=per_key,
+                               rate=None if rate_count is None else (rate_count, rate_seconds))
+    backend.queues.record_defaults({workflow: (queue, priority) for workflow, queue, priority in call.defaults})
+    return len(call.queues)
+
+
 def make(call: Call, backend: Backend) -> Any:
     """Make `call` on `backend`: its reply's value."""
     executions = backend.executions
@@ -236,11 +254,13 @@ def make(call: Call, backend: Backend) -> Any:
             return executions.unpark(call.workflows)
         case AdmitTicks():
             return backend.schedules.admit_due(call.schedules)
+        case RecordQueues():
+            return record_queues(backend, call)
     raise TypeError(f"not a ledger call: {call!r}")
 
 
 CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt, Register, Seen, Deregister,
-                                 Unpark, AdmitTicks)
+                                 Unpark, AdmitTicks, RecordQueues)
 
 
 @dataclass

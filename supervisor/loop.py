@@ -46,8 +46,8 @@ from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
-from .ledger_calls import (Acknowledge, AdmitTicks, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt, Register,
-                           Release, Renew, Reply, Seen, Unpark, Wakeup)
+from .ledger_calls import (Acknowledge, AdmitTicks, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt,
+                           RecordQueues, Register, Release, Renew, Reply, Seen, Unpark, Wakeup)
 from .pool import Child, Delivery, Pool
 from .scheduling import Scheduling
 from .serving import Serving, new_supervisor_id
@@ -140,6 +140,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
         self.registering = False  # a Register or Seen is in flight
         self.unpark_pending = False  # an Unpark met a storage error: made again at the next round
         self.unparking = False  # an Unpark is in flight
+        self.queues: Optional[RecordQueues] = None  # the app's queues, from its first ready worker
+        self.queues_pending = False  # recording them met a storage error: made again at the next round
         self.started_at_ms: Optional[int] = None  # the ledger's time of its first registration
         # Schedules (`scheduling`): those of the served workflows, None until a worker reported them.
         self.schedules: Optional[tuple] = None
@@ -147,6 +149,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
         self.ticking = False  # an AdmitTicks is in flight
         self.ticks_checked = False  # an AdmitTicks was answered (until_idle waits for the first)
         self.tick_failures = 0
+        self.blocked_polls = 0  # claims in a row that found nothing though something was due
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -274,6 +277,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
         self.claim_failures = 0
         claimed = reply.value
         self.stats.claimed += len(claimed)
+        if claimed:
+            self.blocked_polls = 0
         idle = self.takers(now, len(claimed)) if self.grace_deadline is None else []
         if claimed:
             self.next_unconfirmed = min(self.next_unconfirmed, sent_at + self.cfg.lease_ms / 1000)
@@ -352,6 +357,13 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
             # The ledger's time comes with the reply: this thread never reads it (on PostgreSQL
             # that is a round trip, which could block every heartbeat behind a lost server).
             wait_s = max(0.005, (ready - reply.clock_ms) / 1000)
+            if ready <= reply.clock_ms:
+                # Due, yet the claim before found nothing: held back by its queue's limit (SPEC
+                # section 12) or by another claimer's row locks, or it became due just after
+                # that claim. Try again soon, then less and less often, up to the poll interval:
+                # a saturated queue's backlog must not make an idle supervisor spin.
+                self.blocked_polls += 1
+                wait_s = min(self.cfg.poll_ms / 1000, 0.005 * 2 ** min(self.blocked_polls - 1, 16))
             self.next_poll = min(self.next_poll, now + wait_s)
         elif (self.until_idle and not self.pool.busy() and not self.ending and self.claiming == 0
               and not self.unparking and not self.unpark_pending and not self.ticking
@@ -411,6 +423,11 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
 
     def on_ticks_admitted(self, reply: Reply, now: float) -> None:
         self.ticks_admitted(reply, now)  # `scheduling`
+    def on_queues_recorded(self, reply: Reply, now: float) -> None:
+        if reply.error is not None:
+            self.queues_pending = True  # made again at the next renewal round
+        elif reply.value:
+            log.info("recorded the limits of %d queue%s", reply.value, "" if reply.value == 1 else "s")
 
     def on_deregistered(self, reply: Reply, now: float) -> None:
         pass  # made as the supervisor exits: nobody waits for it
@@ -577,6 +594,7 @@ ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
     Deregister: DispatchLoop.on_deregistered,
     Unpark: DispatchLoop.on_unparked,
     AdmitTicks: DispatchLoop.on_ticks_admitted,
+    RecordQueues: DispatchLoop.on_queues_recorded,
 }
 
 

@@ -6,8 +6,10 @@ when it is ready (`Ready.workflows`). The loop claims only those (`Claim.workflo
 for those (`NextReadyAt.workflows`, so `--until-idle` counts only its own), and keeps a row in
 the ledger's live supervisors saying so:
 
-    first worker ready      -> served = its workflows; `began_serving`: Register, and Unpark:
-                               their parked executions are due again (new code may replay them)
+    first worker ready      -> served = its workflows; RecordQueues: its app's queue limits and
+                               default queues (SPEC section 12), before the first claim;
+                               `began_serving`: Register, and Unpark: their parked executions are
+                               due again (new code may replay them)
     another worker ready    -> served = what every ready worker registers (the intersection);
                                a change (the app was edited on disk) is logged, registered and
                                unparked
@@ -32,7 +34,7 @@ import secrets
 import socket
 from typing import Optional
 
-from .ledger_calls import Deregister, Register, Seen, Unpark
+from .ledger_calls import Deregister, RecordQueues, Register, Seen, Unpark
 from .pool import Child
 
 log = logging.getLogger("yieldstar.supervisor")
@@ -49,9 +51,15 @@ class Serving:
     `workflows` (None until a worker is ready), `supervisor_id`, `registered`, `started_at_ms`.
     The replies to its calls are the loop's (`DispatchLoop.on_registered`, `on_seen`)."""
 
-    def worker_serves(self, child: Child, workflows: tuple[str, ...]) -> None:
-        """A worker reported ready with the workflows its app registers."""
+    def worker_serves(self, child: Child, workflows: tuple[str, ...], queues: tuple = (), defaults: tuple = ()
+                      ) -> None:
+        """A worker reported ready with the workflows its app registers, and its queues."""
         child.workflows = frozenset(workflows)
+        if self.queues is None:
+            # The first ready worker's app: its queues' limits and the workflows' default queues
+            # are recorded before the first claim (the calls are made in order).
+            self.queues = RecordQueues(tuple(queues), tuple(defaults))
+            self.record_queues()
         reports = [c.workflows for c in self.pool.children if c.ready and c.workflows is not None]
         served = frozenset.intersection(*reports)
         if self.workflows is None:
@@ -92,6 +100,12 @@ class Serving:
             self.unparking = True
             self.calls.submit(Unpark(self.workflows))
 
+    def record_queues(self) -> None:
+        """Submit the recording of the app's queues (again)."""
+        self.queues_pending = False
+        if self.queues is not None and (self.queues.queues or self.queues.defaults):
+            self.calls.submit(self.queues)
+
     def register(self) -> None:
         """Submit this supervisor's registration (again)."""
         cfg = self.cfg
@@ -108,6 +122,8 @@ class Serving:
             return
         if self.unpark_pending:
             self.unpark()
+        if self.queues_pending:
+            self.record_queues()
         if self.registering:
             return
         if self.registered:

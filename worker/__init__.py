@@ -38,6 +38,7 @@ from supervisor.ledger.values import EffectState, ExecutionStatus, SettleConflic
 from .async_context import AsyncStoreHandle, AsyncWorkflowContext
 from .client import AsyncClient, AsyncHandle, Client, Handle
 from .context import WorkflowContext
+from .queues import Queue
 from .registry import Registry, default_registry, workflow
 from .retry import RetryableError, RetryPolicy
 from .stores import StoreHandle
@@ -45,7 +46,7 @@ from ._runtime.unwinding import ReplayDiverged
 
 __all__ = [
     # the SDK: registering workflows, what they receive, retries
-    "workflow", "Registry", "default_registry",
+    "workflow", "Registry", "default_registry", "Queue",
     "WorkflowContext", "AsyncWorkflowContext", "StoreHandle", "AsyncStoreHandle",
     "RetryPolicy", "RetryableError",
     # the client, and the values its calls return

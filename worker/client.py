@@ -46,6 +46,7 @@ from supervisor.ledger.errors import (
 )
 from supervisor.ledger.values import TERMINAL_STATUSES, EffectState, ExecutionRecord, ExecutionStatus, SettleConflict
 
+from .queues import Queue
 from .registry import Registry
 
 #: A ledger: a SQLite path (created when missing) or a postgresql:// URI, as `open_backend` takes.
@@ -197,16 +198,31 @@ class _Base:
             raise InvalidArgument(f"no workflow is registered as {name!r} (registered: {known})")
         return name
 
-    def _start(self, workflow: Any, input: Any, id: Optional[str]) -> ExecutionRecord:
+    def _start(self, workflow: Any, input: Any, id: Optional[str], queue: Any = None, key: Optional[str] = None,
+               priority: Optional[int] = None) -> ExecutionRecord:
         name = self._registered(workflow)
         input_json = arguments.to_json("input", input)
-        return self._admit(name, input_json, None if id is None else arguments.identifier("id", id))
+        return self._admit(name, input_json, None if id is None else arguments.identifier("id", id), queue, key,
+                           priority)
 
-    def _start_json(self, workflow: Any, input_json: str, id: Optional[str]) -> ExecutionRecord:
-        return self._admit(self._registered(workflow), input_json, id)  # the ledger checks the text and the id
+    def _start_json(self, workflow: Any, input_json: str, id: Optional[str], queue: Any = None,
+                    key: Optional[str] = None, priority: Optional[int] = None) -> ExecutionRecord:
+        # The ledger checks the text, the id, the queue, the key and the priority.
+        return self._admit(self._registered(workflow), input_json, id, queue, key, priority)
 
-    def _admit(self, workflow: str, input_json: str, id: Optional[str]) -> ExecutionRecord:
-        return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json)
+    def _admit(self, workflow: str, input_json: str, id: Optional[str], queue: Any = None, key: Optional[str] = None,
+               priority: Optional[int] = None) -> ExecutionRecord:
+        """Admit, in the queue and at the priority given, or else the workflow's defaults: those
+        the app declares (`@workflow(queue=, priority=)`), as its supervisor recorded them in
+        the ledger when it started ("default", 0 before any did)."""
+        if isinstance(queue, Queue):
+            queue = queue.name
+        if queue is None or priority is None:
+            default_queue, default_priority = self.backend.queues.defaults_of(workflow)
+            queue = default_queue if queue is None else queue
+            priority = default_priority if priority is None else priority
+        return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json,
+                                             queue=queue, key=key, priority=priority)
 
     def _record(self, execution_id: str) -> ExecutionRecord:
         record = self.backend.executions.get(execution_id)
@@ -315,17 +331,21 @@ class Client(_Base):
         create: False to raise `NoLedger` for a SQLite path with no ledger, instead of creating one.
     """
 
-    def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None) -> Handle:
+    def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None, queue: Any = None,
+              key: Optional[str] = None, priority: Optional[int] = None) -> Handle:
         """Admit an execution of `workflow` (a name, or the decorated function) with `input` (any
         JSON value) and return its handle. `id` is the idempotency key: the same id with the same
-        workflow and input returns the same execution; with others it raises `ExecutionConflict`.
-        Without it, a new id is made."""
-        record = self._start(workflow, input, id)
+        workflow, input, queue, key and priority returns the same execution; with others it raises
+        `ExecutionConflict`. Without it, a new id is made. `queue` (a `Queue` or its name) and
+        `priority` default to the workflow's (`@workflow(queue=, priority=)`, as its supervisor
+        recorded them); `key` is what the queue's `per_key` limit counts by."""
+        record = self._start(workflow, input, id, queue, key, priority)
         return Handle(self, record.execution_id, record.workflow)
 
-    def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None) -> Handle:
+    def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None, queue: Any = None,
+                   key: Optional[str] = None, priority: Optional[int] = None) -> Handle:
         """As `start`, with the input as JSON text, recorded as given (`yieldstar start --input`)."""
-        record = self._start_json(workflow, input_json, id)
+        record = self._start_json(workflow, input_json, id, queue, key, priority)
         return Handle(self, record.execution_id, record.workflow)
 
     def handle(self, execution_id: str) -> Handle:
@@ -430,14 +450,16 @@ class AsyncClient(_Base):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
-    async def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None) -> AsyncHandle:
+    async def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None, queue: Any = None,
+                    key: Optional[str] = None, priority: Optional[int] = None) -> AsyncHandle:
         """As `Client.start`."""
-        record = await self._call(self._start, workflow, input, id)
+        record = await self._call(self._start, workflow, input, id, queue, key, priority)
         return AsyncHandle(self, record.execution_id, record.workflow)
 
-    async def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None) -> AsyncHandle:
+    async def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None,
+                         queue: Any = None, key: Optional[str] = None, priority: Optional[int] = None) -> AsyncHandle:
         """As `Client.start_json`."""
-        record = await self._call(self._start_json, workflow, input_json, id)
+        record = await self._call(self._start_json, workflow, input_json, id, queue, key, priority)
         return AsyncHandle(self, record.execution_id, record.workflow)
 
     async def handle(self, execution_id: str) -> AsyncHandle:

@@ -8,7 +8,10 @@ from typing import Any, Callable, Optional, TypeVar
 
 from supervisor.ledger.arguments import identifier
 from supervisor.ledger.errors import AppNotFound, InvalidArgument, YieldstarError
+from supervisor.ledger.tables.queues import DEFAULT_QUEUE, priority as checked_priority
 from supervisor.ledger.ticks import Schedule, schedule_of
+
+from .queues import Queue
 
 WorkflowFunction = Callable[[Any, Any], Any]
 # What `@workflow` decorates: returned as it came, so a type checker keeps its own signature.
@@ -21,13 +24,20 @@ class Registry:
     def __init__(self) -> None:
         self._workflows: dict[str, WorkflowFunction] = {}
         self._schedules: dict[str, Schedule] = {}
+        self._queues: dict[str, Queue] = {}  # the queues the app declares, by name
+        self._defaults: dict[str, tuple[str, int]] = {}  # each workflow's (queue, priority)
 
-    def workflow(self, name: str, *, schedule: Optional[str] = None, timezone: Optional[str] = None,
+    def workflow(self, name: str, *, queue: Queue | str | None = None, priority: int = 0,
+                 schedule: Optional[str] = None, timezone: Optional[str] = None,
                  every: Optional[float] = None) -> Callable[[W], W]:
-        """`schedule` (a cron expression, in UTC unless `timezone`) or `every` (seconds) makes the
-        supervisors that serve the workflow admit it at each tick (SPEC section 12); both are
-        checked here, so a bad one fails the app's import."""
+        """`queue` (a `Queue`, or a queue's name; "default" when None) and `priority` (higher
+        first) are the defaults of its executions' starts. `schedule` (a cron expression, in UTC
+        unless `timezone`) or `every` (seconds) makes the supervisors that serve the workflow
+        admit it at each tick (SPEC section 12). All are checked here, so a bad one fails the
+        app's import."""
         identifier("workflow name", name)
+        queue_name = self._queue(queue)
+        checked_priority("priority", priority)
         ticking = schedule_of(name, schedule=schedule, timezone=timezone, every=every)
 
         def register(fn: W) -> W:
@@ -39,12 +49,35 @@ class Registry:
                     f"workflow {name!r} is already registered by {_origin(known)}; refusing {_origin(fn)}"
                 )
             self._workflows[name] = fn
+            self._defaults[name] = (queue_name, priority)
             if ticking is not None:
                 self._schedules[name] = ticking
             fn.workflow_name = name  # type: ignore[attr-defined]
             return fn
 
         return register
+
+    def _queue(self, queue: Queue | str | None) -> str:
+        """The name of `queue`, a `Queue` recorded as the app's (one name, one set of limits)."""
+        if queue is None:
+            return DEFAULT_QUEUE
+        if isinstance(queue, str):
+            return identifier("queue", queue)
+        if not isinstance(queue, Queue):
+            raise InvalidArgument(f"queue must be a Queue or a queue name, not {type(queue).__name__}")
+        known = self._queues.get(queue.name)
+        if known is not None and known != queue:
+            raise InvalidArgument(f"queue {queue.name!r} is declared twice with different limits: {known} and {queue}")
+        self._queues[queue.name] = queue
+        return queue.name
+
+    def queues(self) -> list[Queue]:
+        """The queues the app's workflows name as `Queue`s, by name."""
+        return [self._queues[name] for name in sorted(self._queues)]
+
+    def defaults(self) -> dict[str, tuple[str, int]]:
+        """Each workflow's default (queue, priority)."""
+        return dict(sorted(self._defaults.items()))
 
     def get(self, name: str) -> Optional[WorkflowFunction]:
         return self._workflows.get(name)
@@ -68,8 +101,11 @@ def _origin(fn: Callable) -> str:
 default_registry = Registry()
 
 
-def workflow(name: str, *, schedule: Optional[str] = None, timezone: Optional[str] = None,
-             every: Optional[float] = None) -> Callable[[W], W]:
-    """Register `f(ctx, input)` as the workflow called `name`; with `schedule=` (cron, UTC unless
-    `timezone=`) or `every=` (seconds), admitted at each tick with input `{"scheduled_at": TICK}`."""
-    return default_registry.workflow(name, schedule=schedule, timezone=timezone, every=every)
+def workflow(name: str, *, queue: Queue | str | None = None, priority: int = 0, schedule: Optional[str] = None,
+             timezone: Optional[str] = None, every: Optional[float] = None) -> Callable[[W], W]:
+    """Register `f(ctx, input)` as the workflow called `name`; its executions go to `queue` (a
+    `Queue`, or a queue's name; "default" when None) at `priority` (higher first) unless their
+    start names others; with `schedule=` (cron, UTC unless `timezone=`) or `every=` (seconds),
+    admitted at each tick with input `{"scheduled_at": TICK}`."""
+    return default_registry.workflow(name, queue=queue, priority=priority, schedule=schedule, timezone=timezone,
+                                     every=every)

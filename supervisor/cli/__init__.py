@@ -263,4 +263,4 @@ def main(ctx: click.Context, db: str) -> None:
 
 
 # Registers every command on `main`.
-from . import check, operate, run, schedules, show, submit, supervisors, views  # noqa: F401
+from . import check, operate, queues, run, schedules, show, submit, supervisors, views  # noqa: F401

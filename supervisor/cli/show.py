@@ -61,6 +61,8 @@ def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int) -
             continue
         elif key in ("input", "result", "error"):
             shown = json.dumps(value)
+        elif key == "key" and value is None:
+            shown = "(none)"  # not limited by its queue's per_key
         else:
             shown = str(value)
         lines.append(f"{key:<{LABEL}} {shown}")
@@ -144,10 +146,11 @@ def list_executions(ctx, workflow: str | None, status: str | None, since: str | 
         return
     if limit == 0:
         return  # asked for nothing: not even a header
-    rows = [("ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED")]
+    rows = [("ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED", "QUEUE", "KEY", "PRIORITY")]
     rows += [(r.execution_id, r.workflow, str(r.status), str(r.token), str(r.unacknowledged_deliveries),
-              format_time(r.created_at, now=now), format_time(r.updated_at, now=now)) for r in records]
-    click.echo("\n".join(aligned(rows, right=(3, 4))))
+              format_time(r.created_at, now=now), format_time(r.updated_at, now=now), r.queue,
+              "-" if r.key is None else r.key, str(r.priority)) for r in records]
+    click.echo("\n".join(aligned(rows, right=(3, 4, 9))))
 
 
 def aligned(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:

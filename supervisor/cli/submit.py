@@ -28,13 +28,17 @@ from . import (
 @click.option("--id", "execution_id", help="The execution id; repeating a start with the same id starts nothing.")
 @click.option("--input", "input_json", default="null", show_default=True,
               help="The workflow's input: JSON, @FILE to read it from a file, or - to read it from stdin.")
+@click.option("--queue", help="The queue whose limits its claims obey (default: the workflow's).")
+@click.option("--key", help="The key the queue's per_key limit counts it by.")
+@click.option("--priority", type=int, help="Higher first (default: the workflow's, else 0).")
 @click.pass_context
 @handles_errors
-def start(ctx, workflow: str, execution_id: str | None, input_json: str) -> None:
+def start(ctx, workflow: str, execution_id: str | None, input_json: str, queue: str | None, key: str | None,
+          priority: int | None) -> None:
     """Admit an execution of WORKFLOW and print its id."""
     input_json = read_json_option("--input", input_json)
     with Client(ledger_of(ctx)) as client:
-        handle = client.start_json(workflow, input_json, id=execution_id)
+        handle = client.start_json(workflow, input_json, id=execution_id, queue=queue, key=key, priority=priority)
     click.echo(handle.execution_id)
     note_unserved(ctx, workflow)
 

@@ -40,6 +40,7 @@ from .values import (
     EffectState,
     ExecutionLease,
     ExecutionRecord,
+    QueueRecord,
     HeapRecord,
     LeaseLost,
     LeaseRecord,
@@ -94,15 +95,18 @@ class NoMatch(Exception):
 
 class ExecutionClient(abc.ABC):
     @abc.abstractmethod
-    def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, now: Optional[int] = None
-              ) -> ExecutionRecord:
-        """Create the execution: status `admitted`, due at `now`, token 0.
+    def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, queue: str = "default",
+              key: Optional[str] = None, priority: int = 0, now: Optional[int] = None) -> ExecutionRecord:
+        """Create the execution: status `admitted`, due at `now`, token 0, in `queue` (whose limits
+        its claims obey: `QueueClient`), with `key` (counted by the queue's `per_key`; None: not
+        limited by it) and `priority` (higher first, a 32-bit int).
 
-        Admitting an existing id with the same workflow and input (compared as JSON values)
-        returns the stored record unchanged.
+        Admitting an existing id with the same workflow, input (compared as JSON values), queue,
+        key and priority returns the stored record unchanged.
 
         Raises:
-            ExecutionConflict: the id was admitted with a different workflow or input.
+            ExecutionConflict: the id was admitted with a different workflow, input, queue, key
+                or priority.
         """
 
     @abc.abstractmethod
@@ -163,7 +167,8 @@ class ExecutionClient(abc.ABC):
     def renew(self, lease: ExecutionLease, *, duration: int, now: Optional[int] = None) -> Renewed | LeaseLost:
         """Fenced: extend the lease to `now + duration` if its token is current and its delivery
         has not ended by a release, an acknowledgement or a later claim. (An expired lease that
-        nobody claimed since is still current.)"""
+        nobody claimed since is still current, except in a queue with a `concurrency` or
+        `per_key` limit: its slot may have gone to another claim since it expired.)"""
 
     @abc.abstractmethod
     def renew_many(self, leases: Sequence[ExecutionLease], *, duration: int, now: Optional[int] = None
@@ -501,6 +506,35 @@ class ScheduleClient(abc.ABC):
         """Every recorded schedule, by name."""
 
 
+class QueueClient(abc.ABC):
+    """Queue limits (SPEC section 12), which every claim checks in its own transaction, and each
+    workflow's default queue and priority, as the app that serves it declares them."""
+
+    @abc.abstractmethod
+    def declare(self, name: str, *, concurrency: Optional[int] = None, per_key: Optional[int] = None,
+                rate: Optional[tuple[int, float]] = None, now: Optional[int] = None) -> None:
+        """Set the limits of queue `name` (replacing any it had; none at all: unlimited).
+        `concurrency`: live leases of the queue at most; `per_key`: live leases per key at most;
+        `rate`: (count, seconds), claims in any window of `seconds` at most.
+
+        Raises:
+            InvalidArgument: a bad name, a limit not an int >= 1, a rate not (count >= 1, seconds > 0).
+        """
+
+    @abc.abstractmethod
+    def record_defaults(self, defaults: dict[str, tuple[str, int]], *, now: Optional[int] = None) -> None:
+        """Record each workflow's default (queue, priority), the latest record winning."""
+
+    @abc.abstractmethod
+    def defaults_of(self, workflow: str) -> tuple[str, int]:
+        """The workflow's recorded default (queue, priority); ("default", 0) when none was recorded."""
+
+    @abc.abstractmethod
+    def list(self, *, now: Optional[int] = None) -> list[QueueRecord]:
+        """Every queue with limits or executions (and `default`), by name, with its limits and its
+        due, running and waiting counts at `now`."""
+
+
 class Backend(abc.ABC):
     """The ledger as a backend opens it (`open_backend`): what everything above the ledger calls,
     and all it may know of the database it runs on. Nothing above the ledger asks which database
@@ -522,6 +556,7 @@ class Backend(abc.ABC):
     stores: StoreClient
     supervisors: SupervisorClient
     schedules: ScheduleClient
+    queues: QueueClient
     clock: Callable[[], int]
     path: str
 

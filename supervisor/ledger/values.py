@@ -93,9 +93,26 @@ class ExecutionRecord:
     error_json: Optional[str]
     created_at: int
     updated_at: int
+    queue: str = "default"  # SPEC section 12: the queue whose limits its claims obey
+    key: Optional[str] = None  # the queue's per_key limit counts leases by this
+    priority: int = 0  # higher first
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", _member(ExecutionStatus, self.status))
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """A queue's limits (None: no limit) and its executions now: due (claimable), running (live
+    leases) and waiting (neither terminal nor due)."""
+
+    name: str
+    concurrency: Optional[int]
+    per_key: Optional[int]
+    rate: Optional[tuple[int, float]]  # (count, seconds)
+    due: int
+    running: int
+    waiting: int
 
 
 @dataclass(frozen=True)

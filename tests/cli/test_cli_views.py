@@ -117,9 +117,10 @@ def listed(text: str) -> list[str]:
 def test_ls_prints_a_header_and_aligned_rows_newest_first_with_human_times(shop):
     out = ok(yieldstar(shop, "ls", tz=KOLKATA))
     header, *rows = out.splitlines()
-    assert header.split() == ["ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED"]
+    assert header.split() == ["ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED", "QUEUE", "KEY",
+                              "PRIORITY"]
     assert listed(out) == NEWEST_FIRST
-    for column in ("WORKFLOW", "STATUS", "CREATED", "UPDATED"):  # every row's cell starts under its heading
+    for column in ("WORKFLOW", "STATUS", "CREATED", "UPDATED", "QUEUE", "KEY"):  # every row's cell starts under its heading
         at = header.index(column)
         assert all(row[at - 2:at] == "  " and row[at] != " " for row in rows), (column, out)
     old = next(row for row in rows if row.startswith("order-old"))
@@ -135,7 +136,8 @@ def test_ls_filters_by_workflow_status_and_id_prefix(shop):
     assert listed(ok(yieldstar(shop, "ls", "--workflow", "order", "--status", "admitted"))) == ["order-wait"]
     assert listed(ok(yieldstar(shop, "ls", "--id-prefix", "order-m"))) == ["order-mid"]
     (header,) = ok(yieldstar(shop, "ls", "--workflow", "nobody")).splitlines()  # no match: the header alone
-    assert header.split() == ["ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED"]
+    assert header.split() == ["ID", "WORKFLOW", "STATUS", "TOKEN", "UNACKED", "CREATED", "UPDATED", "QUEUE", "KEY",
+                              "PRIORITY"]
 
 
 def test_ls_since_and_until_take_durations_iso_times_and_epoch_ms(shop):

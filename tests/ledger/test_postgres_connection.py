@@ -211,6 +211,31 @@ def test_a_version_2_ledger_is_migrated_to_routing_and_live_supervisors_and_keep
     assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
 
 
+def test_a_version_3_ledger_is_migrated_to_queues_and_its_executions_join_the_default_queue(pg_uri):
+    from supervisor.ledger.postgres.schema import MIGRATIONS
+
+    with psycopg.connect(pg_uri, autocommit=True) as conn:
+        for statements in MIGRATIONS[:3]:
+            for statement in statements:
+                conn.execute(statement)
+        conn.execute("INSERT INTO yieldstar_schema (version) VALUES (3)")
+        for execution_id, due in (("old-late", 7), ("old-early", 5)):
+            conn.execute("INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,"
+                         " unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)"
+                         " VALUES (%s, 'order', 'null', 'admitted', 0, %s, 0, 0, %s, 5, 5)", (execution_id, due, due))
+    with open_backend(pg_uri) as backend:
+        old = backend.executions.get("old-early")
+        assert (old.queue, old.key, old.priority) == ("default", None, 0)
+        backend.executions.admit("new-urgent", "order", priority=1, now=10)
+        leases = backend.executions.claim_due(limit=10, duration=60_000, now=10, workflows={"order"})
+        assert [lease.execution_id for lease in leases] == ["new-urgent", "old-early", "old-late"]
+    with psycopg.connect(pg_uri) as conn:
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(4,)]
+        indexes = {name for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'executions'")}
+    assert {"executions_claimable_by_workflow", "executions_running_by_queue"} <= indexes
+    assert "executions_claimable" not in indexes  # one claimable index: (workflow, queue, priority, due_at)
+
+
 def test_the_uris_own_options_reach_the_server_beside_the_ledgers_settings(pg_cluster, pg_uri):
     with psycopg.connect(pg_uri, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA ledger")

@@ -27,5 +27,8 @@ def test_the_wal_grows_to_the_checkpoint_length_and_no_further(tmp_path):
     page = 4096  # SQLite's default page size, which the ledger keeps
     longest = (max(sizes) - WAL_HEADER) // (FRAME_HEADER + page)
     assert WAL_AUTOCHECKPOINT_PAGES <= longest <= WAL_AUTOCHECKPOINT_PAGES + 20, longest
-    # Reached early, then written over again and again from its beginning: checkpointed.
-    assert sizes.index(max(sizes)) < len(sizes) // 2, sizes
+    # Reached early, then written over again and again from its beginning: checkpointed. (The
+    # length reached varies by the few frames of the transaction that crossed the threshold: an
+    # admission writes a page of each index it changes.)
+    reached = next(i for i, size in enumerate(sizes) if size >= max(sizes) - 4 * (FRAME_HEADER + page))
+    assert reached < len(sizes) // 2, sizes

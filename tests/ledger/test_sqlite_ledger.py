@@ -88,3 +88,31 @@ def test_a_version_3_ledger_is_migrated_to_routing_and_live_supervisors_and_keep
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
+
+
+def test_a_version_4_ledger_is_migrated_to_queues_and_its_executions_join_the_default_queue(tmp_path):
+    path = tmp_path / "v4.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statements in MIGRATIONS[:4]:
+        for statement in statements:
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 4")
+    for execution_id, due in (("old-late", 7), ("old-early", 5)):
+        db.execute("INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,"
+                   " unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)"
+                   " VALUES (?, 'order', 'null', 'admitted', 0, ?, 0, 0, ?, 5, 5)", (execution_id, due, due))
+    db.close()
+    path.chmod(0o600)
+    with open_backend(path) as backend:
+        old = backend.executions.get("old-early")
+        assert (old.queue, old.key, old.priority) == ("default", None, 0)
+        backend.executions.admit("new-urgent", "order", priority=1, now=10)
+        leases = backend.executions.claim_due(limit=10, duration=60_000, now=10, workflows={"order"})
+        assert [lease.execution_id for lease in leases] == ["new-urgent", "old-early", "old-late"]
+        backend.queues.declare("default", concurrency=1)
+        assert [q.name for q in backend.queues.list()] == ["default"]
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"executions_claimable_by_workflow", "executions_running_by_queue"} <= indexes
+    assert "executions_claimable" not in indexes  # one claimable index: (workflow, queue, priority, due_at)

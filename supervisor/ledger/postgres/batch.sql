@@ -28,6 +28,29 @@ DECLARE
     parked_details text[] := ARRAY[]::text[];
     woken_ids text[];
     woken_workflows text[];
+    -- The claim's steps (`tables.queues`): the (queue, priority) groups, expired leases, limits.
+    served_names text[];
+    g_workflows text[];
+    g_queues text[];
+    g_priorities bigint[];
+    x_ids text[];
+    x_queues text[];
+    limited record;
+    candidate record;
+    lq_names text[] := ARRAY[]::text[];
+    lq_slots bigint[] := ARRAY[]::bigint[];
+    lq_per_key bigint[] := ARRAY[]::bigint[];
+    lq_rated boolean[] := ARRAY[]::boolean[];
+    key_counts jsonb := '{{}}'::jsonb;
+    candidate_ids text[] := ARRAY[]::text[];
+    picked_ids text[] := ARRAY[]::text[];
+    rated_queues text[] := ARRAY[]::text[];
+    i int;
+    room bigint;
+    saturated text[];
+    live bigint;
+    recent bigint;
+    some_ids text[];
 BEGIN
     IF p_flush THEN
         PERFORM set_config('synchronous_commit', 'on', true);
@@ -114,36 +137,173 @@ BEGIN
         END IF;
     END IF;
     IF p_limit > 0 THEN
-        -- The shared claimable rows (`tables.execution_rows.CLAIMABLE`: due rows earliest first,
-        -- ties in admission order, then every running row whose lease expired and whose
-        -- redelivery delay passed), the first p_limit of them by due time. A superseded delivery counts as unacknowledged and ends when its
-        -- lease expired.
+        -- The claim, by the steps of the shared one (`tables.queues`). The (queue, priority) groups
+        -- that hold claimable rows, of each workflow served: a loose scan, a seek per group.
+        -- Each step seeks the next priority in the same queue, else the first pair of the next
+        -- queue, in the one claimable index (workflow, queue, priority, due_at). A claim of any
+        -- workflow first finds the workflows that have claimable rows, by a loose scan of it too.
+        served_names := p_workflows;
+        IF p_workflows IS NULL THEN
+            WITH RECURSIVE names (workflow) AS (
+                SELECT (SELECT e.workflow FROM executions e WHERE e.ready_at IS NOT NULL AND e.status <> 'running'
+                        ORDER BY e.workflow LIMIT 1)
+                UNION ALL
+                SELECT (SELECT e.workflow FROM executions e WHERE e.ready_at IS NOT NULL AND e.status <> 'running'
+                            AND e.workflow > names.workflow ORDER BY e.workflow LIMIT 1)
+                FROM names WHERE names.workflow IS NOT NULL)
+            SELECT coalesce(array_agg(workflow), ARRAY[]::text[]) INTO served_names FROM names WHERE workflow IS NOT NULL;
+        END IF;
+        WITH RECURSIVE pairs (workflow, queue, priority) AS (
+            SELECT served.name, ''::text, 0::bigint FROM unnest(served_names) AS served (name)
+            UNION ALL
+            SELECT pairs.workflow, coalesce((SELECT e.queue FROM executions e
+                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
+                         AND e.queue = pairs.queue AND e.priority > pairs.priority
+                     ORDER BY e.workflow, e.queue, e.priority LIMIT 1),
+                    (SELECT e.queue FROM executions e
+                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
+                         AND e.queue > pairs.queue ORDER BY e.workflow, e.queue, e.priority LIMIT 1)),
+                coalesce((SELECT e.priority FROM executions e
+                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
+                         AND e.queue = pairs.queue AND e.priority > pairs.priority
+                     ORDER BY e.workflow, e.queue, e.priority LIMIT 1),
+                    (SELECT e.priority FROM executions e
+                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
+                         AND e.queue > pairs.queue ORDER BY e.workflow, e.queue, e.priority LIMIT 1))
+            FROM pairs WHERE pairs.queue IS NOT NULL)
+        SELECT array_agg(workflow), array_agg(queue), array_agg(priority) INTO g_workflows, g_queues, g_priorities
+        FROM pairs WHERE queue IS NOT NULL AND queue <> '';
+        -- Expired leases (dead holders'), locked: few.
+        WITH expired AS (
+            SELECT e.execution_id, e.queue FROM executions e
+            WHERE e.status = 'running' AND e.ready_at <= p_now
+                AND (p_workflows IS NULL OR e.workflow = ANY(p_workflows)) FOR UPDATE SKIP LOCKED)
+        SELECT array_agg(execution_id), array_agg(queue) INTO x_ids, x_queues FROM expired;
+        -- The limited queues among them. First a look without locks: a queue found saturated
+        -- is left alone (claiming less than it could is safe, and the next claim looks again), so
+        -- that polls behind a saturated queue take no row lock, and write nothing.
+        FOR limited IN
+            SELECT q.name, q.concurrency, q.rate_count, q.rate_ms FROM queues q
+            WHERE q.name = ANY(coalesce(g_queues, ARRAY[]::text[]) || coalesce(x_queues, ARRAY[]::text[]))
+        LOOP
+            room := NULL;
+            IF limited.concurrency IS NOT NULL THEN
+                SELECT count(*) INTO live FROM executions e
+                WHERE e.queue = limited.name AND e.status = 'running' AND e.lease_expires_at > p_now;
+                room := limited.concurrency - live;
+            END IF;
+            IF limited.rate_count IS NOT NULL THEN
+                SELECT count(*) INTO recent FROM queue_claims c
+                WHERE c.queue = limited.name AND c.claimed_at > p_now - limited.rate_ms;
+                room := LEAST(coalesce(room, limited.rate_count - recent), limited.rate_count - recent);
+            END IF;
+            IF room IS NOT NULL AND room <= 0 THEN
+                lq_names := lq_names || limited.name;
+                lq_slots := lq_slots || 0::bigint;
+                lq_per_key := lq_per_key || NULL::bigint;
+                lq_rated := lq_rated || false;
+            END IF;
+        END LOOP;
+        -- The others, their rows locked in name order (so that claimers of one queue take turns
+        -- and never deadlock), then counted again in statements that start after the lock was
+        -- granted: under READ COMMITTED each sees every claim committed before it.
+        FOR limited IN
+            SELECT q.name, q.concurrency, q.per_key, q.rate_count, q.rate_ms FROM queues q
+            WHERE q.name = ANY(coalesce(g_queues, ARRAY[]::text[]) || coalesce(x_queues, ARRAY[]::text[]))
+                AND NOT (q.name = ANY(lq_names))
+            ORDER BY q.name FOR UPDATE
+        LOOP
+            room := NULL;
+            IF limited.concurrency IS NOT NULL OR limited.per_key IS NOT NULL THEN
+                live := 0;
+                FOR candidate IN
+                    SELECT e.queue_key AS k, count(*) AS n FROM executions e
+                    WHERE e.queue = limited.name AND e.status = 'running' AND e.lease_expires_at > p_now
+                    GROUP BY e.queue_key
+                LOOP
+                    live := live + candidate.n;
+                    IF candidate.k IS NOT NULL THEN
+                        key_counts := key_counts || jsonb_build_object(limited.name || chr(31) || candidate.k, candidate.n);
+                    END IF;
+                END LOOP;
+                IF limited.concurrency IS NOT NULL THEN
+                    room := limited.concurrency - live;
+                END IF;
+            END IF;
+            IF limited.rate_count IS NOT NULL THEN
+                DELETE FROM queue_claims c WHERE c.queue = limited.name AND c.claimed_at <= p_now - limited.rate_ms;
+                SELECT count(*) INTO recent FROM queue_claims c
+                WHERE c.queue = limited.name AND c.claimed_at > p_now - limited.rate_ms;
+                room := LEAST(coalesce(room, limited.rate_count - recent), limited.rate_count - recent);
+            END IF;
+            lq_names := lq_names || limited.name;
+            lq_slots := lq_slots || room;
+            lq_per_key := lq_per_key || limited.per_key::bigint;
+            lq_rated := lq_rated || (limited.rate_count IS NOT NULL);
+        END LOOP;
+        -- The due rows of each group whose queue has room, at most that room (keys at per_key
+        -- left out), locked: a saturated queue's group is not read.
+        FOR i IN 1 .. coalesce(cardinality(g_queues), 0) LOOP
+            room := p_limit;
+            saturated := ARRAY[]::text[];
+            IF g_queues[i] = ANY(lq_names) THEN
+                IF lq_slots[array_position(lq_names, g_queues[i])] IS NOT NULL THEN
+                    room := LEAST(room, lq_slots[array_position(lq_names, g_queues[i])]);
+                END IF;
+                IF lq_per_key[array_position(lq_names, g_queues[i])] IS NOT NULL THEN
+                    SELECT coalesce(array_agg(substr(j.key, length(g_queues[i]) + 2)), ARRAY[]::text[]) INTO saturated
+                    FROM jsonb_each_text(key_counts) j
+                    WHERE starts_with(j.key, g_queues[i] || chr(31))
+                        AND j.value::bigint >= lq_per_key[array_position(lq_names, g_queues[i])];
+                END IF;
+            END IF;
+            CONTINUE WHEN room <= 0;
+            WITH due AS (
+                SELECT e.execution_id FROM executions e
+                WHERE e.workflow = g_workflows[i] AND e.queue = g_queues[i] AND e.priority = g_priorities[i]
+                    AND e.ready_at IS NOT NULL AND e.status <> 'running' AND e.due_at <= p_now AND e.ready_at <= p_now
+                    AND (e.queue_key IS NULL OR NOT (e.queue_key = ANY(saturated)))
+                ORDER BY e.workflow, e.queue, e.priority, e.due_at, e.seq LIMIT room FOR UPDATE SKIP LOCKED)
+            SELECT array_agg(execution_id) INTO some_ids FROM due;
+            candidate_ids := candidate_ids || coalesce(some_ids, ARRAY[]::text[]);
+        END LOOP;
+        -- By priority, then due time (due rows before expired leases, then admission order),
+        -- taken while their queue and key have room.
+        FOR candidate IN
+            SELECT e.execution_id AS id, e.queue AS q, e.queue_key AS k FROM executions e
+            WHERE e.execution_id = ANY(candidate_ids || coalesce(x_ids, ARRAY[]::text[]))
+            ORDER BY e.priority DESC, e.due_at, (e.status = 'running'), e.seq
+        LOOP
+            EXIT WHEN cardinality(picked_ids) >= p_limit;
+            i := array_position(lq_names, candidate.q);
+            IF i IS NOT NULL THEN
+                CONTINUE WHEN lq_slots[i] IS NOT NULL AND lq_slots[i] <= 0;
+                CONTINUE WHEN lq_per_key[i] IS NOT NULL AND candidate.k IS NOT NULL
+                    AND coalesce((key_counts ->> (candidate.q || chr(31) || candidate.k))::bigint, 0) >= lq_per_key[i];
+                IF lq_slots[i] IS NOT NULL THEN
+                    lq_slots[i] := lq_slots[i] - 1;
+                END IF;
+                IF candidate.k IS NOT NULL THEN
+                    key_counts := key_counts || jsonb_build_object(candidate.q || chr(31) || candidate.k,
+                        coalesce((key_counts ->> (candidate.q || chr(31) || candidate.k))::bigint, 0) + 1);
+                END IF;
+                IF lq_rated[i] THEN
+                    rated_queues := rated_queues || candidate.q;
+                END IF;
+            END IF;
+            picked_ids := picked_ids || candidate.id;
+        END LOOP;
+        IF cardinality(rated_queues) > 0 THEN
+            INSERT INTO queue_claims (queue, claimed_at) SELECT unnest(rated_queues), p_now;
+        END IF;
+        -- A superseded delivery counts as unacknowledged and ends when its lease expired.
         RETURN QUERY
         WITH picked AS MATERIALIZED (
             SELECT *, CASE WHEN p_at_floor THEN GREATEST(p_now, updated_at) ELSE p_now END AS at,
                 unacknowledged_deliveries + CASE WHEN status = 'running' THEN 1 ELSE 0 END AS unacked,
-                CASE WHEN status = 'running' THEN lease_expires_at ELSE delivery_ended_at END AS ended_at
-            FROM (
-                SELECT * FROM (
-                    SELECT 0 AS part, seq, {columns} FROM executions
-                    WHERE p_workflows IS NULL
-                        AND ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
-                    ORDER BY due_at, seq LIMIT p_limit FOR UPDATE SKIP LOCKED) AS due
-                UNION ALL
-                -- Routing: the due rows of each workflow served, one index seek each
-                -- (executions_claimable_by_workflow), so that due rows of workflows not served
-                -- here, however many, are never read.
-                SELECT 0, due_of.* FROM unnest(p_workflows) AS served (name) CROSS JOIN LATERAL (
-                    SELECT seq, {columns} FROM executions
-                    WHERE workflow = served.name
-                        AND ready_at IS NOT NULL AND status <> 'running' AND due_at <= p_now AND ready_at <= p_now
-                    ORDER BY due_at, seq LIMIT p_limit FOR UPDATE SKIP LOCKED) AS due_of
-                UNION ALL
-                SELECT * FROM (
-                    SELECT 1, seq, {columns} FROM executions
-                    WHERE status = 'running' AND ready_at <= p_now
-                        AND (p_workflows IS NULL OR workflow = ANY(p_workflows)) FOR UPDATE SKIP LOCKED) AS expired
-                ORDER BY due_at, part, seq LIMIT p_limit) AS claimable),
+                CASE WHEN status = 'running' THEN lease_expires_at ELSE delivery_ended_at END AS ended_at,
+                CASE WHEN status = 'running' THEN 1 ELSE 0 END AS part
+            FROM executions WHERE execution_id = ANY(picked_ids)),
         claimed AS (
             UPDATE executions e SET token = p.token + 1, status = 'running', lease_expires_at = p.at + p_duration,
                 unacknowledged_deliveries = p.unacked, delivery_ended_at = p.ended_at, wake_during_lease = NULL,
@@ -151,7 +311,7 @@ BEGIN
                 updated_at = p.at
             FROM picked p WHERE e.execution_id = p.execution_id
             RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json,
-                p.due_at, p.part, p.seq),
+                p.due_at, p.part, p.seq, p.priority),
         superseded AS (
             UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = '{superseded}',
                 outcome = NULL, expires_at = p.lease_expires_at
@@ -161,7 +321,7 @@ BEGIN
             SELECT c.execution_id, c.token, p_holder, c.updated_at, c.lease_expires_at FROM claimed c)
         SELECT 'claimed', c.execution_id, c.token, c.lease_expires_at, c.workflow,
             CASE WHEN c.token = 1 THEN c.input_json END
-        FROM claimed c ORDER BY c.due_at, c.part, c.seq;
+        FROM claimed c ORDER BY c.priority DESC, c.due_at, c.part, c.seq;
     END IF;
 END
 $batch$;

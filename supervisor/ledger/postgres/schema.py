@@ -170,6 +170,40 @@ CREATE TABLE schedules (
     updated_at BIGINT NOT NULL
 )"""
 
+# Version 5 (the SQLite ledger's version 6): queues and priority, as on SQLite.
+EXECUTIONS_QUEUE = "ALTER TABLE executions ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'"
+EXECUTIONS_QUEUE_KEY = "ALTER TABLE executions ADD COLUMN queue_key TEXT"
+EXECUTIONS_PRIORITY = "ALTER TABLE executions ADD COLUMN priority BIGINT NOT NULL DEFAULT 0"
+DROP_CLAIMABLE = "DROP INDEX executions_claimable"
+DROP_CLAIMABLE_BY_WORKFLOW = "DROP INDEX executions_claimable_by_workflow"
+EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority, due_at, seq)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+EXECUTIONS_RUNNING_BY_QUEUE = """
+CREATE INDEX executions_running_by_queue ON executions (queue, queue_key) WHERE status = 'running'"""
+QUEUES = """
+CREATE TABLE queues (
+    name        TEXT PRIMARY KEY,
+    concurrency INTEGER,
+    per_key     INTEGER,
+    rate_count  INTEGER,
+    rate_ms     BIGINT,
+    updated_at  BIGINT NOT NULL
+)"""
+QUEUE_CLAIMS = """
+CREATE TABLE queue_claims (
+    queue      TEXT NOT NULL,
+    claimed_at BIGINT NOT NULL
+)"""
+QUEUE_CLAIMS_BY_QUEUE = "CREATE INDEX queue_claims_by_queue ON queue_claims (queue, claimed_at)"
+WORKFLOW_QUEUES = """
+CREATE TABLE workflow_queues (
+    workflow   TEXT PRIMARY KEY,
+    queue      TEXT NOT NULL,
+    priority   BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+)"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -179,12 +213,15 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EPOCHS, FIRST_EPOCH),
     (EXECUTIONS_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_READY_BY_WORKFLOW, SUPERVISORS),
     (SCHEDULES,),
+    (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
+     EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
+     QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.
 TABLES_SINCE = {"executions": 1, "lease_history": 1, "steps": 1, "waiters": 1, "starts": 1, "effects": 1, "stores": 1,
                 "store_receipts": 1, "epochs": 2, "supervisors": 3,
-                "schedules": 4}
+                "schedules": 4, "queues": 5, "queue_claims": 5, "workflow_queues": 5}
 TABLES = tuple(TABLES_SINCE)
 
 SCHEMA_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"

@@ -174,6 +174,50 @@ CREATE TABLE schedules (
     updated_at INTEGER NOT NULL
 ) WITHOUT ROWID"""
 
+# Version 6: queues and priority (SPEC section 12). Every execution belongs to a queue, may carry a
+# key (`queue_key`: KEY is a keyword) and has a priority, higher first. The claim finds the
+# (workflow, queue, priority) groups that hold claimable rows by a loose scan of one index, then
+# seeks the due rows of each group with capacity: a saturated queue's backlog is never read. One
+# claimable index, not one more by (queue, priority): on PostgreSQL the planner could take either
+# for the other's seeks, and read rows of workflows or queues it should step over.
+EXECUTIONS_QUEUE = "ALTER TABLE executions ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'"
+EXECUTIONS_QUEUE_KEY = "ALTER TABLE executions ADD COLUMN queue_key TEXT"
+EXECUTIONS_PRIORITY = "ALTER TABLE executions ADD COLUMN priority INTEGER NOT NULL DEFAULT 0"
+DROP_CLAIMABLE = "DROP INDEX executions_claimable"
+DROP_CLAIMABLE_BY_WORKFLOW = "DROP INDEX executions_claimable_by_workflow"
+EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority, due_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# The leases of a queue, by key: what its limits count (live: lease_expires_at > now, read from
+# the row: with the expiry in the index, every renewal would write to it).
+EXECUTIONS_RUNNING_BY_QUEUE = """
+CREATE INDEX executions_running_by_queue ON executions (queue, queue_key) WHERE status = 'running'"""
+# A queue's limits; no row: unlimited (`tables.queues`).
+QUEUES = """
+CREATE TABLE queues (
+    name        TEXT PRIMARY KEY,
+    concurrency INTEGER,           -- live leases of the queue at most; NULL: no limit
+    per_key     INTEGER,           -- live leases per key at most; NULL: no limit
+    rate_count  INTEGER,           -- claims in any window of rate_ms at most; NULL: no limit
+    rate_ms     INTEGER,
+    updated_at  INTEGER NOT NULL
+) WITHOUT ROWID"""
+# The claims of a rate-limited queue within its window, pruned by each claim of the queue.
+QUEUE_CLAIMS = """
+CREATE TABLE queue_claims (
+    queue      TEXT NOT NULL,
+    claimed_at INTEGER NOT NULL
+)"""
+QUEUE_CLAIMS_BY_QUEUE = "CREATE INDEX queue_claims_by_queue ON queue_claims (queue, claimed_at)"
+# Each workflow's default queue and priority, as the app that serves it declares them.
+WORKFLOW_QUEUES = """
+CREATE TABLE workflow_queues (
+    workflow   TEXT PRIMARY KEY,
+    queue      TEXT NOT NULL,
+    priority   INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -182,6 +226,9 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EPOCHS, FIRST_EPOCH),
     (EXECUTIONS_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_READY_BY_WORKFLOW, SUPERVISORS),
     (SCHEDULES,),
+    (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
+     EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
+     QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -35,6 +35,7 @@ from ..errors import InvalidArgument
 from .effects import EffectTable
 from .executions import ExecutionTable
 from .heap import HeapTable
+from .queues import QueueTable
 from .starts import StartTable
 from .stores import StoreTable
 from .schedules import ScheduleTable
@@ -92,6 +93,7 @@ class LedgerTables(Backend):
         self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)
         self.supervisors = SupervisorTable(self._conn, self._clock)
         self.schedules = ScheduleTable(self._conn, self._clock, on_due=announce)
+        self.queues = QueueTable(self._conn, self._clock)
 
     def _announce_due(self) -> None:
         raise NotImplementedError

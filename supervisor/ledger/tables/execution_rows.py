@@ -27,7 +27,7 @@ from .. import arguments
 from ..connection import Connection, Transaction
 from ..errors import UnknownExecution
 from ..values import TERMINAL_STATUSES, ExecutionLease, ExecutionRecord, ExecutionStatus
-from . import parking
+from . import parking, queues
 from .epochs import FLOOR
 
 RUNNING = ExecutionStatus.RUNNING.value
@@ -41,7 +41,7 @@ RESUMABLE = (FAILED, CANCELLED)
 COLUMNS = (
     "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
     " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
-    " result_json, error_json, created_at, updated_at"
+    " result_json, error_json, created_at, updated_at, queue, queue_key, priority"
 )
 SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = $p"
 # Every read that a write transaction decides on locks the rows it reads (`$for_update`: a clause
@@ -54,58 +54,62 @@ SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 # the epoch: see `epochs`), so that its first claim issues a token no earlier epoch issued.
 INSERT = f"""
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
-    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at)
-VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p)
+    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at, queue, queue_key, priority)
+VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p)
 ON CONFLICT (execution_id) DO NOTHING"""
 
 
-# Waiting executions that are due, earliest first; ties come out in rowid (admission) order, as
-# the index stores them. Those still in their redelivery delay are stepped over.
-# Claimable rows: due executions not running, earliest due first, and running ones whose lease
-# expired and whose redelivery delay has passed (all of them: as many as the leases dead holders
-# left behind), to be ordered by due_at with the others. One statement, one round trip; `{lock}`
-# is where each half takes its row locks (`claimable_statement`).
-_DUE = f"""
-SELECT * FROM (
-    SELECT {COLUMNS} FROM executions $by_executions_claimable
-    WHERE ready_at IS NOT NULL AND status <> 'running' AND due_at <= $p AND ready_at <= $p
-    ORDER BY due_at LIMIT $p{{lock}}) AS due"""
-# The same for one workflow (a claim of the workflows a supervisor serves: routing), by the index
-# of (workflow, due_at): one seek per workflow, so due executions of workflows it does not serve,
-# however many, are never read.
+# Claimable rows (`ExecutionRows._pick`, whose steps `queues` describes): the due rows of a group,
+# earliest due first, at most what its queue may still take (`$p` after
+# LIMIT), leaving out the keys already at the queue's `per_key` (`{keys}`); ties come out in rowid
+# (admission) order, as the index stores them. Those still in their redelivery delay are stepped
+# over. `{lock}` is where the claim takes its row locks.
+# One (workflow, queue, priority) group's, by the index of (workflow, queue, priority, due_at): due
+# executions of workflows a supervisor does not serve (routing), or of saturated queues, however
+# many, are never read.
 _DUE_OF = f"""
 SELECT * FROM (
-    SELECT {COLUMNS} FROM executions $by_executions_claimable_by_workflow
-    WHERE workflow = $p AND ready_at IS NOT NULL AND status <> 'running' AND due_at <= $p AND ready_at <= $p
+    SELECT {COLUMNS}, 0 AS part, $row_order AS seq FROM executions $by_executions_claimable_by_workflow
+    WHERE workflow = $p AND queue = $p AND priority = $p AND ready_at IS NOT NULL AND status <> 'running'
+        AND due_at <= $p AND ready_at <= $p{{keys}}
     ORDER BY due_at LIMIT $p{{lock}}) AS due{{i}}"""
-# Expired leases are few (those of dead holders), so a workflow filter on them reads no more.
+# Running rows whose lease expired and whose redelivery delay passed: few (those of dead holders),
+# so a workflow filter on them reads no more.
 _EXPIRED = f"""
 SELECT * FROM (
-    SELECT {COLUMNS} FROM executions $by_executions_expiring
+    SELECT {COLUMNS}, 1 AS part, $row_order AS seq FROM executions $by_executions_expiring
     WHERE status = 'running' AND ready_at <= $p{{only}}{{lock}}) AS expired"""
 SKIP_LOCKED = " $skip_locked"
-# How many workflows one claim statement names, at most (SQLite allows 500 arms in a UNION):
-# a claim for more is made of several statements, merged by due time.
+# How many groups one claim statement seeks, at most (SQLite allows 500 arms in a UNION): a claim
+# of more is made of several statements, merged by priority and due time; and how many workflows
+# one statement of expired rows names.
+CLAIM_GROUPS = 200
 CLAIM_WORKFLOWS = 200
 
 
 @functools.lru_cache(maxsize=256)
-def claimable_statement(workflows: int, lock: bool) -> str:
-    """The claimable rows' template: any workflow when `workflows` is -1, else the rows of
-    `workflows` named workflows (their names are its parameters: `claimable_parameters`)."""
+def claimable_statement(arms: tuple[int, ...], lock: bool, expired: int) -> str:
+    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says; with
+    the expired leases of `expired` named workflows (0: of any; -1: none)."""
     lock_clause = SKIP_LOCKED if lock else ""
-    if workflows < 0:
-        return _DUE.format(lock=lock_clause) + "\nUNION ALL" + _EXPIRED.format(only="", lock=lock_clause)
-    arms = [_DUE_OF.format(lock=lock_clause, i=i) for i in range(workflows)]
-    only = " AND workflow IN ({})".format(", ".join(["$p"] * workflows))
-    return "\nUNION ALL".join(arms + [_EXPIRED.format(only=only, lock=lock_clause)])
+    parts = []
+    for i, keys in enumerate(arms):
+        skipped = "" if not keys else " AND (queue_key IS NULL OR queue_key NOT IN ({}))".format(
+            ", ".join(["$p"] * keys))
+        parts.append(_DUE_OF.format(keys=skipped, lock=lock_clause, i=i))
+    if expired >= 0:
+        only = "" if expired == 0 else " AND workflow IN ({})".format(", ".join(["$p"] * expired))
+        parts.append(_EXPIRED.format(only=only, lock=lock_clause))
+    return "\nUNION ALL".join(parts)
 
 
-def claimable_parameters(workflows: Optional[list[str]], now: int, limit: int) -> tuple:
-    """The parameters of `claimable_statement` for `workflows` (None: any)."""
-    if workflows is None:
-        return (now, now, limit, now)
-    return (*(value for name in workflows for value in (name, now, now, limit)), now, *workflows)
+def due_parameters(workflow: str, queue: str, priority: int, keys: list[str], now: int, limit: int) -> tuple:
+    return (workflow, queue, priority, now, now, *keys, limit)
+
+
+def _rows(cursor) -> list[tuple["Row", int, int]]:
+    """A claimable statement's rows: each as a `Row`, its part (0 due, 1 expired) and admission order."""
+    return [(Row(row[:-2]), row[-2], row[-1]) for row in cursor.fetchall()]
 
 
 WAKE = """
@@ -189,6 +193,9 @@ class ExecutionRows:
             error_json=row.error_json,
             created_at=row.created_at,
             updated_at=row.updated_at,
+            queue=row.queue,
+            key=row.queue_key,
+            priority=row.priority,
         )
 
     def _ready_at(self, due: Optional[int], unacked: int, ended_at: Optional[int]) -> Optional[int]:
@@ -223,19 +230,68 @@ class ExecutionRows:
 
     def _claimable(self, db, now: int, limit: int, *, lock: bool = False,
                    workflows: Optional[frozenset[str]] = None) -> list[Row]:
-        """Up to `limit` claimable rows, earliest due first, of `workflows` (None: any); with
-        `lock`, rows no other claimer holds (on PostgreSQL, each claimer skips the rows another
-        has locked)."""
+        """Up to `limit` claimable rows, by priority (higher first) then due time, of `workflows`
+        (None: any), within their queues' limits (see `_pick`)."""
+        return self._pick(db, now, limit, lock=lock, workflows=workflows)[0]
+
+    def _pick(self, db, now: int, limit: int, *, lock: bool = False, workflows: Optional[frozenset[str]] = None
+              ) -> tuple[list[Row], dict[str, queues.Capacity]]:
+        """The rows a claim takes (`queues` tells the steps), and the limited queues' capacities
+        (what remains of them after these rows); with `lock`, in the claim's write transaction:
+        rows no other claimer holds (on PostgreSQL, each claimer skips the rows another has
+        locked), the queues' rows locked before they are counted."""
+        groups: list[tuple] = []  # (workflow, queue, priority, concurrency, per_key, rate_count, rate_ms)
         if workflows is None:
-            found = db.execute(self._sql[claimable_statement(-1, lock)],
-                               claimable_parameters(None, now, limit)).fetchall()
+            names = None
+            groups += db.execute(self._sql[queues.GROUPS]).fetchall()
         else:
-            names, found = sorted(workflows), []
-            for start in range(0, len(names), CLAIM_WORKFLOWS):
-                some = names[start:start + CLAIM_WORKFLOWS]
-                found += db.execute(self._sql[claimable_statement(len(some), lock)],
-                                    claimable_parameters(some, now, limit)).fetchall()
-        return sorted((Row(row) for row in found), key=lambda row: row.due_at)[:limit]
+            names = sorted(workflows)
+            for start in range(0, len(names), queues.GROUPS_WORKFLOWS):
+                some = names[start:start + queues.GROUPS_WORKFLOWS]
+                groups += db.execute(self._sql[queues.groups_of(len(some))], some).fetchall()
+        limited = {group[1]: tuple(group[3:]) for group in groups if any(value is not None for value in group[3:])}
+        capacity = queues.capacities(db, self._sql, limited, now, write=lock,
+                                     lock_rows=lock and not self._conn.whole_database_write_lock)
+        arms: list[tuple[int, tuple]] = []
+        for workflow, queue, priority, *_ in groups:
+            room = capacity.get(queue)
+            most = limit if room is None or room.slots is None else min(limit, room.slots)
+            if most <= 0:
+                continue  # a saturated queue: its backlog is not read
+            keys = [] if room is None else room.saturated_keys()
+            arms.append((len(keys), due_parameters(workflow, queue, priority, keys, now, most)))
+        # The due rows of the groups with room, and the expired leases (few: those of dead
+        # holders), in one statement per CLAIM_GROUPS groups, the expired ones with the first.
+        found: list[tuple[Row, int, int]] = []
+        for start in range(0, max(len(arms), 1), CLAIM_GROUPS):
+            some = arms[start:start + CLAIM_GROUPS]
+            expired = -1 if start else (len(names) if names is not None else 0)
+            if expired > CLAIM_WORKFLOWS:  # too many names for one statement: by themselves
+                for first in range(0, len(names), CLAIM_WORKFLOWS):
+                    part = names[first:first + CLAIM_WORKFLOWS]
+                    found += _rows(db.execute(self._sql[claimable_statement((), lock, len(part))], (now, *part)))
+                expired = -1
+            params = [value for _, each in some for value in each]
+            if expired >= 0:
+                params += [now, *(names or ())]
+            if some or expired >= 0:
+                found += _rows(db.execute(self._sql[claimable_statement(tuple(shape for shape, _ in some), lock,
+                                                                        expired)], params))
+        # An expired lease of a limited queue no group named: its limits too (rare).
+        unknown = {row.queue for row, part, _ in found if part == 1} - set(capacity) - {group[1] for group in groups}
+        if unknown:
+            capacity.update(queues.capacities(db, self._sql, queues.read_limits(db, self._sql, list(unknown)), now,
+                                              write=lock, lock_rows=lock and not self._conn.whole_database_write_lock))
+        # By priority, then due time; at equal ones, due rows before expired leases, then in
+        # admission order.
+        picked = []
+        for row, _, _ in sorted(found, key=lambda each: (-each[0].priority, each[0].due_at, each[1], each[2])):
+            room = capacity.get(row.queue)
+            if room is None or room.take(row.queue_key):
+                picked.append(row)
+                if len(picked) == limit:
+                    break
+        return picked, capacity
 
     def _row(self, db: Transaction, execution_id: str, *, lock: bool = True) -> Row:
         found = db.execute(self._sql[SELECT_ONE_LOCKED if lock else SELECT_ONE], (execution_id,)).fetchone()

@@ -26,7 +26,7 @@ from ..values import (
     Released,
     Renewed,
 )
-from . import parking, waiters
+from . import parking, queues, waiters
 from .acknowledgements import Acknowledgement, ended_executions
 from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row
 from .lease_history import (
@@ -71,23 +71,29 @@ UPDATE executions SET token = token + 1, status = 'running', lease_expires_at = 
     ready_at = $p, updated_at = $p
 WHERE execution_id = $p"""
 
+# An expired lease of a queue whose limits count live leases is not renewed: a claim may have
+# given its slot to another since it expired (SPEC section 12), so reviving it could exceed them.
+# `$p`: now. (Of any other queue, an expired lease nobody claimed since is still current.)
+NOT_REVIVED = """(lease_expires_at > $p OR NOT EXISTS (
+        SELECT 1 FROM queues WHERE queues.name = executions.queue
+            AND (queues.concurrency IS NOT NULL OR queues.per_key IS NOT NULL)))"""
 # The fence is the WHERE clause: current token, delivery not ended.
-RENEW = """
+RENEW = f"""
 UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
     updated_at = $p
-WHERE execution_id = $p AND token = $p AND status = 'running'"""
+WHERE execution_id = $p AND token = $p AND status = 'running' AND {NOT_REVIVED}"""
 
 # A batch of renewals (`renew_many`), each fenced by its own token as RENEW is: `{leases}` is
 # "($p, $p)" (execution id, token) once per lease (`renew_many_statement`), at most
 # RENEW_MANY_LEASES. The inner SELECT locks the rows it renews, skipping (on PostgreSQL) those
 # another transaction holds, so that one busy row does not stall the batch; the skipped ones are
 # renewed one by one afterwards, with `renew`'s bounded wait. What it returns is what it renewed.
-RENEW_MANY = """
+RENEW_MANY = f"""
 UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(unacknowledged_deliveries + 1),
     updated_at = $p
 WHERE execution_id IN (
     SELECT execution_id FROM executions
-    WHERE (execution_id, token) IN (VALUES {leases}) AND status = 'running' $skip_locked)
+    WHERE (execution_id, token) IN (VALUES {{leases}}) AND status = 'running' AND {NOT_REVIVED} $skip_locked)
 RETURNING execution_id, token"""
 RENEW_MANY_LEASES = 1000
 
@@ -117,13 +123,19 @@ def renewal_lock_wait_ms(duration: int) -> int:
 class ExecutionLeases(ExecutionRows):
     """The lease state machine (see the module docstring)."""
 
-    def admit(self, execution_id, workflow, input_json="null", *, now=None) -> ExecutionRecord:
+    def admit(self, execution_id, workflow, input_json="null", *, queue="default", key=None, priority=0,
+              now=None) -> ExecutionRecord:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json)
+        arguments.identifier("queue", queue)
+        if key is not None:
+            arguments.identifier("key", key)
+        queues.priority("priority", priority)
         now = self._now(now)
         with self._conn.write() as db:
-            created = db.execute(self._sql[INSERT], (execution_id, workflow, input_json, now, now, now, now)).rowcount == 1
+            created = db.execute(self._sql[INSERT], (execution_id, workflow, input_json, now, now, now, now,
+                                                     queue, key, priority)).rowcount == 1
             found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
@@ -135,6 +147,11 @@ class ExecutionLeases(ExecutionRows):
                 f"execution_id {execution_id!r} was already admitted with workflow {row.workflow!r} and"
                 f" input {row.input_json}; refusing workflow {workflow!r} with input {input_json}"
             )
+        if (row.queue, row.queue_key, row.priority) != (queue, key, priority):
+            raise ExecutionConflict(
+                f"execution_id {execution_id!r} was already admitted in queue {row.queue!r} with key"
+                f" {row.queue_key!r} and priority {row.priority}; refusing queue {queue!r}, key {key!r},"
+                f" priority {priority}")
         return self._as_of(row, now)
 
     def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:
@@ -198,7 +215,8 @@ class ExecutionLeases(ExecutionRows):
     def _claim_in(self, db: Transaction, now: int, limit: int, duration: int,
                   workflows: Optional[frozenset[str]] = None) -> list[Claimed]:
         claimed, opened = [], []
-        for row in self._claimable(db, now, limit, lock=True, workflows=workflows):
+        rows, capacity = self._pick(db, now, limit, lock=True, workflows=workflows)
+        for row in rows:
             at = self._stamp(row, now)
             unacked, ended_at = row.unacknowledged_deliveries, row.delivery_ended_at
             if row.status == RUNNING:
@@ -218,6 +236,8 @@ class ExecutionLeases(ExecutionRows):
             opened.append((row.execution_id, token, self._holder, at, expires))
             claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
                                    row.input_json if token == 1 else None))
+            if row.queue in capacity and capacity[row.queue].rate_limited:
+                db.execute(self._sql[queues.RATE_CLAIMED], (row.queue, now))
         for start in range(0, len(opened), HISTORY_OPEN_ROWS):
             rows = opened[start:start + HISTORY_OPEN_ROWS]
             db.execute(self._sql[history_open(len(rows))], [value for row in rows for value in row])
@@ -235,7 +255,7 @@ class ExecutionLeases(ExecutionRows):
         with self._conn.write(lock_wait_ms=lock_wait_ms) as db:
             now = self._now_locked(given, now)
             expires = now + duration
-            cursor = db.execute(self._sql[RENEW], (expires, expires, now, lease.execution_id, lease.token))
+            cursor = db.execute(self._sql[RENEW], (expires, expires, now, lease.execution_id, lease.token, now))
             if cursor.rowcount != 1:
                 return LeaseLost()
             db.execute(self._sql[HISTORY_RENEWED], (expires, lease.execution_id, lease.token))
@@ -285,7 +305,7 @@ class ExecutionLeases(ExecutionRows):
             now = self._now_locked(given, self._now(given))
             expires = now + duration
             done = {(eid, token) for eid, token in
-                    db.execute(self._sql[renew_many_statement(len(leases))], (expires, expires, now, *pairs))}
+                    db.execute(self._sql[renew_many_statement(len(leases))], (expires, expires, now, *pairs, now))}
             if done:
                 ids = [value for key in done for value in key]
                 db.execute(self._sql[history_renewed_many(len(done))], (expires, *ids))

@@ -12,6 +12,7 @@ from .. import arguments
 from ..connection import Connection
 from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
+from . import queues
 from .execution_rows import INSERT, SELECT_ONE
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
@@ -43,6 +44,11 @@ class StartTable(WorkflowStartClient):
             if db.execute(self._sql[SELECT_ONE], (start_request_id,)).fetchone() is not None:
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
-            db.execute(self._sql[INSERT], (start_request_id, workflow, input_json, now, now, now, now))
+            # A child goes to its workflow's default queue, at its default priority, as the app
+            # that serves it recorded them (`queues.record_defaults`).
+            found = db.execute(self._sql[queues.DEFAULTS_OF], (workflow,)).fetchone()
+            queue, priority = (queues.DEFAULT_QUEUE, 0) if found is None else found
+            db.execute(self._sql[INSERT], (start_request_id, workflow, input_json, now, now, now, now, queue, None,
+                                           priority))
         self._on_due()
         return start_request_id

@@ -1,0 +1,268 @@
+"""Queues and their limits (SPEC section 12): every statement for the `queues`, `queue_claims` and
+`workflow_queues` tables, and the limit check a claim makes in its own transaction.
+
+How a claim (`ExecutionRows._claimable`) picks its rows:
+
+    groups     the (workflow, queue, priority) groups that hold claimable rows, of each workflow
+               served (or of each that has some): a loose scan of the claimable index, a seek per
+               group (never the rows behind them)
+    limits     the limits of those queues, their rows locked in name order ($for_update: on
+               PostgreSQL the claimers of one limited queue take turns; SQLite's write lock is
+               the whole database's), then counted: live leases (running, lease not expired: a
+               dead holder's lease counts until it expires or ends), live leases per key, and
+               claims within the rate window (`queue_claims`, pruned as it goes)
+    seeks      the due rows of each group whose queue has capacity, earliest due first, at most
+               the capacity (keys already at `per_key` left out); a saturated queue's group is
+               not read at all, so its backlog costs a claim nothing
+    take       the rows of all groups by priority (higher first), then due time, taken while
+               their queue and key have room (`Capacity.take`)
+
+Since the limits are read and the claim is written in one transaction holding the queue's row
+(or the database), two claims never both see the same free slot.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .. import arguments
+from ..connection import Connection, Transaction
+from ..contract import QueueClient
+from ..errors import InvalidArgument
+from ..values import QueueRecord
+
+DEFAULT_QUEUE = "default"
+# Priorities fit PostgreSQL's and SQLite's integers with room: a 32-bit range.
+MIN_PRIORITY, MAX_PRIORITY = -(2 ** 31), 2 ** 31 - 1
+
+_CLAIMABLE = "ready_at IS NOT NULL AND status <> 'running'"
+# The (queue, priority) groups of claimable rows, by a loose scan: each step seeks the next pair
+# after the last one: the next priority in the same queue, else the first pair of the next queue
+# (two seeks that each stop at their first row; a comparison of the pair as a row value would let
+# SQLite range on the queue alone and read the whole group). The seed is ('', 0): queue names are
+# never empty. Per workflow (`{names}`: a "($p)" per workflow), by the index (workflow, queue,
+# priority, due_at).
+def _next(column: str, index: str, of_workflow: str) -> str:
+    same = (f"SELECT {column} FROM executions $by_{index} WHERE {of_workflow}{_CLAIMABLE}"
+            f" AND queue = pairs.queue AND priority > pairs.priority ORDER BY priority LIMIT 1")
+    later = (f"SELECT {column} FROM executions $by_{index} WHERE {of_workflow}{_CLAIMABLE}"
+             f" AND queue > pairs.queue ORDER BY queue, priority LIMIT 1")
+    return f"coalesce(({same}), ({later}))"
+
+
+_OF = "workflow = pairs.workflow AND "
+_PAIRS = f"""pairs (workflow, queue, priority) AS (
+    SELECT workflow, CAST('' AS TEXT), CAST(0 AS BIGINT) FROM served WHERE workflow IS NOT NULL
+    UNION ALL
+    SELECT pairs.workflow, {_next("queue", "executions_claimable_by_workflow", _OF)},
+        {_next("priority", "executions_claimable_by_workflow", _OF)}
+    FROM pairs WHERE pairs.queue IS NOT NULL)
+SELECT pairs.workflow, pairs.queue, pairs.priority, q.concurrency, q.per_key, q.rate_count, q.rate_ms
+FROM pairs LEFT JOIN queues q ON q.name = pairs.queue WHERE pairs.queue IS NOT NULL AND pairs.queue <> ''"""
+# Each group with its queue's limits (NULLs: none), in one statement: the common claim (no limits)
+# pays no statement more for them. Of the workflows served (`{names}`: a "(CAST($p AS TEXT))" per
+# workflow), or of any: the workflows that have claimable rows, found by a loose scan of the same
+# index first (a seek per workflow).
+GROUPS_OF = f"""
+WITH RECURSIVE served (workflow) AS (VALUES {{names}}),
+{_PAIRS}"""
+GROUPS = f"""
+WITH RECURSIVE served (workflow) AS (
+    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
+            ORDER BY workflow LIMIT 1)
+    UNION ALL
+    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow
+            WHERE {_CLAIMABLE} AND workflow > served.workflow ORDER BY workflow LIMIT 1)
+    FROM served WHERE served.workflow IS NOT NULL),
+{_PAIRS}"""
+GROUPS_WORKFLOWS = 200  # workflows per GROUPS_OF statement
+
+# `{names}`: a "$p" per queue. Locked in name order, the order every claim takes them in.
+LIMITS = """
+SELECT name, concurrency, per_key, rate_count, rate_ms FROM queues WHERE name IN ({names})
+ORDER BY name{lock}"""
+LIVE_BY_KEY = """
+SELECT queue_key, count(*) FROM executions $by_executions_running_by_queue
+WHERE queue = $p AND status = 'running' AND lease_expires_at > $p GROUP BY queue_key"""
+RATE_PRUNE = "DELETE FROM queue_claims WHERE queue = $p AND claimed_at <= $p"
+RATE_COUNT = "SELECT count(*) FROM queue_claims WHERE queue = $p AND claimed_at > $p"
+RATE_CLAIMED = "INSERT INTO queue_claims (queue, claimed_at) VALUES ($p, $p)"
+
+DECLARE = """
+INSERT INTO queues (name, concurrency, per_key, rate_count, rate_ms, updated_at) VALUES ($p, $p, $p, $p, $p, $p)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, per_key = excluded.per_key,
+    rate_count = excluded.rate_count, rate_ms = excluded.rate_ms, updated_at = excluded.updated_at"""
+FORGET = "DELETE FROM queues WHERE name = $p"
+ALL_LIMITS = "SELECT name, concurrency, per_key, rate_count, rate_ms FROM queues"
+# Per queue: due (claimable now), running (live leases) and waiting (not due: asleep or waiting).
+COUNTS = f"""
+SELECT queue,
+    sum(CASE WHEN {_CLAIMABLE} AND due_at <= $p AND ready_at <= $p THEN 1
+             WHEN status = 'running' AND lease_expires_at <= $p THEN 1 ELSE 0 END),
+    sum(CASE WHEN status = 'running' AND lease_expires_at > $p THEN 1 ELSE 0 END),
+    sum(CASE WHEN status NOT IN ($terminal) AND status <> 'running'
+             AND NOT (ready_at IS NOT NULL AND due_at <= $p AND ready_at <= $p) THEN 1 ELSE 0 END)
+FROM executions WHERE status NOT IN ($terminal) GROUP BY queue"""
+RECORD_DEFAULTS = """
+INSERT INTO workflow_queues (workflow, queue, priority, updated_at) VALUES ($p, $p, $p, $p)
+ON CONFLICT (workflow) DO UPDATE SET queue = excluded.queue, priority = excluded.priority,
+    updated_at = excluded.updated_at"""
+DEFAULTS_OF = "SELECT queue, priority FROM workflow_queues WHERE workflow = $p"
+
+
+@functools.lru_cache(maxsize=64)
+def groups_of(count: int) -> str:
+    return GROUPS_OF.format(names=", ".join(["(CAST($p AS TEXT))"] * count))
+
+
+@functools.lru_cache(maxsize=64)
+def limits_of(count: int, lock: bool) -> str:
+    return LIMITS.format(names=", ".join(["$p"] * count), lock=" $for_update" if lock else "")
+
+
+@dataclass
+class Capacity:
+    """What one limited queue may still take in this claim."""
+
+    name: str
+    slots: Optional[int]  # live leases (and, with a rate, claims in the window) still allowed; None: any
+    per_key: Optional[int]
+    live_by_key: dict[str, int] = field(default_factory=dict)
+    rate_limited: bool = False
+
+    def saturated_keys(self) -> list[str]:
+        if self.per_key is None:
+            return []
+        return sorted(key for key, count in self.live_by_key.items() if key is not None and count >= self.per_key)
+
+    def take(self, key: Optional[str]) -> bool:
+        """Whether a row of `key` fits; if so, counted."""
+        if self.slots is not None and self.slots <= 0:
+            return False
+        if self.per_key is not None and key is not None and self.live_by_key.get(key, 0) >= self.per_key:
+            return False
+        if self.slots is not None:
+            self.slots -= 1
+        if key is not None:
+            self.live_by_key[key] = self.live_by_key.get(key, 0) + 1
+        return True
+
+
+def capacities(db: Transaction, sql, limited: dict[str, tuple], now: int, *, write: bool,
+               lock_rows: bool = False) -> dict[str, Capacity]:
+    """What each queue of `limited` ({name: (concurrency, per_key, rate_count, rate_ms)}) may still
+    take at `now` (see the module docstring). `write`: in a write transaction, which prunes the
+    rate windows as it reads them. `lock_rows`: on a backend with row locks, the queues' rows are
+    locked in name order and their limits read again first."""
+    if not limited:
+        return {}
+    if lock_rows:
+        limited = read_limits(db, sql, list(limited), lock=True)
+    found: dict[str, Capacity] = {}
+    for name in sorted(limited):
+        concurrency, per_key, rate_count, rate_ms = limited[name]
+        room = found[name] = Capacity(name, None, per_key)
+        if concurrency is not None or per_key is not None:
+            room.live_by_key = {key: count for key, count in db.execute(sql[LIVE_BY_KEY], (name, now)).fetchall()}
+        if concurrency is not None:
+            room.slots = concurrency - sum(room.live_by_key.values())
+        if rate_count is not None:
+            if write:
+                db.execute(sql[RATE_PRUNE], (name, now - rate_ms))
+            left = rate_count - db.execute(sql[RATE_COUNT], (name, now - rate_ms)).fetchone()[0]
+            room.slots = left if room.slots is None else min(room.slots, left)
+            room.rate_limited = True
+    return found
+
+
+def read_limits(db: Transaction, sql, queues: list[str], *, lock: bool = False) -> dict[str, tuple]:
+    """The limits of those of `queues` that have some: {name: (concurrency, per_key, rate_count,
+    rate_ms)}; with `lock`, their rows locked in name order."""
+    found = {}
+    names = sorted(set(queues))
+    for start in range(0, len(names), 500):
+        some = names[start:start + 500]
+        for name, *values in db.execute(sql[limits_of(len(some), lock)], some).fetchall():
+            found[name] = tuple(values)
+    return found
+
+
+def priority(name: str, value) -> int:
+    arguments.integer(name, value)
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidArgument(f"{name} must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {value}")
+    return value
+
+
+def limits(concurrency, per_key, rate) -> tuple[Optional[int], Optional[int], Optional[int], Optional[int]]:
+    """Checked limits: (concurrency, per_key, rate_count, rate_ms)."""
+    if concurrency is not None:
+        arguments.integer("concurrency", concurrency, minimum=1)
+    if per_key is not None:
+        arguments.integer("per_key", per_key, minimum=1)
+    if rate is None:
+        return concurrency, per_key, None, None
+    if not isinstance(rate, (tuple, list)) or len(rate) != 2:
+        raise InvalidArgument(f"rate must be a (count, seconds) pair, got {rate!r}")
+    count, seconds = rate
+    arguments.integer("rate count", count, minimum=1)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not arguments.finite(seconds) \
+            or seconds <= 0:
+        raise InvalidArgument(f"rate seconds must be a number > 0, got {seconds!r}")
+    rate_ms = round(seconds * 1000)
+    if rate_ms < 1:
+        raise InvalidArgument(f"rate seconds must be at least 0.001, got {seconds!r}")
+    return concurrency, per_key, count, rate_ms
+
+
+class QueueTable(QueueClient):
+    """Queue limits and the workflows' default queues (`contract.QueueClient`)."""
+
+    def __init__(self, conn: Connection, clock: Callable[[], int]):
+        self._conn = conn
+        self._sql = conn.dialect.statements
+        self._clock = clock
+
+    def _now(self, now: Optional[int]) -> int:
+        return self._clock() if now is None else arguments.integer("now", now)
+
+    def declare(self, name, *, concurrency=None, per_key=None, rate=None, now=None) -> None:
+        arguments.identifier("name", name)
+        checked = limits(concurrency, per_key, rate)
+        now = self._now(now)
+        with self._conn.write() as db:
+            if checked == (None, None, None, None):
+                db.execute(self._sql[FORGET], (name,))
+            else:
+                db.execute(self._sql[DECLARE], (name, *checked, now))
+
+    def record_defaults(self, defaults, *, now=None) -> None:
+        checked = []
+        for workflow, (queue, prio) in sorted(dict(defaults).items()):
+            checked.append((arguments.identifier("workflow", workflow), arguments.identifier("queue", queue),
+                            priority("priority", prio)))
+        now = self._now(now)
+        with self._conn.write() as db:
+            for workflow, queue, prio in checked:
+                db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, now))
+
+    def defaults_of(self, workflow) -> tuple[str, int]:
+        arguments.identifier("workflow", workflow)
+        found = self._conn.execute(self._sql[DEFAULTS_OF], (workflow,)).fetchone()
+        return (DEFAULT_QUEUE, 0) if found is None else (found[0], found[1])
+
+    def list(self, *, now=None) -> list[QueueRecord]:
+        now = self._now(now)
+        with self._conn.read() as db:
+            limits_by_name = {row[0]: row[1:] for row in db.execute(self._sql[ALL_LIMITS]).fetchall()}
+            counts = {row[0]: row[1:] for row in db.execute(self._sql[COUNTS], (now,) * 6).fetchall()}
+        records = []
+        for name in sorted(set(limits_by_name) | set(counts) | {DEFAULT_QUEUE}):
+            concurrency, per_key, rate_count, rate_ms = limits_by_name.get(name, (None, None, None, None))
+            due, running, waiting = (int(value or 0) for value in counts.get(name, (0, 0, 0)))
+            records.append(QueueRecord(name=name, concurrency=concurrency, per_key=per_key,
+                                       rate=None if rate_count is None else (rate_count, rate_ms / 1000),
+                                       due=due, running=running, waiting=waiting))
+        return records

@@ -1,0 +1,53 @@
+"""`yieldstar queues [--json]`, and queue, key and priority in `start`, `get` and `ls` (SPEC
+section 12), as real commands on a real ledger (a SQLite file, and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faults import cli
+from supervisor import open_backend
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_queues_lists_limits_and_counts_and_start_names_queue_key_and_priority(each_backend):
+    with open_backend(each_backend) as backend:
+        backend.queues.declare("email", concurrency=5, per_key=1, rate=(10, 1.5))
+    for args in (("--id", "a", "--queue", "email", "--key", "user-1", "--priority", "2"), ("--id", "b")):
+        started = cli(each_backend, "start", "send", *args)
+        assert started.returncode == 0, started.stderr
+    with open_backend(each_backend) as backend:
+        backend.executions.claim_due(limit=1, duration=60_000)  # a (priority 2) before b
+        assert backend.executions.get("a").status == "running"
+
+    listed = cli(each_backend, "queues", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == [
+        {"name": "default", "concurrency": None, "per_key": None, "rate": None, "due": 1, "running": 0, "waiting": 0},
+        {"name": "email", "concurrency": 5, "per_key": 1, "rate": [10, 1.5], "due": 0, "running": 1, "waiting": 0}]
+    text = cli(each_backend, "queues").stdout.splitlines()
+    assert text[0].split() == ["QUEUE", "CONCURRENCY", "PER", "KEY", "RATE", "DUE", "RUNNING", "WAITING"]
+    assert text[2].split() == ["email", "5", "1", "10", "per", "1.5", "s", "0", "1", "0"]
+
+    shown = json.loads(cli(each_backend, "get", "a", "--json").stdout)
+    assert (shown["queue"], shown["key"], shown["priority"]) == ("email", "user-1", 2)
+    assert "queue                       email" in cli(each_backend, "get", "a").stdout
+    assert "key                         (none)" in cli(each_backend, "get", "b").stdout
+    rows = [line.split() for line in cli(each_backend, "ls").stdout.splitlines()]
+    assert rows[0][-3:] == ["QUEUE", "KEY", "PRIORITY"]
+    assert sorted(row[-3:] for row in rows[1:]) == [["default", "-", "0"], ["email", "user-1", "2"]]
+    assert {(r["execution_id"], r["queue"]) for r in json.loads(cli(each_backend, "ls", "--json").stdout)} == {
+        ("a", "email"), ("b", "default")}
+
+
+def test_start_with_a_bad_priority_or_queue_is_refused_and_admits_nothing(each_backend):
+    for args, match in ((("--priority", "x"), "priority"), (("--queue", ""), "queue"),
+                        (("--priority", str(2 ** 40)), "priority")):
+        refused = cli(each_backend, "start", "send", "--id", "z", *args)
+        assert refused.returncode == 2, refused
+        assert match in refused.stderr
+    with open_backend(each_backend) as backend:
+        assert backend.executions.get("z") is None

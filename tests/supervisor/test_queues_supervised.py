@@ -1,0 +1,77 @@
+"""Queues with real processes (SPEC section 12): three supervisors of an app that declares a queue
+of concurrency 2 share one ledger (a SQLite file, and PostgreSQL); the lease history shows that at
+most 2 deliveries of the queue overlapped, and the limit came from the app (recorded by each
+supervisor when it started, before its first claim). Starts that name no queue take the
+workflow's. Every wait polls against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faults import TESTS, cli, wait_until
+
+pytestmark = [pytest.mark.usefixtures("dump_on_hang"), pytest.mark.timeout(120)]
+
+APP = str(TESTS / "apps" / "queues_app.py")
+EXECUTIONS = 16
+
+
+def max_overlap(deliveries, slack_ms: int = 0) -> int:
+    """The most deliveries live at one instant, each from its claim (`slack_ms` later) to its end
+    (an end at the instant of another's claim comes first)."""
+    events = sorted([(d.ended_at, -1) for d in deliveries] + [(d.claimed_at + slack_ms, 1) for d in deliveries])
+    live = most = 0
+    for _, change in events:
+        live += change
+        most = max(most, live)
+    return most
+
+
+def test_three_supervisors_sharing_a_queue_of_concurrency_2_never_overlap_more_than_2_deliveries(
+        each_backend, each_ledger, supervisors):
+    fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
+    for process in fleet:
+        process.wait_ready()
+        process.wait_log("recorded the limits of 1 queue")
+    ids = [f"narrow-{i:02d}" for i in range(EXECUTIONS)]
+    for execution_id in ids:
+        each_ledger.executions.admit(execution_id, "q.narrow", queue="narrow")
+    wait_until(lambda: all(each_ledger.executions.get(e).status == "completed" for e in ids), 90,
+               message="every execution completed")
+
+    deliveries = [d for e in ids for d in each_ledger.executions.history(e)]
+    assert all(d.ended_by == "acknowledged" for d in deliveries)
+    # (Which supervisor takes a freed slot is a race: the one whose acknowledgement freed it
+    # claims again in the same transaction, so one supervisor may well take them all.)
+    # SQLite: one host's clock, read under the write lock, orders every change. PostgreSQL: each
+    # process stamps with its own estimate of the server's clock, which lags it by a few ms of its
+    # own; a claim made just after another process's acknowledgement may read up to that much
+    # earlier. (The ledger test `test_processes_claiming_at_once_never_exceed_the_concurrency_limit`
+    # checks the count inside each claim's transaction, exactly, on both.)
+    slack = 0 if not str(each_backend).startswith("postgresql://") else 20
+    assert max_overlap(deliveries, slack) <= 2
+    assert max_overlap(deliveries) >= 2  # the limit was reached: the queue, not chance, held them
+    listed = {q.name: q for q in each_ledger.queues.list()}
+    assert (listed["narrow"].concurrency, listed["narrow"].running, listed["narrow"].due) == (2, 0, 0)
+
+
+def test_a_start_that_names_no_queue_takes_its_workflows_and_the_cli_shows_it(each_backend, each_ledger,
+                                                                               supervisors):
+    supervisors.start(each_backend, app=APP, concurrency=2)
+    wait_until(lambda: each_ledger.queues.defaults_of("q.narrow") == ("narrow", 0), 30,
+               message="the app's default queues recorded")
+    started = cli(each_backend, "start", "q.urgent", "--id", "u-1")
+    assert started.returncode == 0, started.stderr
+    named = cli(each_backend, "start", "q.narrow", "--id", "n-1", "--key", "tenant-7", "--priority", "3")
+    assert named.returncode == 0, named.stderr
+    urgent, narrow = each_ledger.executions.get("u-1"), each_ledger.executions.get("n-1")
+    assert (urgent.queue, urgent.key, urgent.priority) == ("default", None, 5)
+    assert (narrow.queue, narrow.key, narrow.priority) == ("narrow", "tenant-7", 3)
+    got = cli(each_backend, "get", "n-1", "--json")
+    assert got.returncode == 0, got.stderr
+    shown = json.loads(got.stdout)
+    assert (shown["queue"], shown["key"], shown["priority"]) == ("narrow", "tenant-7", 3)
+    wait_until(lambda: each_ledger.executions.get("n-1").status == "completed", 30, message="n-1 completed")
