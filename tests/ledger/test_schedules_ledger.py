@@ -135,3 +135,13 @@ def test_callers_racing_on_their_own_connections_admit_each_tick_once(each_backe
     finally:
         for each in backends:
             each.close()
+
+
+def test_a_tick_goes_to_its_workflows_default_queue_and_priority(backend):
+    backend.queues.declare("nightly-jobs", concurrency=1)
+    backend.queues.record_defaults({"tick": ("nightly-jobs", 7)})
+    backend.schedules.admit_due([EVERY_2], now=T0 + 500)
+    (record,) = backend.schedules.admit_due([EVERY_2], now=T0 + 2003)
+    assert record.admitted
+    execution = backend.executions.get(tick_id("tick", T0 + 2000))
+    assert (execution.queue, execution.key, execution.priority) == ("nightly-jobs", None, 7)

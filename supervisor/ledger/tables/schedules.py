@@ -34,6 +34,7 @@ from ..contract import ScheduleClient
 from ..errors import InvalidArgument
 from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
+from . import queues
 from .execution_rows import INSERT
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"
@@ -110,7 +111,11 @@ class ScheduleTable(ScheduleClient):
         upcoming = next_tick(schedule, now)
         if db.execute(sql[ADVANCE], (tick, upcoming, now, name, expected)).rowcount != 1:
             return _record(db.execute(sql[SELECT_ONE], (name,)).fetchone())  # another caller advanced it
-        db.execute(sql[INSERT], (tick_id(name, tick), name, json.dumps(tick_input(tick)), now, now, now, now))
+        # A tick goes to its workflow's default queue and priority, as a child start does.
+        found = db.execute(sql[queues.DEFAULTS_OF], (name,)).fetchone()
+        queue, priority = (queues.DEFAULT_QUEUE, 0) if found is None else found
+        db.execute(sql[INSERT], (tick_id(name, tick), name, json.dumps(tick_input(tick)), now, now, now, now, queue, None,
+                                 priority))
         return _record((name, spec, schedule.timezone, tick, upcoming, now), admitted=True)
 
     def list(self) -> list[ScheduleRecord]:
