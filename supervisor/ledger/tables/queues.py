@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from .. import arguments
-from ..connection import Connection, Transaction
+from ..connection import Transaction
 from ..contract import QueueClient
 from ..errors import InvalidArgument
 from ..values import QueueRecord
+from .clocked import ClockedTable
 
 DEFAULT_QUEUE = "default"
 # Priorities fit PostgreSQL's and SQLite's integers with room: a 32-bit range.
@@ -217,16 +218,9 @@ def limits(concurrency, per_key, rate) -> tuple[Optional[int], Optional[int], Op
     return concurrency, per_key, count, rate_ms
 
 
-class QueueTable(QueueClient):
+class QueueTable(ClockedTable, QueueClient):
     """Queue limits and the workflows' default queues (`contract.QueueClient`)."""
 
-    def __init__(self, conn: Connection, clock: Callable[[], int]):
-        self._conn = conn
-        self._sql = conn.dialect.statements
-        self._clock = clock
-
-    def _now(self, now: Optional[int]) -> int:
-        return self._clock() if now is None else arguments.integer("now", now)
 
     def declare(self, name, *, concurrency=None, per_key=None, rate=None, now=None) -> None:
         arguments.identifier("name", name)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from typing import Callable, Optional
 
-from .. import arguments
 from ..connection import Connection
 from ..contract import ScheduleClient
 from ..errors import InvalidArgument
@@ -36,6 +35,7 @@ from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
 from . import queues
 from .execution_rows import INSERT
+from .clocked import ClockedTable
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"
 SELECT_ONE = f"SELECT {COLUMNS} FROM schedules WHERE name = $p $for_update"
@@ -64,15 +64,10 @@ def first_at_or_after(schedule: Schedule, at_ms: int, after: Optional[int] = Non
     return next_tick(schedule, start)
 
 
-class ScheduleTable(ScheduleClient):
+class ScheduleTable(ClockedTable, ScheduleClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], on_due: Callable[[], None]):
-        self._conn = conn
-        self._sql = conn.dialect.statements
-        self._clock = clock
+        super().__init__(conn, clock)
         self._on_due = on_due
-
-    def _now(self, now: Optional[int]) -> int:
-        return self._clock() if now is None else arguments.integer("now", now)
 
     def admit_due(self, schedules, *, now=None) -> list[ScheduleRecord]:
         iterable = isinstance(schedules, (list, tuple, set, frozenset))

@@ -20,13 +20,12 @@ wrong "not served" for a moment, never a lost or repeated step.
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
 
 from .. import arguments
-from ..connection import Connection
 from ..contract import SupervisorClient
 from ..errors import InvalidArgument
 from ..values import LIVE_INTERVALS, SupervisorRecord
+from .clocked import ClockedTable
 
 COLUMNS = "supervisor_id, host, pid, started_at, last_seen_at, workflows_json, concurrency, workers, renew_ms"
 REGISTER = f"""
@@ -51,14 +50,7 @@ def _record(row: tuple) -> SupervisorRecord:
                             workers=workers, renew_ms=renew_ms)
 
 
-class SupervisorTable(SupervisorClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int]):
-        self._conn = conn
-        self._sql = conn.dialect.statements
-        self._clock = clock
-
-    def _now(self, now: Optional[int]) -> int:
-        return self._clock() if now is None else arguments.integer("now", now)
+class SupervisorTable(ClockedTable, SupervisorClient):
 
     def register(self, supervisor_id, *, host, pid, workflows, concurrency, workers, renew_ms, started_at=None,
                  now=None) -> SupervisorRecord:
