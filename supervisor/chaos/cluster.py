@@ -10,6 +10,10 @@ given with them connect without a password (`pg_hba.conf`, `trust`). The Unix so
 `initdb` refuses to run as root; as root, every server command runs as the `postgres` user
 (`runuser -u postgres --`) in a folder that user owns. Without the server binaries the caller
 skips PostgreSQL tests (under `CI=true` a skip is a failure: CI always runs both backends).
+
+A started cluster has a guard (`cluster_guard`) that stops the server and removes its folder if
+the process that started it dies without `stop()` (a killed test run): `pg_ctl` starts the
+server as a daemon, which nothing else would stop.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Optional, Sequence
 
@@ -70,11 +75,14 @@ class Cluster:
             shutil.chown(self.folder, "postgres")
         self.user = "postgres" if self._as_postgres else None
         self._databases = 0
+        self._guard: Optional[subprocess.Popen] = None
+
+    def _command(self, program: str) -> list[str]:
+        command = [os.path.join(PG_BIN, program)]
+        return ["runuser", "-u", "postgres", "--", *command] if self._as_postgres else command
 
     def _run(self, *args: str, timeout: float = 60) -> None:
-        command = [os.path.join(PG_BIN, args[0]), *args[1:]]
-        if self._as_postgres:
-            command = ["runuser", "-u", "postgres", "--", *command]
+        command = [*self._command(args[0]), *args[1:]]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(args[:2])} failed ({done.returncode}): {done.stdout}{done.stderr}")
@@ -90,7 +98,13 @@ class Cluster:
 
     def start_server(self) -> None:
         """Start the server (again): on its Unix socket, and on `listen_addresses` only (by
-        default none: never on a network address)."""
+        default none: never on a network address); guarded from its first start until `stop`."""
+        if self._guard is None:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-m", "supervisor.chaos.cluster_guard", self.folder, self.data,
+                 *self._command("pg_ctl")],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                cwd="/")  # no folder of the caller's on its path: nothing there may pass for our package
         listen = ",".join(self.listen_addresses)
         options = (f"-c listen_addresses='{listen}' -c unix_socket_directories={self.folder}"
                    " -c unix_socket_permissions=0700 -c max_connections=300 -c shared_buffers=32MB")
@@ -142,4 +156,7 @@ class Cluster:
         except (RuntimeError, subprocess.TimeoutExpired):
             pass
         shutil.rmtree(self.folder, ignore_errors=True)
+        if self._guard is not None:
+            self._guard.communicate(b"done", timeout=30)
+            self._guard = None
 

@@ -245,3 +245,37 @@ def test_the_uris_own_options_reach_the_server_beside_the_ledgers_settings(pg_cl
         assert backend.connection.execute("SHOW idle_session_timeout").fetchone() == ("0",)
     with psycopg.connect(pg_uri) as conn:
         assert conn.execute("SELECT count(*) FROM ledger.executions").fetchone() == (1,)
+
+
+STARTS_A_CLUSTER = """
+import sys
+from supervisor.chaos.cluster import Cluster
+cluster = Cluster().start()
+print(cluster.folder, flush=True)
+sys.stdin.read()  # killed here, never stopping it
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_whose_owner_is_killed_is_stopped_and_removed_by_its_guard(pg_cluster):
+    """`pg_ctl` starts the server as a daemon: a test run killed before its teardown would leave
+    it running. The cluster's guard stops it and removes its folder once its owner is gone."""
+    import os
+    import signal
+
+    import psutil
+
+    owner = subprocess.Popen([sys.executable, "-c", STARTS_A_CLUSTER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        folder = owner.stdout.readline().strip()
+        assert folder and os.path.isdir(folder)
+        with open(os.path.join(folder, "data", "postmaster.pid")) as f:
+            server = int(f.readline())
+        assert psutil.pid_exists(server)
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+    wait_until(lambda: not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE,
+               timeout=60, message=f"the server pid {server} of the killed owner stopped")
+    wait_until(lambda: not os.path.exists(folder), timeout=30, message=f"{folder} removed")
