@@ -213,14 +213,10 @@ class _Base:
     def _admit(self, workflow: str, input_json: str, id: Optional[str], queue: Any = None, key: Optional[str] = None,
                priority: Optional[int] = None) -> ExecutionRecord:
         """Admit, in the queue and at the priority given, or else the workflow's defaults: those
-        the app declares (`@workflow(queue=, priority=)`), as its supervisor recorded them in
-        the ledger when it started ("default", 0 before any did)."""
+        the app declares (`@workflow(queue=, priority=)`), as its supervisor records them in the
+        ledger when it starts (the ledger's `admit` of None)."""
         if isinstance(queue, Queue):
             queue = queue.name
-        if queue is None or priority is None:
-            default_queue, default_priority = self.backend.queues.defaults_of(workflow)
-            queue = default_queue if queue is None else queue
-            priority = default_priority if priority is None else priority
         return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json,
                                              queue=queue, key=key, priority=priority)
 

@@ -204,6 +204,11 @@ CREATE TABLE workflow_queues (
     updated_at BIGINT NOT NULL
 )"""
 
+# Version 6 (the SQLite ledger's version 7): the defaults an execution takes when they are recorded.
+EXECUTIONS_DEFAULTS_PENDING = "ALTER TABLE executions ADD COLUMN defaults_pending INTEGER NOT NULL DEFAULT 0"
+EXECUTIONS_PENDING_BY_WORKFLOW = """
+CREATE INDEX executions_pending_by_workflow ON executions (workflow) WHERE defaults_pending <> 0"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -216,6 +221,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
+    (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.

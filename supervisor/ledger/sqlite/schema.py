@@ -218,6 +218,13 @@ CREATE TABLE workflow_queues (
     updated_at INTEGER NOT NULL
 ) WITHOUT ROWID"""
 
+# Version 7: an execution admitted before any supervisor recorded its workflow's defaults (a
+# `yieldstar start` before the first `supervise`) takes them when one does: `defaults_pending`
+# says which of its queue (1) and priority (2) were not named by its start (`tables.queues`).
+EXECUTIONS_DEFAULTS_PENDING = "ALTER TABLE executions ADD COLUMN defaults_pending INTEGER NOT NULL DEFAULT 0"
+EXECUTIONS_PENDING_BY_WORKFLOW = """
+CREATE INDEX executions_pending_by_workflow ON executions (workflow) WHERE defaults_pending <> 0"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -229,6 +236,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
+    (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

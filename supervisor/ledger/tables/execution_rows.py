@@ -54,9 +54,21 @@ SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 # the epoch: see `epochs`), so that its first claim issues a token no earlier epoch issued.
 INSERT = f"""
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
-    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at, queue, queue_key, priority)
-VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p)
+    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at, queue, queue_key, priority,
+    defaults_pending)
+VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p, $p)
 ON CONFLICT (execution_id) DO NOTHING"""
+
+
+def insert(db: Transaction, sql, execution_id: str, workflow: str, input_json: str, now: int, *,
+           queue: Optional[str], key: Optional[str], priority: Optional[int], take_turns: bool) -> bool:
+    """Admit a new execution, due now, in the write transaction `db`, unless its id is taken;
+    whether it was. A `queue` or `priority` of None is its workflow's recorded default
+    (`queues.defaults_for`; `take_turns` on PostgreSQL, where a record of the defaults must not
+    slip in between)."""
+    queue, priority, pending = queues.defaults_for(db, sql, workflow, queue, priority, take_turns=take_turns)
+    return db.execute(sql[INSERT], (execution_id, workflow, input_json, now, now, now, now, queue, key, priority,
+                                    pending)).rowcount == 1
 
 
 # Claimable rows (`ExecutionRows._pick`, whose steps `queues` describes): the due rows of a group,

@@ -111,6 +111,36 @@ INSERT INTO workflow_queues (workflow, queue, priority, updated_at) VALUES ($p, 
 ON CONFLICT (workflow) DO UPDATE SET queue = excluded.queue, priority = excluded.priority,
     updated_at = excluded.updated_at"""
 DEFAULTS_OF = "SELECT queue, priority FROM workflow_queues WHERE workflow = $p"
+# An execution admitted before any supervisor recorded its workflow's defaults goes to the
+# default queue at priority 0 for now, `defaults_pending` saying which of the two its start left
+# to the defaults (PENDING_QUEUE | PENDING_PRIORITY); the first record of the defaults moves it,
+# unless a live lease holds it then (the queue's limits count that lease where it is: the next
+# record moves it, if it is still not terminal).
+PENDING_QUEUE, PENDING_PRIORITY = 1, 2
+TAKE_DEFAULTS = """
+UPDATE executions SET queue = CASE WHEN defaults_pending IN (1, 3) THEN $p ELSE queue END,
+    priority = CASE WHEN defaults_pending IN (2, 3) THEN $p ELSE priority END, defaults_pending = 0
+WHERE workflow = $p AND defaults_pending <> 0 AND (status <> 'running' OR lease_expires_at <= $p)"""
+# On PostgreSQL an admit that looks a workflow's defaults up and a record of them take turns (an
+# advisory lock per workflow, shared by admits; its two-key space is apart from the schema's
+# one-key lock), so that a record never misses an admit that found no defaults and commits later.
+DEFAULTS_TURN_SHARED = "SELECT pg_advisory_xact_lock_shared(20261205, hashtext($p))"
+DEFAULTS_TURN = "SELECT pg_advisory_xact_lock(20261205, hashtext($p))"
+
+
+def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], priority: Optional[int], *,
+                 take_turns: bool) -> tuple[str, int, int]:
+    """The queue and priority of a new execution of `workflow`, given those its start named
+    (None: its workflow's default), and which of them still wait for recorded defaults."""
+    if queue is not None and priority is not None:
+        return queue, priority, 0
+    if take_turns:
+        db.execute(sql[DEFAULTS_TURN_SHARED], (workflow,))
+    found = db.execute(sql[DEFAULTS_OF], (workflow,)).fetchone()
+    if found is not None:
+        return (found[0] if queue is None else queue), (found[1] if priority is None else priority), 0
+    pending = (PENDING_QUEUE if queue is None else 0) | (PENDING_PRIORITY if priority is None else 0)
+    return (DEFAULT_QUEUE if queue is None else queue), (0 if priority is None else priority), pending
 
 
 @functools.lru_cache(maxsize=64)
@@ -238,9 +268,13 @@ class QueueTable(ClockedTable, QueueClient):
             checked.append((arguments.identifier("workflow", workflow), arguments.identifier("queue", queue),
                             priority("priority", prio)))
         now = self._now(now)
+        take_turns = not self._conn.whole_database_write_lock
         with self._conn.write() as db:
             for workflow, queue, prio in checked:
+                if take_turns:
+                    db.execute(self._sql[DEFAULTS_TURN], (workflow,))
                 db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, now))
+                db.execute(self._sql[TAKE_DEFAULTS], (queue, prio, workflow, now))
 
     def defaults_of(self, workflow) -> tuple[str, int]:
         arguments.identifier("workflow", workflow)

@@ -19,7 +19,7 @@ One row per schedule, kept by every supervisor that serves its workflow:
 The compare-and-set is what makes two supervisors agree: on SQLite the write lock serializes
 them anyway; on PostgreSQL the row is read `FOR UPDATE`, and the loser of a race reads the
 winner's row and admits nothing. Since `last_tick` only moves forward, a tick whose execution was
-purged is never admitted again. The execution is admitted with the ledger's `INSERT` of
+purged is never admitted again. The execution is admitted with the ledger's `insert` of
 `execution_rows`, so it is an execution like any other (and is announced as due, as an admit is).
 """
 
@@ -33,8 +33,7 @@ from ..contract import ScheduleClient
 from ..errors import InvalidArgument
 from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
-from . import queues
-from .execution_rows import INSERT
+from .execution_rows import insert
 from .clocked import ClockedTable
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"
@@ -107,10 +106,8 @@ class ScheduleTable(ClockedTable, ScheduleClient):
         if db.execute(sql[ADVANCE], (tick, upcoming, now, name, expected)).rowcount != 1:
             return _record(db.execute(sql[SELECT_ONE], (name,)).fetchone())  # another caller advanced it
         # A tick goes to its workflow's default queue and priority, as a child start does.
-        found = db.execute(sql[queues.DEFAULTS_OF], (name,)).fetchone()
-        queue, priority = (queues.DEFAULT_QUEUE, 0) if found is None else found
-        db.execute(sql[INSERT], (tick_id(name, tick), name, json.dumps(tick_input(tick)), now, now, now, now, queue, None,
-                                 priority))
+        insert(db, sql, tick_id(name, tick), name, json.dumps(tick_input(tick)), now, queue=None, key=None,
+               priority=None, take_turns=not self._conn.whole_database_write_lock)
         return _record((name, spec, schedule.timezone, tick, upcoming, now), admitted=True)
 
     def list(self) -> list[ScheduleRecord]:

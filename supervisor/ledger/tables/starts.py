@@ -12,8 +12,7 @@ from .. import arguments
 from ..connection import Connection
 from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
-from . import queues
-from .execution_rows import INSERT, SELECT_ONE
+from .execution_rows import SELECT_ONE, insert
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
 RECORD = """
@@ -46,9 +45,7 @@ class StartTable(WorkflowStartClient):
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
             # A child goes to its workflow's default queue, at its default priority, as the app
             # that serves it recorded them (`queues.record_defaults`).
-            found = db.execute(self._sql[queues.DEFAULTS_OF], (workflow,)).fetchone()
-            queue, priority = (queues.DEFAULT_QUEUE, 0) if found is None else found
-            db.execute(self._sql[INSERT], (start_request_id, workflow, input_json, now, now, now, now, queue, None,
-                                           priority))
+            insert(db, self._sql, start_request_id, workflow, input_json, now, queue=None, key=None, priority=None,
+                   take_turns=not self._conn.whole_database_write_lock)
         self._on_due()
         return start_request_id
