@@ -42,6 +42,7 @@ from typing import Optional
 
 from supervisor.ledger.values import DeliveryOutcome, LeaseLost, Retry
 
+from .abandoned import replace_reason
 from .driver import WorkflowRun, raised_outside
 from .parent_watch import ParentWatch
 from .protocol import EXIT_OK, Done, Run, Stop
@@ -159,7 +160,7 @@ class Deliveries:
             self._running.pop((lease.execution_id, lease.token), None)
             self._ended.notify_all()
         self._watch.send(Done(lease.execution_id, lease.token, outcome,
-                              int((time.monotonic() - entry.started) * 1000)))
+                              int((time.monotonic() - entry.started) * 1000), replace_reason()))
 
     # -- sync deliveries: a thread each ------------------------------------------------------
 
