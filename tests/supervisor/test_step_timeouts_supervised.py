@@ -91,3 +91,23 @@ def test_a_sync_step_that_hangs_past_its_timeout_is_recorded_retried_and_its_wor
         "begin", "begin", "end"]
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(20) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_of_one_delivery_whose_sync_step_hangs_past_its_timeout_is_replaced_and_the_retry_completes(
+        sqlite_path, sqlite_ledger, tmp_path, supervisors):
+    log = str(tmp_path / "effects.log")
+    admit(sqlite_path, "hang", "to.sync_hang", {"log": log, "marker": str(tmp_path / "hung-once"), "timeout": 0.5})
+    supervisor = supervisors.start(sqlite_path, app=APP, concurrency=1)
+    (worker,) = supervisor.workers()
+    wait_until(lambda: sqlite_ledger.executions.get("hang").status == "completed", timeout=60,
+               message="the retry completed")
+    wait_gone([worker])
+    assert json.loads(sqlite_ledger.executions.get("hang").result_json)["pid"] != worker
+    assert [(key, attempt, done, response.get("error", {}).get("type"))
+            for key, attempt, done, response in attempts(sqlite_ledger, "hang")] == [
+        ("hang", 1, False, "StepTimeout"), ("hang", 2, True, None)]
+    supervisor.wait_log(f"worker pid {worker} asked to be replaced: step 'hang' attempt 1 did not end within its"
+                        " timeout of 0.5 s", timeout=5)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from faults import wait_until
 from worker import InvalidArgument, Registry, RetryPolicy, StepFailed, StepTimeout
 from worker.testing import run_workflow
 
@@ -173,3 +174,84 @@ def test_a_completed_step_replays_its_recorded_value_without_running_or_timing_i
     record = run_workflow(registry, "t.replayed", backend=sqlite_backend, clock=clock)
     assert json.loads(record.result_json) == 10
     assert called == [1]  # the second delivery replayed it: the function that would hang never ran
+
+
+LATE = threading.Event()  # lets the abandoned attempt of `t.sync_late` go on, after its deadline
+late: list = []
+
+
+def writes_late(ctx) -> int:
+    """The first attempt hangs past its deadline, then tries to record a nested step."""
+    called.append("slow")
+    if len(called) == 1:
+        LATE.wait(20)
+        try:
+            ctx.run("inner", record_call)
+            late.append("written")
+        except BaseException as exc:  # noqa: BLE001 - what the abandoned thread meets is the point
+            late.append(type(exc).__name__)
+    return 7
+
+
+@registry.workflow("t.sync_late")
+def sync_late(ctx, input):
+    return ctx.run("slow", writes_late, ctx, retry=TWICE, timeout=0.3)
+
+
+@pytest.mark.timeout(30)
+def test_a_sync_step_past_its_timeout_is_recorded_as_step_timeout_and_its_abandoned_thread_writes_nothing(
+        sqlite_backend, clock):
+    from worker._runtime.abandoned import replace_reason
+
+    LATE.clear()
+    late.clear()
+    record = run_workflow(registry, "t.sync_late", backend=sqlite_backend, clock=clock)
+    assert json.loads(record.result_json) == 7
+    assert replace_reason() == "step 'slow' attempt 1 did not end within its timeout of 0.3 s"
+    LATE.set()  # the abandoned attempt goes on and tries to write
+    wait_until(lambda: late, timeout=10, message="the abandoned thread tried its write")
+    assert late == ["Suspend"]
+    recorded = sqlite_backend.heap.steps("test-execution")
+    assert [(a.step_key, a.attempt, a.done) for a in recorded] == [("slow", 1, False), ("slow", 2, True)]
+    error = json.loads(recorded[0].step_response_json)["error"]
+    assert (error["type"], error["message"]) == ("StepTimeout", "step 'slow' attempt 1 did not end within its"
+                                                 " timeout of 0.3 s")
+    assert "writes_late" in error["traceback"]  # where the thread was
+    wait_until(lambda: replace_reason() is None, timeout=10, message="the abandoned thread ended")
+
+
+def item_hangs_once(i: int) -> int:
+    called.append(i)
+    if i == 1 and called.count(1) == 1:
+        LATE.wait(20)
+    return i * 10
+
+
+@registry.workflow("t.parallel_sync")
+def parallel_sync(ctx, input):
+    return ctx.parallel("items", item_hangs_once, [0, 1, 2], retry=TWICE, timeout=0.3)
+
+
+async def async_item_naps_once(i: int) -> int:
+    called.append(i)
+    if i == 1 and called.count(1) == 1:
+        await asyncio.sleep(600)
+    return i * 10
+
+
+@registry.workflow("t.parallel_async")
+async def parallel_async(ctx, input):
+    return await ctx.parallel("items", async_item_naps_once, [0, 1, 2], retry=TWICE, timeout=0.3)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("workflow", ["t.parallel_sync", "t.parallel_async"])
+def test_each_item_of_a_parallel_call_has_the_timeout_and_the_retry(sqlite_backend, clock, workflow):
+    LATE.clear()
+    record = run_workflow(registry, workflow, backend=sqlite_backend, clock=clock)
+    LATE.set()
+    assert json.loads(record.result_json) == [0, 10, 20]
+    recorded = [(a.step_key, a.attempt, json.loads(a.step_response_json).get("error", {}).get("type"))
+                for a in sqlite_backend.heap.steps("test-execution")]
+    assert ("items[1]", 1, "StepTimeout") in recorded and ("items[1]", 2, None) in recorded
+    assert called.count(0) == 1 and called.count(2) == 1  # the others ran once, recorded in the first delivery
