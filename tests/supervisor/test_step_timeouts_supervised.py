@@ -25,6 +25,11 @@ def begun(log: str, step_key: str) -> list:
     return [e for e in read_log(log) if e.step_key == step_key and e.event == "begin"]
 
 
+def stopped_cleanly(supervisor) -> None:
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(20) == 0
+
+
 def attempts(ledger, execution_id: str) -> list[tuple[str, int, bool, dict]]:
     return [(a.step_key, a.attempt, a.done, json.loads(a.step_response_json))
             for a in ledger.heap.steps(execution_id)]
@@ -48,8 +53,7 @@ def test_an_async_step_past_its_timeout_is_cancelled_twice_and_its_workflow_gets
     assert [response["error"]["type"] for *_, response in recorded] == ["StepTimeout", "StepTimeout"]
     assert len(begun(log, "nap")) == 2
     assert "asked to be replaced" not in supervisor.log()  # a cancelled task leaves nothing behind
-    supervisor.signal(signal.SIGTERM)
-    assert supervisor.wait(20) == 0
+    stopped_cleanly(supervisor)
 
 
 @pytest.mark.timeout(120)
@@ -89,8 +93,7 @@ def test_a_sync_step_that_hangs_past_its_timeout_is_recorded_retried_and_its_wor
     assert sibling["token"] == 2 and sibling["pid"] != worker
     assert [e.event for e in read_log(log) if e.execution_id == "hang" and e.step_key == "hang"] == [
         "begin", "begin", "end"]
-    supervisor.signal(signal.SIGTERM)
-    assert supervisor.wait(20) == 0
+    stopped_cleanly(supervisor)
 
 
 @pytest.mark.timeout(90)
@@ -109,5 +112,4 @@ def test_a_worker_of_one_delivery_whose_sync_step_hangs_past_its_timeout_is_repl
         ("hang", 1, False, "StepTimeout"), ("hang", 2, True, None)]
     supervisor.wait_log(f"worker pid {worker} asked to be replaced: step 'hang' attempt 1 did not end within its"
                         " timeout of 0.5 s", timeout=5)
-    supervisor.signal(signal.SIGTERM)
-    assert supervisor.wait(20) == 0
+    stopped_cleanly(supervisor)

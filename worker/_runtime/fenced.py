@@ -160,12 +160,10 @@ class FencedWriter:
             RetryLater: a storage error.
         """
         with self._lock:
-            if self.stopped_because is None and self.storage_failure is None and self._may_write():
+            shut = self.stopped_because is None and self.storage_failure is None and self._may_write()
+            if shut:
                 self.stopped_because = why
-                shut = True
-            else:
-                shut = False
-        if not shut:
+        if not shut:  # the delivery ends as it already had to
             self.check()
             raise StopDelivery(self.stopped_because or "the supervisor is no longer heard from")
         try:
