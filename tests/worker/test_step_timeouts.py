@@ -16,6 +16,7 @@ import pytest
 
 from faults import wait_until
 from worker import InvalidArgument, Registry, RetryPolicy, StepFailed, StepTimeout
+from worker._runtime.abandoned import replace_reason
 from worker.testing import run_workflow
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -24,6 +25,8 @@ registry = Registry()
 TWICE = RetryPolicy(max_attempts=2, interval=0.0)
 BAD_TIMEOUTS = [0, -1, -0.5, math.nan, math.inf, -math.inf, "5", True, False, [1]]
 called: list = []
+LATE = threading.Event()  # lets an abandoned attempt go on, after its deadline
+late: list = []
 
 
 def record_call(*args, **kwargs):
@@ -38,6 +41,11 @@ async def record_call_async(*args, **kwargs):
 @pytest.fixture(autouse=True)
 def fresh_calls():
     called.clear()
+    late.clear()
+    LATE.clear()
+    yield
+    LATE.set()  # the threads a test abandoned end, so that the next test sees none of them
+    wait_until(lambda: replace_reason() is None, timeout=10, message="every abandoned thread ended")
 
 
 def refused(call) -> str:
@@ -176,10 +184,6 @@ def test_a_completed_step_replays_its_recorded_value_without_running_or_timing_i
     assert called == [1]  # the second delivery replayed it: the function that would hang never ran
 
 
-LATE = threading.Event()  # lets the abandoned attempt of `t.sync_late` go on, after its deadline
-late: list = []
-
-
 def writes_late(ctx) -> int:
     """The first attempt hangs past its deadline, then tries to record a nested step."""
     called.append("slow")
@@ -201,10 +205,6 @@ def sync_late(ctx, input):
 @pytest.mark.timeout(30)
 def test_a_sync_step_past_its_timeout_is_recorded_as_step_timeout_and_its_abandoned_thread_writes_nothing(
         sqlite_backend, clock):
-    from worker._runtime.abandoned import replace_reason
-
-    LATE.clear()
-    late.clear()
     record = run_workflow(registry, "t.sync_late", backend=sqlite_backend, clock=clock)
     assert json.loads(record.result_json) == 7
     assert replace_reason() == "step 'slow' attempt 1 did not end within its timeout of 0.3 s"
@@ -217,7 +217,6 @@ def test_a_sync_step_past_its_timeout_is_recorded_as_step_timeout_and_its_abando
     assert (error["type"], error["message"]) == ("StepTimeout", "step 'slow' attempt 1 did not end within its"
                                                  " timeout of 0.3 s")
     assert "writes_late" in error["traceback"]  # where the thread was
-    wait_until(lambda: replace_reason() is None, timeout=10, message="the abandoned thread ended")
 
 
 def item_hangs_once(i: int) -> int:
@@ -247,11 +246,35 @@ async def parallel_async(ctx, input):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("workflow", ["t.parallel_sync", "t.parallel_async"])
 def test_each_item_of_a_parallel_call_has_the_timeout_and_the_retry(sqlite_backend, clock, workflow):
-    LATE.clear()
     record = run_workflow(registry, workflow, backend=sqlite_backend, clock=clock)
-    LATE.set()
     assert json.loads(record.result_json) == [0, 10, 20]
     recorded = [(a.step_key, a.attempt, json.loads(a.step_response_json).get("error", {}).get("type"))
                 for a in sqlite_backend.heap.steps("test-execution")]
     assert ("items[1]", 1, "StepTimeout") in recorded and ("items[1]", 2, None) in recorded
     assert called.count(0) == 1 and called.count(2) == 1  # the others ran once, recorded in the first delivery
+
+
+def hangs(n: int) -> int:
+    called.append(n)
+    LATE.wait(20)
+    return n
+
+
+@registry.workflow("t.sync_hang_once")
+def sync_hang_once(ctx, input):
+    try:
+        ctx.run("hang", hangs, 1, timeout=0.3)
+    except StepFailed as exc:
+        return {"type": exc.error_type, "attempts": exc.attempts}
+    return None
+
+
+@pytest.mark.timeout(30)
+def test_a_sync_step_past_its_only_attempt_replays_as_step_failed_of_step_timeout_in_the_next_delivery(
+        sqlite_backend, clock):
+    record = run_workflow(registry, "t.sync_hang_once", backend=sqlite_backend, clock=clock)
+    assert json.loads(record.result_json) == {"type": "StepTimeout", "attempts": 1}
+    assert called == [1]  # the next delivery replayed the recorded failure: the function ran once
+    (attempt,) = sqlite_backend.heap.steps("test-execution")
+    assert (attempt.attempt, attempt.done) == (1, True)
+    assert json.loads(attempt.step_response_json)["error"]["type"] == "StepTimeout"
