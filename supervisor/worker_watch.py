@@ -7,7 +7,8 @@ message a worker sends to `receive`, and each death to `child_died`:
     Ready / AppNotLoaded / LedgerNotOpened -> started (its first message); Ready's workflows
       -> what the loop serves (`serving`)
     Alive -> heard from     Done(execution, token) -> done -> the loop's `end`
-    silent past the tolerance, dead, or not stopping a delivery it was told to stop
+    silent past the tolerance, dead, not stopping a delivery it was told to stop, or asking
+      to be (a `Done` whose `replace` says why: a step thread it could not stop)
       -> replaced (killed, confirmed gone); one of several deliveries has them released at
          once (`replace_and_release`), one of a single delivery leaves its lease to expire
 """
@@ -117,6 +118,8 @@ class WorkerWatch:
                 self.started(child, message)
             case Done():
                 self.done(child, message, now)
+                if message.replace is not None:  # after its delivery is handled (a dead one is replaced anyway)
+                    self.replace_asked(child, message.replace, now)
             case _:
                 log.error("unexpected message from worker pid %d: %r", child.pid, message)
 
@@ -133,6 +136,14 @@ class WorkerWatch:
         if delivery.release_on_stop and isinstance(outcome, LeaseLost):
             outcome = Retry(delivery.stop_why)  # stopped unconfirmed: give the lease back
         self.end(delivery, outcome, now)
+
+    def replace_asked(self, child: Child, why: str, now: float) -> None:
+        """A worker that reported a step thread it could not stop (a sync step past its timeout):
+        it is replaced, and its other deliveries are given back at once."""
+        log.warning("worker pid %d asked to be replaced: %s; killing and replacing it, and releasing its %d other"
+                    " deliveries", child.pid, why, len(child.deliveries))
+        self.stats.children_killed += 1
+        self.replace_and_release(child, f"worker pid {child.pid} replaced: {why}", now)
 
     def started(self, child: Child, message: FromChild) -> None:
         """A child's first message: it loaded the app and may take deliveries, or it could not."""

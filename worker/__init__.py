@@ -26,6 +26,7 @@ from supervisor.ledger.errors import (
     ExecutionConflict,
     InvalidArgument,
     StepFailed,
+    StepTimeout,
     UnknownEffect,
     UnknownExecution,
     WorkflowCancelled,
@@ -53,5 +54,5 @@ __all__ = [
     "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
     # the errors users catch
     "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect",
-    "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "ReplayDiverged", "AppNotFound",
+    "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout", "ReplayDiverged", "AppNotFound",
 ]

@@ -45,7 +45,7 @@ import inspect
 from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from supervisor.ledger.errors import InvalidArgument
+from supervisor.ledger.errors import InvalidArgument, StepTimeout
 from supervisor.ledger.values import HeapRecord
 
 from ._runtime.unwinding import ReplayDiverged, Suspend
@@ -53,6 +53,7 @@ from .context import _ENCLOSING, Write, WorkflowContext, enclosing_steps
 from .parallel import Ended, ParallelCall, is_coroutine_function
 from .retry import RetryPolicy
 from .stores import StoreHandle
+from .timeouts import StepThread, awaited_within
 
 
 # Set while `ctx.run` (or `ctx.effect`) takes its step key: an order verdict may wait then.
@@ -99,20 +100,22 @@ class AsyncWorkflowContext(WorkflowContext):
 
     # -- steps -------------------------------------------------------------------------------
 
-    async def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None, **kwargs: Any) -> Any:
-        """As `WorkflowContext.run`; `fn` may be a coroutine function. Named steps may overlap
-        (`asyncio.gather`); an unnamed one may not (see `worker.context`)."""
-        return await self._settled(functools.partial(self._run, key_or_fn, args, kwargs, retry))
+    async def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None,
+                  timeout: Optional[float] = None, **kwargs: Any) -> Any:
+        """As `WorkflowContext.run`; `fn` may be a coroutine function, which `timeout` cancels.
+        Named steps may overlap (`asyncio.gather`); an unnamed one may not (see `worker.context`)."""
+        return await self._settled(functools.partial(self._run, key_or_fn, args, kwargs, retry, timeout))
 
-    async def _run(self, key_or_fn: Any, args: tuple, kwargs: dict, retry: Optional[RetryPolicy]) -> Any:
+    async def _run(self, key_or_fn: Any, args: tuple, kwargs: dict, retry: Optional[RetryPolicy],
+                   timeout: Optional[float]) -> Any:
         deferrable = _DEFERRABLE.set(True)
         try:
-            key, fn, args = self._step_call(key_or_fn, args, retry)
+            key, fn, args = self._step_call(key_or_fn, args, retry, timeout)
         finally:
             _DEFERRABLE.reset(deferrable)
         if self._unsettled:
             await self._settle_order(key)
-        return await self._astep(key, fn, args, kwargs, retry)
+        return await self._astep(key, fn, args, kwargs, retry, timeout)
 
     def _defers(self, key: str, group: Optional[str]) -> bool:
         if not _DEFERRABLE.get():
@@ -151,16 +154,17 @@ class AsyncWorkflowContext(WorkflowContext):
             self._reached(key, None, None if order.recorded(key) else order.open_group())
 
     async def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,  # type: ignore[override]
-                       max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
+                       max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None,
+                       timeout: Optional[float] = None) -> list:
         """As `WorkflowContext.parallel`: a plain `fn` runs on threads, an `async def` one as
         tasks of this loop, at most `max_concurrency` at a time."""
-        return await self._settled(functools.partial(self._parallel, key, fn, items, max_concurrency, retry))
+        return await self._settled(functools.partial(self._parallel, key, fn, items, max_concurrency, retry, timeout))
 
     async def _parallel(self, key: str, fn: Callable, items: Iterable, max_concurrency: Optional[int],
-                        retry: Optional[RetryPolicy]) -> list:
-        call = self._parallel_call(key, fn, items, max_concurrency, retry, asynchronous=True)
+                        retry: Optional[RetryPolicy], timeout: Optional[float]) -> list:
+        call = self._parallel_call(key, fn, items, max_concurrency, retry, timeout, asynchronous=True)
         on = self._tasks_result if is_coroutine_function(fn) else self._threads_result
-        return await on(call, fn, retry)
+        return await on(call, fn, retry, timeout)
 
     async def effect(self, key: str, fn: Callable[[str], Any], *, retry: Optional[RetryPolicy] = None,
                      external: bool = False) -> Any:
@@ -191,7 +195,8 @@ class AsyncWorkflowContext(WorkflowContext):
 
         return await self._astep(key, perform, (), {}, retry)
 
-    async def _astep(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
+    async def _astep(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy],
+                     timeout: Optional[float] = None) -> Any:
         attempt, replayed = self._step_start(key)
         if attempt is None:
             return replayed
@@ -201,9 +206,12 @@ class AsyncWorkflowContext(WorkflowContext):
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))
         try:
             try:
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
+                if timeout is None:
+                    value = fn(*args, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+                else:
+                    value = await self._awaited_within(key, attempt, fn, args, kwargs, timeout, policy)
             except Exception as exc:
                 return self._replay(key, await self._record_async(self._raised_write(key, attempt, exc, policy)))
             write, as_value = self._done_write(key, attempt, value)
@@ -212,13 +220,33 @@ class AsyncWorkflowContext(WorkflowContext):
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 
+    async def _awaited_within(self, key: str, attempt: int, fn: Callable, args: tuple, kwargs: dict,
+                              timeout: float, policy: Optional[RetryPolicy]) -> Any:
+        """What the step's function returned within `timeout` seconds: a coroutine function is
+        cancelled then (`StepTimeout` is raised, and recorded as the attempt's error); a plain one
+        runs on a thread of its own, abandoned then (see `worker.timeouts`)."""
+        import time
+
+        expired = StepTimeout(key, attempt, timeout)
+        if is_coroutine_function(fn):
+            return await awaited_within(fn(*args, **kwargs), timeout, expired)
+        deadline = time.monotonic() + timeout
+        step = StepThread(lambda: fn(*args, **kwargs), f"yieldstar-step {key}")
+        if not await step.wait_async(timeout):
+            self._abandon(key, attempt, step, timeout, policy)
+        value = step.result()
+        if inspect.isawaitable(value):  # a plain function that returned an awaitable: the rest of the time
+            value = await awaited_within(value, max(deadline - time.monotonic(), 0.0), expired)
+        return value
+
     async def _record_async(self, write: Write) -> HeapRecord:
         """`_record`, awaited: the event loop runs on while the write waits for its commit."""
         record = await self._writer.write_step_async(write.key, write.attempt, write.done, write.response_json)
         self._recorded[write.key] = record
         return record
 
-    async def _tasks_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
+    async def _tasks_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy],
+                            timeout: Optional[float]) -> list:
         import asyncio
 
         limit = asyncio.Semaphore(max(call.limit, 1))
@@ -229,7 +257,7 @@ class AsyncWorkflowContext(WorkflowContext):
                     record = self._recorded.get(key)
                     if record is None or not record.done:
                         self._writer.check()  # a stopped delivery starts nothing more
-                    return Ended(await self._astep(key, fn, (value,), {}, retry))
+                    return Ended(await self._astep(key, fn, (value,), {}, retry, timeout))
                 except asyncio.CancelledError:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - every item ends before the call decides
@@ -237,11 +265,12 @@ class AsyncWorkflowContext(WorkflowContext):
 
         return self._parallel_result(list(await asyncio.gather(*map(item, call.keys, call.items))))
 
-    async def _threads_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]) -> list:
+    async def _threads_result(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy],
+                              timeout: Optional[float]) -> list:
         import asyncio
 
         # The sync context's way, on a thread of the loop's executor: the loop stays free.
-        return self._parallel_result(await asyncio.to_thread(self._parallel_outcomes, call, fn, retry))
+        return self._parallel_result(await asyncio.to_thread(self._parallel_outcomes, call, fn, retry, timeout))
 
     # -- suspending while other steps are in flight --------------------------------------------
 

@@ -42,7 +42,7 @@ from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import finite, identifier
-from supervisor.ledger.errors import InvalidArgument, StepFailed, StorageError
+from supervisor.ledger.errors import InvalidArgument, StepFailed, StepTimeout, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
 from ._runtime.derived_ids import derived_id
@@ -52,6 +52,8 @@ from .parallel import ParallelMixin
 from .retry import RetryableError, RetryPolicy
 from .starts import StartsMixin
 from .stores import StoresMixin
+from .timeouts import StepThread, checked_timeout
+from ._runtime import abandoned
 from ._runtime.order import Order
 from ._runtime.unwinding import EndOfHistory, ReplayDiverged, StopDelivery, Suspend
 
@@ -158,16 +160,21 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     # -- steps -------------------------------------------------------------------------------
 
-    def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None, **kwargs: Any) -> Any:
+    def run(self, key_or_fn: Any, *args: Any, retry: Optional[RetryPolicy] = None,
+            timeout: Optional[float] = None, **kwargs: Any) -> Any:
         """Run `fn(*args, **kwargs)` as the step `key` once, record its JSON result, and return
         the recorded value. `ctx.run(fn, *args)` names the step automatically (see the module doc).
 
         A step that raises `RetryableError`, or any exception when `retry` is given, is tried
         again after a delay (the workflow suspends meanwhile); once it fails for good,
         `StepFailed` is raised into the workflow.
+
+        With `timeout` (seconds), an attempt still running then fails as `StepTimeout` and is
+        retried alike; a function that does not return is abandoned and its worker replaced
+        (see `worker.timeouts`). `retry` and `timeout` are not passed on to `fn`.
         """
-        key, fn, args = self._step_call(key_or_fn, args, retry)
-        return self._step(key, fn, args, kwargs, retry)
+        key, fn, args = self._step_call(key_or_fn, args, retry, timeout)
+        return self._step(key, fn, args, kwargs, retry, timeout)
 
     def sleep(self, key: str, seconds: float) -> None:
         """A durable timer: the workflow continues `seconds` after this step first ran."""
@@ -222,8 +229,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _step_call(self, key_or_fn: Any, args: tuple, retry: Any) -> tuple[str, Callable, tuple]:
+    def _step_call(self, key_or_fn: Any, args: tuple, retry: Any, timeout: Any) -> tuple[str, Callable, tuple]:
         """The step key, function and arguments of a `ctx.run(...)` call."""
+        checked_timeout(timeout)
         if isinstance(key_or_fn, str):
             if not args or not callable(args[0]):
                 raise InvalidArgument(f"ctx.run({key_or_fn!r}, fn, ...) needs a callable after the step key")
@@ -429,7 +437,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             record = self._write(key, 1, True, {"value": produce()})
         return self._replay(key, record)
 
-    def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy]) -> Any:
+    def _step(self, key: str, fn: Callable, args: tuple, kwargs: dict, policy: Optional[RetryPolicy],
+              timeout: Optional[float] = None) -> Any:
         attempt, replayed = self._step_start(key)
         if attempt is None:
             return replayed
@@ -437,7 +446,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))  # steps started in fn are nested
         try:
             try:
-                value = fn(*args, **kwargs)
+                if timeout is None:
+                    value = fn(*args, **kwargs)
+                else:
+                    value = self._ended_within(key, attempt, StepThread(
+                        lambda: fn(*args, **kwargs), f"yieldstar-step {key}"), timeout, policy)
             except Exception as exc:
                 return self._step_raised(key, attempt, exc, policy)
             if inspect.iscoroutine(value):
@@ -448,6 +461,28 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         finally:
             _ENCLOSING.reset(enclosing)
             self._landed(key)
+
+    def _ended_within(self, key: str, attempt: int, step: StepThread, timeout: float,
+                      policy: Optional[RetryPolicy]) -> Any:
+        """What the step's function on `step` returned, if it ended within `timeout` seconds;
+        else the delivery ends (`_abandon`)."""
+        if not step.wait(timeout):
+            self._abandon(key, attempt, step, timeout, policy)
+        return step.result()
+
+    def _abandon(self, key: str, attempt: int, step: StepThread, timeout: float,
+                 policy: Optional[RetryPolicy]) -> None:
+        """End the delivery for a step function that did not return within its timeout: its
+        thread cannot be stopped, so the worker process is to be replaced, and the attempt is
+        recorded as failed, past a door already shut to that thread (see `worker.timeouts`).
+        Raises `Suspend`, with a wake at the retry's time, or at once once attempts ran out (the
+        next delivery replays the failure)."""
+        error = StepTimeout(key, attempt, timeout)
+        abandoned.abandon(step.thread, str(error))
+        write = self._raised_write(key, attempt, error, policy, step.stack())
+        wake_at = self._now() if write.done else json.loads(write.response_json)["retry_at"]
+        self._recorded[key] = self._writer.end_abandoned(f"{error}: its thread was abandoned", *write, wake_at)
+        raise self._unwind(Suspend(f"step {key!r} timed out; waiting until {wake_at}"))
 
     def _step_start(self, key: str) -> tuple[Optional[int], Any]:
         """`(None, value)` for a step whose recorded value replays, else `(attempt, None)` for a
@@ -493,7 +528,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         `_raised_write`), or, for a storage error, the end of the delivery."""
         return self._replay(key, self._record(self._raised_write(key, attempt, exc, policy)))
 
-    def _raised_write(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy]) -> Write:
+    def _raised_write(self, key: str, attempt: int, exc: Exception, policy: Optional[RetryPolicy],
+                      stack: Optional[str] = None) -> Write:
+        """What records `exc` as the failed attempt `attempt`; `stack`, where the step was, in
+        place of the traceback of an error it did not raise itself (a timeout)."""
         if isinstance(exc, StorageError):
             # The step called the ledger itself and its storage failed: a fault of the host, not
             # of the step, so it is not recorded as the step's error; the delivery is retried.
@@ -501,6 +539,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         if isinstance(exc, RetryableError):
             policy = exc.policy
         info = error_info(exc)
+        if stack:
+            info["traceback"] = f"{info['traceback']}the step's thread was abandoned at:\n{stack}"
         if policy is not None and attempt < policy.max_attempts:
             retry_at = self._now() + policy.delay_ms(attempt)
             return Write(key, attempt, False, _to_json(self._grouped(key, {"error": info, "retry_at": retry_at})))

@@ -26,6 +26,7 @@ from supervisor.ledger.errors import InvalidArgument
 
 from ._runtime.unwinding import StopDelivery
 from .retry import RetryPolicy
+from .timeouts import checked_timeout
 
 
 class Ended(NamedTuple):
@@ -56,27 +57,31 @@ class ParallelCall(NamedTuple):
 
 class ParallelMixin:
     def parallel(self, key: str, fn: Callable[[Any], Any], items: Iterable, *,
-                 max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None) -> list:
+                 max_concurrency: Optional[int] = None, retry: Optional[RetryPolicy] = None,
+                 timeout: Optional[float] = None) -> list:
         """Call `fn(item)` for every item at once, each call recorded as step `f"{key}[{i}]"`,
         and return the recorded results in item order (see the module doc).
 
         Args:
             max_concurrency: at most this many calls at a time (threads); None: all at once.
             retry: as `ctx.run`'s, for each item.
+            timeout: as `ctx.run`'s, for each attempt of each item.
 
         Raises:
-            InvalidArgument: `key`, `fn`, `items` or `max_concurrency` is not usable (nothing runs).
+            InvalidArgument: `key`, `fn`, `items`, `max_concurrency`, `retry` or `timeout` is not
+                usable (nothing runs).
             StepFailed: an item failed for good; raised once every item has ended.
         """
-        call = self._parallel_call(key, fn, items, max_concurrency, retry, asynchronous=False)
-        return self._parallel_result(self._parallel_outcomes(call, fn, retry))
+        call = self._parallel_call(key, fn, items, max_concurrency, retry, timeout, asynchronous=False)
+        return self._parallel_result(self._parallel_outcomes(call, fn, retry, timeout))
 
     # -- internals ---------------------------------------------------------------------------
 
     def _parallel_call(self, key: Any, fn: Any, items: Any, max_concurrency: Any,
-                       retry: Any, *, asynchronous: bool) -> ParallelCall:
+                       retry: Any, timeout: Any, *, asynchronous: bool) -> ParallelCall:
         """Check every argument, then take the step keys; nothing runs or is written before."""
         self._guard()
+        checked_timeout(timeout)
         if not callable(fn):
             raise InvalidArgument(f"ctx.parallel: fn must be callable, not {type(fn).__name__}")
         if not asynchronous and is_coroutine_function(fn):
@@ -107,8 +112,8 @@ class ParallelMixin:
                 self._groups.setdefault(item_key, key)
         return ParallelCall(keys, items, min(max_concurrency or len(items), len(items)))
 
-    def _parallel_outcomes(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy]
-                           ) -> list[Ended]:
+    def _parallel_outcomes(self, call: ParallelCall, fn: Callable, retry: Optional[RetryPolicy],
+                           timeout: Optional[float] = None) -> list[Ended]:
         """Every item's outcome: recorded ones replayed here, the others run on threads."""
         outcomes: list[Optional[Ended]] = [None] * len(call.keys)
         missing = []
@@ -126,17 +131,17 @@ class ParallelMixin:
             with concurrent.futures.ThreadPoolExecutor(min(call.limit, len(missing)),
                                                        thread_name_prefix="yieldstar-parallel") as pool:
                 running = [(i, pool.submit(ended, functools.partial(
-                    self._parallel_item, call.keys[i], fn, call.items[i], retry))) for i in missing]
+                    self._parallel_item, call.keys[i], fn, call.items[i], retry, timeout))) for i in missing]
             for i, future in running:
                 outcomes[i] = future.result()
         return outcomes  # type: ignore[return-value]  # every slot is filled
 
     def _parallel_item(self, key: str, fn: Callable, item: Any,
-                       retry: Optional[RetryPolicy]) -> Any:
+                       retry: Optional[RetryPolicy], timeout: Optional[float]) -> Any:
         # A stopped delivery starts nothing more; a sibling's suspension does not stop this one,
         # which would otherwise only run on the next delivery.
         self._writer.check()
-        return self._step(key, fn, (item,), {}, retry)
+        return self._step(key, fn, (item,), {}, retry, timeout)
 
     def _parallel_result(self, outcomes: list[Ended]) -> list:
         """The call's values in item order, or what ends it (see the module doc's table)."""

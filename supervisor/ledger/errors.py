@@ -9,6 +9,7 @@
     |   +-- WorkflowFailed              `result()` of a failed execution
     |   +-- WorkflowCancelled           `result()` of a cancelled execution
     |   +-- StepFailed                  raised into a workflow: a step failed for good
+    |   +-- StepTimeout                 a step attempt ran past its `timeout=` (recorded, then retried)
     |   +-- WorkflowStuck               an in-process test run can make no progress
     +-- AppError                        the user's app cannot be found or loaded
     |   +-- AppNotFound                 the APP module or file cannot be imported
@@ -110,6 +111,18 @@ class StepFailed(WorkflowError):
         self.error_message = error_message
         self.attempts = attempts
         self.traceback = traceback
+
+
+class StepTimeout(WorkflowError):
+    """Raised when a step attempt runs past its `timeout=`: it is recorded as the attempt's error
+    (type "StepTimeout") and retried by the step's policy; once attempts run out, the workflow
+    receives `StepFailed` with `error_type == "StepTimeout"`."""
+
+    def __init__(self, step_key: str, attempt: int, timeout: float):
+        super().__init__(f"step {step_key!r} attempt {attempt} did not end within its timeout of {timeout:g} s")
+        self.step_key = step_key
+        self.attempt = attempt
+        self.timeout = timeout
 
 
 class WorkflowStuck(WorkflowError):

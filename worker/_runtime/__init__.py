@@ -12,6 +12,7 @@
     the writes               fenced.py        every ledger write with the lease's token
     unwinding                unwinding.py     the BaseExceptions that stop a workflow function
     derived ids              derived_ids.py   effect and start-request ids from step keys
+    abandoned steps          abandoned.py     step threads past their timeout: the worker is replaced
 
 The SDK that applications import (`worker.registry`'s `@workflow`, the contexts, `retry`,
 `stores`, `effects`, `starts`, `client`, `testing`) stays one level up and uses these.

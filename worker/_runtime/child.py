@@ -28,6 +28,7 @@ from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
 from supervisor.ledger.sqlite import socket_folder
 
+from .abandoned import replace_reason
 from .driver import raised_outside, run_delivery
 from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
@@ -84,7 +85,8 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
                                    start=task.start)
         except Exception as exc:
             outcome = raised_outside(exc)
-        watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000)))
+        watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000),
+                        replace_reason()))
     backend.close()
     os._exit(EXIT_OK)
 

@@ -24,6 +24,9 @@ is no longer heard, no delivery of the worker writes (`may_write`), and the work
 and an async one's task is cancelled at its next await. It reports `Done` with `LeaseLost`. A
 sync delivery inside a long step stops only at its next write; the supervisor replaces a
 worker whose delivery has not stopped within the heartbeat tolerance.
+A sync step that runs past its `timeout=` cannot be stopped either: its delivery records the
+attempt and ends, and every `Done` from then on asks the supervisor to replace the worker
+(`worker.timeouts`, `abandoned`).
 
 Each delivery's `Done` is sent by the thread that ended it, under the watch's send lock. A
 delivery that raised outside the workflow (a bug, a storage error outside its steps) is reported
@@ -42,6 +45,7 @@ from typing import Optional
 
 from supervisor.ledger.values import DeliveryOutcome, LeaseLost, Retry
 
+from .abandoned import replace_reason
 from .driver import WorkflowRun, raised_outside
 from .parent_watch import ParentWatch
 from .protocol import EXIT_OK, Done, Run, Stop
@@ -159,7 +163,7 @@ class Deliveries:
             self._running.pop((lease.execution_id, lease.token), None)
             self._ended.notify_all()
         self._watch.send(Done(lease.execution_id, lease.token, outcome,
-                              int((time.monotonic() - entry.started) * 1000)))
+                              int((time.monotonic() - entry.started) * 1000), replace_reason()))
 
     # -- sync deliveries: a thread each ------------------------------------------------------
 

@@ -80,7 +80,11 @@ def raised_outside(exc: Exception) -> Retry:
 
 def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | None:
     """How a delivery that began to unwind ends, however the workflow treated the unwinding
-    (a bare `except:` that returned, or raised another error in its place); None if it did not."""
+    (a bare `except:` that returned, or raised another error in its place); None if it did not.
+    One that abandoned a step's thread (`worker.timeouts`) recorded the step's attempt and asked
+    for its wake before it shut its door: it is suspended."""
+    if writer.abandoned is not None:
+        return Suspended()
     if writer.stopped:
         return LeaseLost()
     if writer.storage_failure is not None:
@@ -201,8 +205,8 @@ class WorkflowRun:
             return Suspended(diverged=exc.detail)
         if isinstance(exc, Suspend):
             return Suspended()
-        if isinstance(exc, StopDelivery):
-            return LeaseLost()
+        if isinstance(exc, StopDelivery):  # a refused write, or one of the door shut on abandoning a step
+            return unwound(self.writer, ctx) or LeaseLost()
         if isinstance(exc, RetryLater):
             return Retry(exc.reason, storage_error=exc.storage_error)
         if isinstance(exc, StorageError):  # workflow code that called the ledger itself, outside a step

@@ -49,6 +49,8 @@ class FencedWriter:
         self._commits = commits  # the worker's group commit, or None: each write its own transaction
         self.stopped_because: Optional[str] = None
         self.storage_failure: Optional[RetryLater] = None  # set by the first storage error
+        # Set once the delivery ended for a step it could not stop (`end_abandoned`): why.
+        self.abandoned: Optional[str] = None
         self._lock = threading.Lock()
 
     @property
@@ -144,6 +146,37 @@ class FencedWriter:
             return method(*args, **kwargs)
         except StorageError as exc:
             raise self.failed(exc) from exc
+
+    def end_abandoned(self, why: str, step_key: str, attempt: int, done: bool, response_json: str,
+                      wake_at: int) -> HeapRecord:
+        """End the delivery for a step thread it could not stop (`worker.timeouts`): shut the door
+        for good first, so that nothing the abandoned thread does from now on is written, then make
+        the delivery's last two calls past it, from the delivery's own thread: record the step's
+        failed attempt, fenced by the token, and ask for a wake at `wake_at`. Sets `abandoned`
+        once both are made.
+
+        Raises:
+            StopDelivery: the door was shut already, or the write was refused (the lease is lost).
+            RetryLater: a storage error.
+        """
+        with self._lock:
+            shut = self.stopped_because is None and self.storage_failure is None and self._may_write()
+            if shut:
+                self.stopped_because = why
+        if not shut:  # the delivery ends as it already had to
+            self.check()
+            raise StopDelivery(self.stopped_because or "the supervisor is no longer heard from")
+        try:
+            reply = self.backend.heap.write_step(self.lease, step_key=step_key, step_attempt=attempt, done=done,
+                                                 step_response_json=response_json)
+            if isinstance(reply, LeaseLost):
+                self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {step_key!r}"
+                raise StopDelivery(self.stopped_because)
+            self.backend.executions.request_wake(self.lease.execution_id, wake_at)
+        except StorageError as exc:
+            raise self.failed(exc) from exc
+        self.abandoned = why
+        return reply
 
     def request_wake(self, at: int) -> None:
         """Unfenced in the ledger, but a stopped delivery asks for nothing more."""

@@ -15,11 +15,16 @@ Stop(execution_id, token)                     AppNotLoaded(pid, error)      app 
 Beat(expires_at or None)                      LedgerNotOpened(pid, error,   ledger: one of these
 Exit()    finish and exit                       storage_error)
                                               Alive()                       answers every Beat
-                                              Done(execution_id, token, outcome, ms)
+                                              Done(execution_id, token, outcome, ms,
+                                                replace)
 
 A worker runs up to `slots` deliveries at once (its start settings say how many: 1 unless the
 supervisor runs with `--workers`), so several `Run`s may be in flight before their `Done`s,
 which come back in the order the deliveries end, each naming its execution and token.
+
+A `Done` whose `replace` says why asks the supervisor to replace the worker once it has handled
+the delivery: a step that ran past its timeout left a thread in it that cannot be stopped
+(`worker.timeouts`).
 
 A `Done`'s outcome goes whole, fields included: a replay that diverged from its records comes
 back as `Suspended(diverged=detail)`, and the detail reaches the acknowledgement that parks it.
@@ -155,6 +160,9 @@ class Done:
     token: int
     outcome: DeliveryOutcome
     ms: int  # how long it ran
+    # Why the worker must be replaced, or None: a step's thread it could not stop runs on in it
+    # (`worker._runtime.abandoned`). The supervisor kills it and releases its other deliveries.
+    replace: Optional[str] = None
 
 
 FromChild = Union[Ready, AppNotLoaded, LedgerNotOpened, Alive, Done]
