@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Optional
 
-from worker.apps.chaos import MIXED, MIXED_ASYNC
+from worker.apps.chaos import KEYED, LIMITED_QUEUES, MIXED, MIXED_ASYNC
 
 from ..ledger.errors import InvalidArgument, StorageError
 
@@ -31,6 +31,9 @@ CHAOS_APP = "worker.apps.chaos"  # the built-in workload's app
 WORKLOAD_FUNCTION = "chaos_workload"  # what an app of the user's defines for `--app`
 
 STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
+LIMITED_SHARE = 8  # one execution in this many goes to a limited queue (`limited_admissions`)
+BURST = (6, 10)  # executions per burst into one limited queue: more than any of its limits lets run
+KEYS = ("red", "green", "blue")  # the keys of `chaos.keyed`'s executions
 
 @dataclass(frozen=True)
 class Admission:
@@ -38,6 +41,13 @@ class Admission:
     input: object
     at_s: float  # seconds into the fault phase
     workflow: str = MIXED
+    key: Optional[str] = None  # the execution's key within its queue (`per_key`)
+
+    @property
+    def queue(self) -> str:
+        """Its workflow's queue: the admitter names it, as `client.start` would look it up."""
+        limited = LIMITED_QUEUES.get(self.workflow)
+        return limited.name if limited is not None else "default"
 
 
 def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
@@ -109,10 +119,34 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
         fail = rng.random() < 0.03
         admissions.append(Admission(f"c{i:06d}", {"dir": folder, "plan": plan, "fail": fail}, at))
         i += 1
-    admissions.sort(key=lambda a: a.at_s)
     if with_async:
         admissions = [dataclasses.replace(a, workflow=MIXED_ASYNC) if zlib.crc32(a.execution_id.encode()) % 2 else a
                       for a in admissions]
+    # Drawn last, from an rng of their own: the plans above stay those of the seed without them.
+    limited = limited_admissions(random.Random(rng.getrandbits(64)), count // LIMITED_SHARE, window_s, folder, lease_s)
+    return sorted(admissions + limited, key=lambda a: a.at_s)
+
+
+def limited_admissions(rng: random.Random, count: int, window_s: float, folder: str,
+                       lease_s: float) -> list[Admission]:
+    """About `count` executions of the limited queues' workflows (`worker.apps.chaos`), in bursts
+    of `BURST` into one queue at a time, each opening with a step long enough (0.3 to 0.7 s) that
+    a burst saturates its queue's limit: the claims then have to hold executions back. Those of
+    `chaos.keyed` draw their key from a few (`KEYS`), so each key has several at once."""
+    admissions: list[Admission] = []
+    workflows = sorted(LIMITED_QUEUES)
+    burst = 0
+    while len(admissions) < count:
+        workflow = workflows[burst % len(workflows)]
+        at = rng.uniform(0, window_s)
+        for _ in range(rng.randint(*BURST)):
+            n = len(admissions)
+            plan = [["run", "k0", round(rng.uniform(0.3, 0.7), 3)]]
+            plan += [_op(rng, i, lease_s, nested=True) for i in range(1, rng.randint(0, 2) + 1)]
+            key = rng.choice(KEYS) if workflow == KEYED else None
+            admissions.append(Admission(f"q{n:06d}", {"dir": folder, "plan": plan}, at + rng.uniform(0, 0.2),
+                                        workflow, key))
+        burst += 1
     return admissions
 
 
@@ -156,7 +190,8 @@ class Admitter(threading.Thread):
                     return
                 while True:
                     try:
-                        self.backend.executions.admit(a.execution_id, a.workflow, json.dumps(a.input))
+                        self.backend.executions.admit(a.execution_id, a.workflow, json.dumps(a.input),
+                                                      queue=a.queue, key=a.key)
                         break
                     except StorageError as exc:
                         if not exc.transient:

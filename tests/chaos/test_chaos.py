@@ -31,12 +31,12 @@ from supervisor.chaos.cpu_waits import available as cpu_waits_available
 from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
-from supervisor.chaos.workload import plan_workload
+from supervisor.chaos.workload import KEYS, plan_workload
 from supervisor.loop import RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
 from supervisor.chaos.watch import StepWatcher
-from worker.apps.chaos import MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
+from worker.apps.chaos import KEYED, LIMITED_QUEUES, MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500
 
@@ -708,8 +708,26 @@ def test_with_workers_half_the_workload_is_async_and_the_plans_stay_those_of_the
     plain = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5)
     mixed = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5, with_async=True)
     assert [(a.execution_id, a.input, a.at_s) for a in plain] == [(a.execution_id, a.input, a.at_s) for a in mixed]
-    assert {a.workflow for a in plain} == {MIXED}
+    assert {a.workflow for a in plain} == {MIXED, *LIMITED_QUEUES}
     assert 60 <= sum(a.workflow == MIXED_ASYNC for a in mixed) <= 140
+    assert all(a.workflow in LIMITED_QUEUES for a in mixed if a.execution_id.startswith("q"))
+
+
+def test_one_execution_in_eight_goes_to_a_limited_queue_in_bursts_and_keyed_ones_share_a_few_keys(tmp_path,
+                                                                                                   monkeypatch):
+    from supervisor.chaos import workload as chaos_workload
+
+    drawn = plan_workload(random.Random(5), 400, 30.0, str(tmp_path), 1.5)
+    limited = [a for a in drawn if a.workflow in LIMITED_QUEUES]
+    assert 50 <= len(limited) <= 60 and {a.workflow for a in limited} == set(LIMITED_QUEUES)
+    assert {a.queue for a in limited} == {queue.name for queue in LIMITED_QUEUES.values()}
+    assert {a.key for a in limited if a.workflow == KEYED} == set(KEYS)
+    assert {a.key for a in limited if a.workflow != KEYED} == {None}
+    assert all(a.input["plan"][0][0] == "run" and a.input["plan"][0][2] >= 0.3 for a in limited)
+    # The other executions are those the seed drew before limited queues were added.
+    monkeypatch.setattr(chaos_workload, "limited_admissions", lambda *args: [])
+    alone = plan_workload(random.Random(5), 400, 30.0, str(tmp_path), 1.5)
+    assert [a for a in drawn if a.workflow not in LIMITED_QUEUES] == alone
 
 
 def test_workers_lets_concurrency_go_above_256_and_is_bounded():

@@ -1,0 +1,138 @@
+"""The checker's queue-limit invariants (`supervisor.chaos.queue_limits`) on hand-made ledgers.
+
+Each breach is made the way only a broken claim could make it: the queue's limit is raised, a
+claim takes the extra delivery, and the limit is put back before the checker reads the ledger.
+Beside each, the same ledger kept at its limit passes, with the limit as its largest count: a
+checker that cannot fail proves nothing, and one that fails a correct claim is no better.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor import Completed
+from test_chaos import LEASE, Ledger
+
+QUEUE = "q"
+
+
+@pytest.fixture
+def ledger(tmp_path, clock, each_backend):
+    """A hand-made ledger on each backend in turn."""
+    made = Ledger(tmp_path, clock, each_backend)
+    yield made
+    made.backend.close()
+
+
+def admit(ledger: Ledger, *eids: str, key=None) -> None:
+    for eid in eids:
+        ledger.backend.executions.admit(eid, "chaos.capped", json.dumps({"dir": ledger.folder, "plan": []}),
+                                        queue=QUEUE, key=key)
+
+
+def claim(ledger: Ledger, **limits):
+    """One claim, with the queue's limits set to `limits` just before it."""
+    ledger.backend.queues.declare(QUEUE, **limits)
+    claimed = ledger.backend.executions.claim_due(limit=1, duration=LEASE)
+    return claimed[0] if claimed else None
+
+
+def queue_violations(ledger: Ledger) -> tuple[list, dict]:
+    result = ledger.check()
+    found = [v for v in result.violations if v.kind.startswith("queue_")]
+    return found, result.figures["queues"][QUEUE]
+
+
+@pytest.mark.timeout(60)
+def test_two_overlapping_leases_beyond_a_concurrency_of_one_are_caught(ledger):
+    admit(ledger, "e1", "e2")
+    first = claim(ledger, concurrency=1)
+    assert claim(ledger, concurrency=1) is None  # the claim itself holds the limit
+    ledger.clock.advance(100)
+    second = claim(ledger, concurrency=2)  # only a claim that counted wrong could do this
+    assert second is not None
+    ledger.backend.queues.declare(QUEUE, concurrency=1)
+    found, figures = queue_violations(ledger)
+    assert [v.kind for v in found] == ["queue_concurrency"], found
+    assert found[0].execution_id == second.execution_id
+    assert "queue q: 2 live leases" in found[0].detail and "concurrency 1" in found[0].detail
+    assert f"{first.execution_id}/1" in found[0].detail and f"{second.execution_id}/1" in found[0].detail
+    assert figures["max_live"] == 2 and figures["concurrency"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_leases_exactly_at_the_concurrency_pass(ledger):
+    admit(ledger, "e1", "e2", "e3")
+    first = claim(ledger, concurrency=2)
+    assert claim(ledger, concurrency=2) is not None
+    assert claim(ledger, concurrency=2) is None
+    ledger.clock.advance(100)
+    ledger.backend.executions.acknowledge(first, Completed("{}"))
+    assert claim(ledger, concurrency=2) is not None  # in the slot the acknowledgement freed
+    found, figures = queue_violations(ledger)
+    assert found == []
+    assert figures["max_live"] == 2 and figures["deliveries"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_holders_lease_counts_until_it_expires(chaos_ledger):
+    admit(chaos_ledger, "e1", "e2")
+    claim(chaos_ledger, concurrency=1)  # its holder dies: the lease is never renewed nor ended
+    chaos_ledger.clock.advance(LEASE - 1)
+    assert claim(chaos_ledger, concurrency=2) is not None  # one ms before the dead lease expired
+    chaos_ledger.backend.queues.declare(QUEUE, concurrency=1)
+    found, _ = queue_violations(chaos_ledger)
+    assert [v.kind for v in found] == ["queue_concurrency"], found
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_once_a_dead_holders_lease_expired_passes(chaos_ledger):
+    admit(chaos_ledger, "e1", "e2")
+    claim(chaos_ledger, concurrency=1)
+    chaos_ledger.clock.advance(LEASE)
+    assert claim(chaos_ledger, concurrency=1).execution_id in ("e1", "e2")
+    found, figures = queue_violations(chaos_ledger)
+    assert found == [] and figures["max_live"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_two_leases_of_one_key_beyond_per_key_are_caught_and_other_keys_are_not_counted(chaos_ledger):
+    admit(chaos_ledger, "r1", "r2", key="red")
+    admit(chaos_ledger, "b1", key="blue")
+    assert {claim(chaos_ledger, per_key=1).execution_id for _ in range(2)} == {"r1", "b1"}
+    assert claim(chaos_ledger, per_key=1) is None
+    clean, figures = queue_violations(chaos_ledger)
+    assert clean == [] and figures["max_live_per_key"] == 1 and figures["max_live"] == 2
+    assert claim(chaos_ledger, per_key=2).execution_id == "r2"
+    chaos_ledger.backend.queues.declare(QUEUE, per_key=1)
+    found, figures = queue_violations(chaos_ledger)
+    assert [v.kind for v in found] == ["queue_per_key"], found
+    assert "key red" in found[0].detail and figures["max_live_per_key"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_claims_beyond_a_rate_within_its_window_are_caught(chaos_ledger):
+    admit(chaos_ledger, "e1", "e2", "e3")
+    for _ in range(2):
+        assert claim(chaos_ledger, rate=(2, 1.0)) is not None
+        chaos_ledger.clock.advance(300)
+    assert claim(chaos_ledger, rate=(2, 1.0)) is None
+    assert claim(chaos_ledger, rate=(3, 1.0)) is not None  # 600 ms after the first
+    chaos_ledger.backend.queues.declare(QUEUE, rate=(2, 1.0))
+    found, figures = queue_violations(chaos_ledger)
+    assert [v.kind for v in found] == ["queue_rate"], found
+    assert "3 claims in the window" in found[0].detail and figures["max_claims_in_window"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_claims_at_the_rate_pass(chaos_ledger):
+    admit(chaos_ledger, "e1", "e2", "e3")
+    assert claim(chaos_ledger, rate=(2, 1.0)) is not None
+    chaos_ledger.clock.advance(300)
+    assert claim(chaos_ledger, rate=(2, 1.0)) is not None
+    chaos_ledger.clock.advance(700)  # the first claim leaves the window
+    assert claim(chaos_ledger, rate=(2, 1.0)) is not None
+    found, figures = queue_violations(chaos_ledger)
+    assert found == [] and figures["max_claims_in_window"] == 2
