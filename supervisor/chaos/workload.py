@@ -94,10 +94,14 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
     is half of a mailbox pair: a producer that puts an item and a consumer that takes it, admitted
     close together in either order (a consumer that comes first waits for the item). The put
     comes first in its plan: a producer whose retries run out later must not leave its consumer
-    waiting for good. About one in fifty is half of a pair of colliders (`collider_plans`)."""
+    waiting for good. About one in fifty is half of a pair of colliders (`collider_plans`). One in
+    `LIMITED_SHARE` of the `count` runs the same kinds of plan on a limited queue instead
+    (`limited_admissions`), drawn from an rng of its own."""
     admissions = []
     pair = 0
     i = 0
+    limited = count // LIMITED_SHARE
+    count -= limited
     while i < count:
         at = window_s * i / count
         if i + 1 < count and rng.random() < 0.02:
@@ -123,13 +127,13 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
         admissions = [dataclasses.replace(a, workflow=MIXED_ASYNC) if zlib.crc32(a.execution_id.encode()) % 2 else a
                       for a in admissions]
     # Drawn last, from an rng of their own: the plans above stay those of the seed without them.
-    limited = limited_admissions(random.Random(rng.getrandbits(64)), count // LIMITED_SHARE, window_s, folder, lease_s)
-    return sorted(admissions + limited, key=lambda a: a.at_s)
+    queued = limited_admissions(random.Random(rng.getrandbits(64)), limited, window_s, folder, lease_s)
+    return sorted(admissions + queued, key=lambda a: a.at_s)
 
 
 def limited_admissions(rng: random.Random, count: int, window_s: float, folder: str,
                        lease_s: float) -> list[Admission]:
-    """About `count` executions of the limited queues' workflows (`worker.apps.chaos`), in bursts
+    """`count` executions of the limited queues' workflows (`worker.apps.chaos`), in bursts
     of `BURST` into one queue at a time, each opening with a step long enough (0.3 to 0.7 s) that
     a burst saturates its queue's limit: the claims then have to hold executions back. Those of
     `chaos.keyed` draw their key from a few (`KEYS`), so each key has several at once."""
@@ -139,7 +143,7 @@ def limited_admissions(rng: random.Random, count: int, window_s: float, folder: 
     while len(admissions) < count:
         workflow = workflows[burst % len(workflows)]
         at = rng.uniform(0, window_s)
-        for _ in range(rng.randint(*BURST)):
+        for _ in range(min(rng.randint(*BURST), count - len(admissions))):
             n = len(admissions)
             plan = [["run", "k0", round(rng.uniform(0.3, 0.7), 3)]]
             plan += [_op(rng, i, lease_s, nested=True) for i in range(1, rng.randint(0, 2) + 1)]

@@ -719,7 +719,7 @@ def test_one_execution_in_eight_goes_to_a_limited_queue_in_bursts_and_keyed_ones
 
     drawn = plan_workload(random.Random(5), 400, 30.0, str(tmp_path), 1.5)
     limited = [a for a in drawn if a.workflow in LIMITED_QUEUES]
-    assert 50 <= len(limited) <= 60 and {a.workflow for a in limited} == set(LIMITED_QUEUES)
+    assert len(drawn) == 400 and len(limited) == 50 and {a.workflow for a in limited} == set(LIMITED_QUEUES)
     assert {a.queue for a in limited} == {queue.name for queue in LIMITED_QUEUES.values()}
     assert {a.key for a in limited if a.workflow == KEYED} == set(KEYS)
     assert {a.key for a in limited if a.workflow != KEYED} == {None}
@@ -840,12 +840,29 @@ def test_chaos_with_disk_full_refuses_a_work_folder_that_holds_a_ledger_before_i
 
 # -- a real run ------------------------------------------------------------------------------------
 
+def assert_queue_limits_bound(check_: dict, summary: str) -> None:
+    """Each limited queue of the built-in workload ran, and no claim passed its limits: the most
+    live leases of the capped queue reached its concurrency (the limit bound), none went beyond."""
+    queues = check_["queues"]
+    assert set(queues) == {queue.name for queue in LIMITED_QUEUES.values()}, summary
+    for name, q in queues.items():
+        assert q["executions"] >= 1 and 1 <= q["max_live"], summary
+        if q["concurrency"] is not None:
+            assert q["max_live"] == q["concurrency"], summary
+        if q["per_key"] is not None:
+            assert q["max_live_per_key"] == q["per_key"] and q["keys"] == len(KEYS), summary
+        if q["rate"] is not None:
+            assert 1 <= q["max_claims_in_window"] <= q["rate"][0], summary
+    assert not {kind for kind in check_["violations_by_kind"] if kind.startswith("queue_")}, summary
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     """Every fault kind of the backend (disk_full only as root), about 35 s in all: on SQLite
     the harness's own file, on PostgreSQL a fresh database, whose sessions connection_kill
-    terminates."""
+    terminates. The limited queues' executions go through the same faults, and their claims keep
+    to the limits."""
     on_postgres = is_uri(each_backend)
     config = ChaosConfig(seed=20261202, duration_s=25, supervisors=3, concurrency=3, executions=300,
                          fault_interval_s=0.65, drain_timeout_s=150)
@@ -871,6 +888,7 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     if not on_postgres:  # PostgreSQL's ledger clock is the server's: no skew to give
         assert check_["takeovers"]["clocks"]["skewed"] >= 1, summary
     assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary
+    assert_queue_limits_bound(check_, summary)
     assert not os.path.ismount(tmp_path / "chaos" / "ledger")
     # Nothing the run started survives it.
     ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")
@@ -898,6 +916,7 @@ def test_a_short_chaos_run_with_workers_loses_nothing(tmp_path, each_backend, du
     assert check_["executions"]["not_terminal"] == 0, summary
     assert report["ok"], summary
     assert "8 deliveries in 2 workers" in summary
+    assert_queue_limits_bound(check_, summary)
     injected = check_["faults"]["by_kind"]
     assert injected.get("kill_child", 0) >= 1 and injected.get("freeze_child", 0) >= 1, injected
     assert check_["takeovers"]["checked"] and sum(check_["takeovers"]["workers"]["released_with_their_worker"]
