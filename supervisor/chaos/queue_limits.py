@@ -27,8 +27,10 @@ cannot arise:
   that a later claimer, whose clock runs behind, would still have counted. Each claim's window is
   checked shortened by how far the fleet's fastest clock ran ahead of its claimer's (0 unskewed).
 - `end_slack_ms`: on PostgreSQL a claim reads its time before it waits for its queue's row lock,
-  so an acknowledgement committed during that wait may record a time after the claim's; a lease
-  that ended within this much after a claim is not counted against it.
+  so an acknowledgement committed during that wait may record a time after the claim's. A claim
+  whose count passes a limit is counted again without the leases that ended within this much
+  after it; the figures take that count too. (On SQLite every write reads its time once it holds
+  the database's write lock: no such race, no allowance.)
 """
 
 from __future__ import annotations
@@ -147,11 +149,20 @@ def _deliveries(eid: str, key: Optional[str], rows: list, live: Optional[tuple],
     return found
 
 
-def _live_at(d: Delivery, claim: Delivery, end_slack_ms: int) -> bool:
+def _live_at(d: Delivery, claim: Delivery) -> bool:
     """Whether `claim` had to count `d` (claimed no later) as a live lease."""
-    if d.ended is not None and d.ended <= claim.claimed + end_slack_ms:
+    if d.ended is not None and d.ended <= claim.claimed:
         return False
     return d.expires_raw > claim.claimed_raw  # by the claimer's clock, as the claim compares it
+
+
+def _counted(live: list[Delivery], claim: Delivery, limit: Optional[int], end_slack_ms: int) -> list[Delivery]:
+    """The leases `claim` had to count against `limit`, of those `live` at its time: beyond the
+    limit, less those that ended within `end_slack_ms` after it (an end the claim may have seen
+    committed; see the module docstring)."""
+    if limit is None or len(live) <= limit or not end_slack_ms:
+        return live
+    return [d for d in live if d is claim or d.ended is None or d.ended > claim.claimed + end_slack_ms]
 
 
 def _check_live(found: QueueFigures, deliveries: list[Delivery], violate, end_slack_ms: int,
@@ -165,7 +176,8 @@ def _check_live(found: QueueFigures, deliveries: list[Delivery], violate, end_sl
         active = [d for d in active if not (d.ended is not None and d.ended <= claim.claimed)
                   and d.expires_raw + 2 * max_skew_ms >= claim.claimed]
         active.append(claim)
-        live = [d for d in active if d is claim or _live_at(d, claim, end_slack_ms)]
+        live = _counted([d for d in active if d is claim or _live_at(d, claim)], claim, limits.concurrency,
+                        end_slack_ms)
         if len(live) > found.max_live:
             found.max_live, found.max_live_at = len(live), claim.claimed_raw
         if limits.concurrency is not None and len(live) > limits.concurrency:
@@ -173,7 +185,8 @@ def _check_live(found: QueueFigures, deliveries: list[Delivery], violate, end_sl
                     _detail(limits.name, claim, len(live), f"concurrency {limits.concurrency}", live))
         if claim.key is None:
             continue
-        same_key = [d for d in live if d.key == claim.key]
+        same_key = _counted([d for d in active if d.key == claim.key and (d is claim or _live_at(d, claim))], claim,
+                            limits.per_key, end_slack_ms)
         found.max_live_per_key = max(found.max_live_per_key, len(same_key))
         if limits.per_key is not None and len(same_key) > limits.per_key:
             violate("queue_per_key", claim.execution_id,
