@@ -14,6 +14,7 @@ import pytest
 
 from supervisor import Completed
 from supervisor.chaos.clocks import Clocks
+from supervisor.chaos.evidence import SupervisorLife
 from supervisor.chaos.queue_limits import QueueLimits, check_queue_limits
 from test_chaos import LEASE, Ledger
 
@@ -159,3 +160,29 @@ def test_a_lease_acknowledged_while_a_claim_waited_for_its_queues_row_lock_is_no
                                      lambda kind, eid, detail: found.append(kind), end_slack_ms=slack)
         assert found == breaches, (ended_after, slack)
         assert figures[QUEUE]["max_live"] == (2 if breaches else 1)
+
+
+@pytest.mark.timeout(60)
+def test_the_rate_window_is_shortened_by_ledger_clock_skews_only():
+    """A claimer whose ledger clock runs behind the fastest may count claims a faster clock
+    already pruned: its window is checked shortened by the difference. With --hosts the hosts'
+    wall clocks are skewed but the ledger's clock is the server's: the whole window is checked."""
+    limits = {QUEUE: QueueLimits(QUEUE, None, None, 2, 1_000)}
+    executions = {f"e{i}": (QUEUE, None) for i in range(3)}
+    history = {f"e{i}": [(f"e{i}", 1, f"h:{10 + i}", 1_000 + 400 * i, 9_000, 1_100 + 400 * i, "acknowledged",
+                          "completed")] for i in range(3)}  # three claims within 800 ms
+
+    def breaches(**skews) -> list:
+        fleet = {10 + i: [SupervisorLife(i, 10 + i, 0, **skews)] for i in range(3)}
+        found = []
+        check_queue_limits(limits, executions, history, {}, Clocks(fleet), lambda kind, *_: found.append(kind))
+        return found
+
+    assert breaches() == ["queue_rate"]
+    assert breaches(wall_skew_ms=300, host=0) == ["queue_rate"]
+    fleet = {10: [SupervisorLife(0, 10, 0, skew_ms=300)], 11: [SupervisorLife(1, 11, 0)],
+             12: [SupervisorLife(2, 12, 0)]}
+    found = []
+    check_queue_limits(limits, executions, history, {}, Clocks(fleet),
+                       lambda kind, *_: found.append(kind))
+    assert found == []  # e2's claimer runs 300 ms behind e0's: e0 may have pruned itself from its window
