@@ -42,10 +42,26 @@ def claim(ledger: Ledger, **limits):
     return claimed[0] if claimed else None
 
 
+def claim_beyond(ledger: Ledger, raised: dict, **limits):
+    """A claim only a claim that counted wrong could make: with the queue's limits raised to
+    `raised`, then put back to `limits` before the checker reads them."""
+    claimed = claim(ledger, **raised)
+    assert claimed is not None
+    ledger.backend.queues.declare(QUEUE, **limits)
+    return claimed
+
+
 def queue_violations(ledger: Ledger) -> tuple[list, dict]:
     result = ledger.check()
     found = [v for v in result.violations if v.kind.startswith("queue_")]
     return found, result.figures["queues"][QUEUE]
+
+
+def caught(ledger: Ledger, kind: str):
+    """The one queue violation the checker reports, of `kind`, and the queue's figures."""
+    found, figures = queue_violations(ledger)
+    assert [v.kind for v in found] == [kind], found
+    return found[0], figures
 
 
 @pytest.mark.timeout(60)
@@ -54,14 +70,11 @@ def test_two_overlapping_leases_beyond_a_concurrency_of_one_are_caught(ledger):
     first = claim(ledger, concurrency=1)
     assert claim(ledger, concurrency=1) is None  # the claim itself holds the limit
     ledger.clock.advance(100)
-    second = claim(ledger, concurrency=2)  # only a claim that counted wrong could do this
-    assert second is not None
-    ledger.backend.queues.declare(QUEUE, concurrency=1)
-    found, figures = queue_violations(ledger)
-    assert [v.kind for v in found] == ["queue_concurrency"], found
-    assert found[0].execution_id == second.execution_id
-    assert "queue q: 2 live leases" in found[0].detail and "concurrency 1" in found[0].detail
-    assert f"{first.execution_id}/1" in found[0].detail and f"{second.execution_id}/1" in found[0].detail
+    second = claim_beyond(ledger, {"concurrency": 2}, concurrency=1)
+    violation, figures = caught(ledger, "queue_concurrency")
+    assert violation.execution_id == second.execution_id
+    assert "queue q: 2 live leases" in violation.detail and "concurrency 1" in violation.detail
+    assert f"{first.execution_id}/1" in violation.detail and f"{second.execution_id}/1" in violation.detail
     assert figures["max_live"] == 2 and figures["concurrency"] == 1
 
 
@@ -84,10 +97,8 @@ def test_a_dead_holders_lease_counts_until_it_expires(chaos_ledger):
     admit(chaos_ledger, "e1", "e2")
     claim(chaos_ledger, concurrency=1)  # its holder dies: the lease is never renewed nor ended
     chaos_ledger.clock.advance(LEASE - 1)
-    assert claim(chaos_ledger, concurrency=2) is not None  # one ms before the dead lease expired
-    chaos_ledger.backend.queues.declare(QUEUE, concurrency=1)
-    found, _ = queue_violations(chaos_ledger)
-    assert [v.kind for v in found] == ["queue_concurrency"], found
+    claim_beyond(chaos_ledger, {"concurrency": 2}, concurrency=1)  # one ms before the dead lease expired
+    caught(chaos_ledger, "queue_concurrency")
 
 
 @pytest.mark.timeout(60)
@@ -108,11 +119,9 @@ def test_two_leases_of_one_key_beyond_per_key_are_caught_and_other_keys_are_not_
     assert claim(chaos_ledger, per_key=1) is None
     clean, figures = queue_violations(chaos_ledger)
     assert clean == [] and figures["max_live_per_key"] == 1 and figures["max_live"] == 2
-    assert claim(chaos_ledger, per_key=2).execution_id == "r2"
-    chaos_ledger.backend.queues.declare(QUEUE, per_key=1)
-    found, figures = queue_violations(chaos_ledger)
-    assert [v.kind for v in found] == ["queue_per_key"], found
-    assert "key red" in found[0].detail and figures["max_live_per_key"] == 2
+    assert claim_beyond(chaos_ledger, {"per_key": 2}, per_key=1).execution_id == "r2"
+    violation, figures = caught(chaos_ledger, "queue_per_key")
+    assert "key red" in violation.detail and figures["max_live_per_key"] == 2
 
 
 @pytest.mark.timeout(60)
@@ -122,11 +131,9 @@ def test_claims_beyond_a_rate_within_its_window_are_caught(chaos_ledger):
         assert claim(chaos_ledger, rate=(2, 1.0)) is not None
         chaos_ledger.clock.advance(300)
     assert claim(chaos_ledger, rate=(2, 1.0)) is None
-    assert claim(chaos_ledger, rate=(3, 1.0)) is not None  # 600 ms after the first
-    chaos_ledger.backend.queues.declare(QUEUE, rate=(2, 1.0))
-    found, figures = queue_violations(chaos_ledger)
-    assert [v.kind for v in found] == ["queue_rate"], found
-    assert "3 claims in the window" in found[0].detail and figures["max_claims_in_window"] == 3
+    claim_beyond(chaos_ledger, {"rate": (3, 1.0)}, rate=(2, 1.0))  # 600 ms after the first
+    violation, figures = caught(chaos_ledger, "queue_rate")
+    assert "3 claims in the window" in violation.detail and figures["max_claims_in_window"] == 3
 
 
 @pytest.mark.timeout(60)
