@@ -3,6 +3,8 @@
 Plans are data (see `worker.apps.chaos`): a list of operations with their keys and timings, drawn
 from the run's `random.Random(seed)`, so the same seed gives the same executions, admitted at the
 same moments of the fault phase.
+One in eight of them runs on a limited queue instead, admitted in bursts that saturate it
+(`limited_admissions`).
 
 A run on the user's own workflows (`--app`) takes its workload from the app instead: a function
 `chaos_workload(rng, count)` in it returns `count` (or so) `(workflow name, input)` pairs, drawn

@@ -7,6 +7,9 @@ system, a shared counter store, a mailbox store used by producer and consumer ex
 child executions started and waited for. Plans are data, so a replay takes the same path.
 `chaos.mixed_async` is the same workflow written `async def`, its steps awaiting instead of
 sleeping: with `supervise --workers`, many of them run as tasks of one worker's event loop.
+`chaos.capped`, `chaos.keyed` and `chaos.paced` follow the same plans on limited queues (SPEC
+section 12: at most 3 live leases; at most 1 per key; at most 5 claims a second), so that the
+checker can count what each claim had to count against the queues' limits.
 
 Evidence, all appended with one `O_APPEND` write per line so lines from concurrent processes
 never interleave (the checker in `supervisor.chaos.checker` reads it back):
