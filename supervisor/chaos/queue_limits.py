@@ -13,6 +13,10 @@ what that claim had to count:
                  `rate_ms` before c's recorded time (the claim counts `queue_claims` rows the same
                  way)
 
+The history keeps a lease's last renewed expiry only: a lease that lapsed, was not claimed over,
+and was then renewed by its holder (a frozen one, thawed) counts as live throughout, which a claim
+made while it had lapsed did not; such a claim, if it filled the queue, is reported.
+
 Counts only grow at a claim, so the most live leases a queue ever had is the largest count seen
 at one of its claims. A claim whose count (itself included) passes a limit is a violation:
 `queue_concurrency`, `queue_per_key` or `queue_rate`.
