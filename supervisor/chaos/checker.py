@@ -51,7 +51,11 @@ Invariants and how each is read (the kind names appear in `violations`):
   explained by a fault, or by a holder the machine kept off the CPU (see `takeovers`);
 - every effect id and every start-request id belongs to one execution (`effect_id_shared`,
   `start_id_shared`): no effect id was recorded or asked for at the external system by two
-  (execution, step) pairs, and no child was recorded by two starts or runs another start's plan.
+  (execution, step) pairs, and no child was recorded by two starts or runs another start's plan;
+- no claim of a limited queue's execution passed the queue's limits (`queue_concurrency`,
+  `queue_per_key`, `queue_rate`): counting the live leases and the claims in the rate window that
+  each claim had to count (`queue_limits`); the figures give each queue's largest counts beside
+  its limits.
 
 Lease and timer times are compared in true time, each taken back from its writer's clock skew.
 
@@ -88,7 +92,8 @@ from .evidence import (
     read_worker_ends,
 )
 from .failures import CHAOS_WORKFLOWS, TOKEN_IN_ERROR, FailureChecks
-from .ledger_reads import LedgerReader, open_reader
+from .ledger_reads import POSTGRES, LedgerReader, open_reader
+from .queue_limits import POSTGRES_END_SLACK_MS, QueueLimits, check_queue_limits
 from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
 from .takeovers import check_takeovers
@@ -176,6 +181,7 @@ class Checker(SharingChecks, FailureChecks):
         self._check_stores()
         self._check_children()
         self._check_failures()
+        self._check_queue_limits()
         if self.folder is not None:
             self._check_takeovers()
             self._count_refusals()
@@ -205,6 +211,11 @@ class Checker(SharingChecks, FailureChecks):
         for row in conn.rows("SELECT store, execution_id, step_key, result_json FROM store_receipts"):
             self.receipts[row[0]].append(row)
         self.starts = conn.rows("SELECT start_request_id, execution_id FROM starts")
+        self.queue_limits = {row[0]: QueueLimits(*row) for row in conn.rows(
+            "SELECT name, concurrency, per_key, rate_count, rate_ms FROM queues")}
+        self.queue_of = {row[0]: (row[1], row[2]) for row in conn.rows(
+            "SELECT execution_id, queue, queue_key FROM executions")}
+        self.backend_kind = conn.kind
         self.children = {child for _, child in self.starts}
         self.plans = {eid: plan_keys(row[2]) for eid, row in self.executions.items() if row[1] in CHAOS_WORKFLOWS}
         # The recorded outcome of each step: the done row (the highest attempt is the done one).
@@ -418,6 +429,12 @@ class Checker(SharingChecks, FailureChecks):
             return 0
         h = history[token - 1]
         return self.clocks.skew(h[2], h[3]) - self.clocks.wall_skew(h[2], h[3])
+
+    def _check_queue_limits(self) -> None:
+        live_expiry = {eid: (row[4], row[5]) for eid, row in self.executions.items()}
+        self.result.figures["queues"] = check_queue_limits(
+            self.queue_limits, self.queue_of, self.history, live_expiry, self.clocks, self.result.violate,
+            end_slack_ms=POSTGRES_END_SLACK_MS if self.backend_kind == POSTGRES else 0)
 
     def _check_takeovers(self) -> None:
         config = read_run_config(self.folder)

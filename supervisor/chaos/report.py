@@ -34,6 +34,7 @@ INVARIANTS = [
     ("no execution failed by an infrastructure error", ("failed_by_infrastructure",)),
     ("no lease superseded while its holder was alive", ("superseded_while_alive",)),
     ("effect and start ids: each belongs to one execution", ("effect_id_shared", "start_id_shared")),
+    ("queue limits: live leases, per key, rate", ("queue_concurrency", "queue_per_key", "queue_rate")),
     ("processes: no crash, orphan or hung stop", ("supervisor_crashed", "supervisor_exit", "supervisor_hung",
                                                   "orphan_survived", "disk_full_failed",
                                                   "server_restart_failed")),
@@ -197,6 +198,7 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"stores      counter {c['value']} after {c['increments_receipted']} receipted increments"
                      + (f"; mailbox {st['mailbox']['put']} put, {st['mailbox']['taken']} taken,"
                         f" {st['mailbox']['left']} left" if st.get("mailbox") else ""))
+    lines.extend(_queue_lines(check))
     lines = [wrapped for line in lines for wrapped in textwrap.wrap(line, WIDTH, subsequent_indent=" " * 12)]
     lines.append("invariants")
     by_kind = dict(check.get("violations_by_kind", {}))
@@ -212,6 +214,26 @@ def summary_lines(report: dict) -> list[str]:
     verdict = "PASS" if check.get("ok") else "FAIL"
     lines.append(f"RESULT: {verdict}: {check.get('total_violations', 0)} violations,"
                  f" {e.get('not_terminal', 0)} executions not terminal")
+    return lines
+
+
+def _queue_lines(check: dict) -> list[str]:
+    """Each limited queue's largest counts seen beside its limits: a largest count equal to its
+    limit shows the limit bound; one above it is a violation."""
+    lines = []
+    for name, q in (check.get("queues") or {}).items():
+        seen = []
+        if q.get("concurrency") is not None:
+            seen.append(f"most live leases {q['max_live']} of concurrency {q['concurrency']}")
+        else:
+            seen.append(f"most live leases {q['max_live']}")
+        if q.get("per_key") is not None:
+            seen.append(f"most per key {q['max_live_per_key']} of per_key {q['per_key']} ({q['keys']} keys)")
+        if q.get("rate") is not None:
+            count, seconds = q["rate"]
+            seen.append(f"most claims in {seconds:g} s {q['max_claims_in_window']} of rate {count}")
+        lines.append(f"queue       {name}: {q['executions']} executions, {q['deliveries']} deliveries; "
+                     + ", ".join(seen))
     return lines
 
 

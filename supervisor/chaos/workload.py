@@ -3,6 +3,8 @@
 Plans are data (see `worker.apps.chaos`): a list of operations with their keys and timings, drawn
 from the run's `random.Random(seed)`, so the same seed gives the same executions, admitted at the
 same moments of the fault phase.
+One in eight of them runs on a limited queue instead, admitted in bursts that saturate it
+(`limited_admissions`).
 
 A run on the user's own workflows (`--app`) takes its workload from the app instead: a function
 `chaos_workload(rng, count)` in it returns `count` (or so) `(workflow name, input)` pairs, drawn
@@ -23,7 +25,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Optional
 
-from worker.apps.chaos import MIXED, MIXED_ASYNC
+from worker.apps.chaos import KEYED, LIMITED_QUEUES, MIXED, MIXED_ASYNC
 
 from ..ledger.errors import InvalidArgument, StorageError
 
@@ -31,6 +33,9 @@ CHAOS_APP = "worker.apps.chaos"  # the built-in workload's app
 WORKLOAD_FUNCTION = "chaos_workload"  # what an app of the user's defines for `--app`
 
 STORAGE_RETRY_S = 0.02  # between attempts to admit while the ledger is locked or the disk full
+LIMITED_SHARE = 8  # one execution in this many goes to a limited queue (`limited_admissions`)
+BURST = (6, 10)  # executions per burst into one limited queue: more than any of its limits lets run
+KEYS = ("red", "green", "blue")  # the keys of `chaos.keyed`'s executions
 
 @dataclass(frozen=True)
 class Admission:
@@ -38,6 +43,13 @@ class Admission:
     input: object
     at_s: float  # seconds into the fault phase
     workflow: str = MIXED
+    key: Optional[str] = None  # the execution's key within its queue (`per_key`)
+
+    @property
+    def queue(self) -> str:
+        """Its workflow's queue: the admitter names it, as `client.start` would look it up."""
+        limited = LIMITED_QUEUES.get(self.workflow)
+        return limited.name if limited is not None else "default"
 
 
 def _op(rng: random.Random, n: int, lease_s: float, *, nested: bool) -> list:
@@ -84,10 +96,14 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
     is half of a mailbox pair: a producer that puts an item and a consumer that takes it, admitted
     close together in either order (a consumer that comes first waits for the item). The put
     comes first in its plan: a producer whose retries run out later must not leave its consumer
-    waiting for good. About one in fifty is half of a pair of colliders (`collider_plans`)."""
+    waiting for good. About one in fifty is half of a pair of colliders (`collider_plans`). One in
+    `LIMITED_SHARE` of the `count` runs the same kinds of plan on a limited queue instead
+    (`limited_admissions`), drawn from an rng of its own."""
     admissions = []
     pair = 0
     i = 0
+    limited = count // LIMITED_SHARE
+    count -= limited
     while i < count:
         at = window_s * i / count
         if i + 1 < count and rng.random() < 0.02:
@@ -109,10 +125,34 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
         fail = rng.random() < 0.03
         admissions.append(Admission(f"c{i:06d}", {"dir": folder, "plan": plan, "fail": fail}, at))
         i += 1
-    admissions.sort(key=lambda a: a.at_s)
     if with_async:
         admissions = [dataclasses.replace(a, workflow=MIXED_ASYNC) if zlib.crc32(a.execution_id.encode()) % 2 else a
                       for a in admissions]
+    # Drawn last, from an rng of their own: the plans above stay those of the seed without them.
+    queued = limited_admissions(random.Random(rng.getrandbits(64)), limited, window_s, folder, lease_s)
+    return sorted(admissions + queued, key=lambda a: a.at_s)
+
+
+def limited_admissions(rng: random.Random, count: int, window_s: float, folder: str,
+                       lease_s: float) -> list[Admission]:
+    """`count` executions of the limited queues' workflows (`worker.apps.chaos`), in bursts
+    of `BURST` into one queue at a time, each opening with a step long enough (0.3 to 0.7 s) that
+    a burst saturates its queue's limit: the claims then have to hold executions back. Those of
+    `chaos.keyed` draw their key from a few (`KEYS`), so each key has several at once."""
+    admissions: list[Admission] = []
+    workflows = sorted(LIMITED_QUEUES)
+    burst = 0
+    while len(admissions) < count:
+        workflow = workflows[burst % len(workflows)]
+        at = rng.uniform(0, window_s)
+        for _ in range(min(rng.randint(*BURST), count - len(admissions))):
+            n = len(admissions)
+            plan = [["run", "k0", round(rng.uniform(0.3, 0.7), 3)]]
+            plan += [_op(rng, i, lease_s, nested=True) for i in range(1, rng.randint(0, 2) + 1)]
+            key = rng.choice(KEYS) if workflow == KEYED else None
+            admissions.append(Admission(f"q{n:06d}", {"dir": folder, "plan": plan}, at + rng.uniform(0, 0.2),
+                                        workflow, key))
+        burst += 1
     return admissions
 
 
@@ -156,7 +196,8 @@ class Admitter(threading.Thread):
                     return
                 while True:
                     try:
-                        self.backend.executions.admit(a.execution_id, a.workflow, json.dumps(a.input))
+                        self.backend.executions.admit(a.execution_id, a.workflow, json.dumps(a.input),
+                                                      queue=a.queue, key=a.key)
                         break
                     except StorageError as exc:
                         if not exc.transient:

@@ -31,12 +31,12 @@ from supervisor.chaos.cpu_waits import available as cpu_waits_available
 from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
-from supervisor.chaos.workload import plan_workload
+from supervisor.chaos.workload import KEYS, plan_workload
 from supervisor.loop import RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
 from supervisor.chaos.watch import StepWatcher
-from worker.apps.chaos import MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
+from worker.apps.chaos import KEYED, LIMITED_QUEUES, MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500
 
@@ -708,8 +708,26 @@ def test_with_workers_half_the_workload_is_async_and_the_plans_stay_those_of_the
     plain = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5)
     mixed = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5, with_async=True)
     assert [(a.execution_id, a.input, a.at_s) for a in plain] == [(a.execution_id, a.input, a.at_s) for a in mixed]
-    assert {a.workflow for a in plain} == {MIXED}
+    assert {a.workflow for a in plain} == {MIXED, *LIMITED_QUEUES}
     assert 60 <= sum(a.workflow == MIXED_ASYNC for a in mixed) <= 140
+    assert all(a.workflow in LIMITED_QUEUES for a in mixed if a.execution_id.startswith("q"))
+
+
+def test_one_execution_in_eight_goes_to_a_limited_queue_in_bursts_and_keyed_ones_share_a_few_keys(tmp_path,
+                                                                                                   monkeypatch):
+    from supervisor.chaos import workload as chaos_workload
+
+    drawn = plan_workload(random.Random(5), 400, 30.0, str(tmp_path), 1.5)
+    limited = [a for a in drawn if a.workflow in LIMITED_QUEUES]
+    assert len(drawn) == 400 and len(limited) == 50 and {a.workflow for a in limited} == set(LIMITED_QUEUES)
+    assert {a.queue for a in limited} == {queue.name for queue in LIMITED_QUEUES.values()}
+    assert {a.key for a in limited if a.workflow == KEYED} == set(KEYS)
+    assert {a.key for a in limited if a.workflow != KEYED} == {None}
+    assert all(a.input["plan"][0][0] == "run" and a.input["plan"][0][2] >= 0.3 for a in limited)
+    # The other executions are those the seed drew before limited queues were added.
+    monkeypatch.setattr(chaos_workload, "limited_admissions", lambda *args: [])
+    alone = plan_workload(random.Random(5), 400, 30.0, str(tmp_path), 1.5)
+    assert [a for a in drawn if a.workflow not in LIMITED_QUEUES] == alone
 
 
 def test_workers_lets_concurrency_go_above_256_and_is_bounded():
@@ -822,12 +840,29 @@ def test_chaos_with_disk_full_refuses_a_work_folder_that_holds_a_ledger_before_i
 
 # -- a real run ------------------------------------------------------------------------------------
 
+def assert_queue_limits_bound(check_: dict, summary: str) -> None:
+    """Each limited queue of the built-in workload ran, and no claim passed its limits: the most
+    live leases of the capped queue reached its concurrency (the limit bound), none went beyond."""
+    queues = check_["queues"]
+    assert set(queues) == {queue.name for queue in LIMITED_QUEUES.values()}, summary
+    for name, q in queues.items():
+        assert q["executions"] >= 1 and 1 <= q["max_live"], summary
+        if q["concurrency"] is not None:
+            assert q["max_live"] == q["concurrency"], summary
+        if q["per_key"] is not None:
+            assert q["max_live_per_key"] == q["per_key"] and q["keys"] == len(KEYS), summary
+        if q["rate"] is not None:
+            assert 1 <= q["max_claims_in_window"] <= q["rate"][0], summary
+    assert not {kind for kind in check_["violations_by_kind"] if kind.startswith("queue_")}, summary
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     """Every fault kind of the backend (disk_full only as root), about 35 s in all: on SQLite
     the harness's own file, on PostgreSQL a fresh database, whose sessions connection_kill
-    terminates."""
+    terminates. The limited queues' executions go through the same faults, and their claims keep
+    to the limits."""
     on_postgres = is_uri(each_backend)
     config = ChaosConfig(seed=20261202, duration_s=25, supervisors=3, concurrency=3, executions=300,
                          fault_interval_s=0.65, drain_timeout_s=150)
@@ -853,6 +888,7 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     if not on_postgres:  # PostgreSQL's ledger clock is the server's: no skew to give
         assert check_["takeovers"]["clocks"]["skewed"] >= 1, summary
     assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary
+    assert_queue_limits_bound(check_, summary)
     assert not os.path.ismount(tmp_path / "chaos" / "ledger")
     # Nothing the run started survives it.
     ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")
@@ -880,6 +916,7 @@ def test_a_short_chaos_run_with_workers_loses_nothing(tmp_path, each_backend, du
     assert check_["executions"]["not_terminal"] == 0, summary
     assert report["ok"], summary
     assert "8 deliveries in 2 workers" in summary
+    assert_queue_limits_bound(check_, summary)
     injected = check_["faults"]["by_kind"]
     assert injected.get("kill_child", 0) >= 1 and injected.get("freeze_child", 0) >= 1, injected
     assert check_["takeovers"]["checked"] and sum(check_["takeovers"]["workers"]["released_with_their_worker"]

@@ -32,7 +32,7 @@ from supervisor.chaos.watch import StepWatcher
 from supervisor.cli import EXIT_INTERRUPTED
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.chaos import netns as multihost
-from test_chaos import Ledger, fault, sound_history
+from test_chaos import Ledger, assert_queue_limits_bound, fault, sound_history
 from worker.apps.chaos import digest
 
 HOST_KINDS = ("partition", "frozen_host", "server_restart")
@@ -253,6 +253,7 @@ def test_a_short_chaos_run_on_three_hosts_loses_nothing(tmp_path, dump_on_hang):
     assert injected.get("server_restart", 0) >= 1, injected
     assert set(check["hosts"]) == {0, 1, 2} and sum(h["leases_held"] for h in check["hosts"].values()) == \
         check["executions"]["deliveries"], summary
+    assert_queue_limits_bound(check, summary)  # the claims of three hosts, each limit in one transaction
     # The server listened on the hosts' veths (and its Unix socket) only; all of it is gone now.
     harness = report["harness"]["hosts"]
     veths = {f"{v['database']}:5432" for v in harness["veths"].values()}

@@ -7,6 +7,9 @@ system, a shared counter store, a mailbox store used by producer and consumer ex
 child executions started and waited for. Plans are data, so a replay takes the same path.
 `chaos.mixed_async` is the same workflow written `async def`, its steps awaiting instead of
 sleeping: with `supervise --workers`, many of them run as tasks of one worker's event loop.
+`chaos.capped`, `chaos.keyed` and `chaos.paced` follow the same plans on limited queues (SPEC
+section 12: at most 3 live leases; at most 1 per key; at most 5 claims a second), so that the
+checker can count what each claim had to count against the queues' limits.
 
 Evidence, all appended with one `O_APPEND` write per line so lines from concurrent processes
 never interleave (the checker in `supervisor.chaos.checker` reads it back):
@@ -49,10 +52,17 @@ import random
 import time
 from typing import Any
 
-from worker import RetryableError, StepFailed, workflow
+from worker import Queue, RetryableError, StepFailed, workflow
 
 MIXED = "chaos.mixed"
 MIXED_ASYNC = "chaos.mixed_async"
+# The same plans on limited queues (SPEC section 12), small enough that a run saturates them: the
+# checker finds the most live leases (and claims per window) each queue ever had beside its limits.
+CAPPED, KEYED, PACED = "chaos.capped", "chaos.keyed", "chaos.paced"
+CAPPED_QUEUE = Queue("chaos-capped", concurrency=3)
+KEYED_QUEUE = Queue("chaos-keyed", per_key=1)
+PACED_QUEUE = Queue("chaos-paced", rate=(5, 1.0))
+LIMITED_QUEUES = {CAPPED: CAPPED_QUEUE, KEYED: KEYED_QUEUE, PACED: PACED_QUEUE}
 COUNTER = "chaos.counter"
 MAILBOX = "chaos.mailbox"
 STEP_LOG = "steps.log"
@@ -287,6 +297,29 @@ def mixed(ctx, input: dict) -> dict:
 
     The result names the token of the delivery that completed the workflow and the fingerprint
     of every value it continued with, so the checker can compare both with the ledger."""
+    return _follow(ctx, input)
+
+
+@workflow(CAPPED, queue=CAPPED_QUEUE)
+def capped(ctx, input: dict) -> dict:
+    """`mixed` on a queue of at most 3 live leases."""
+    return _follow(ctx, input)
+
+
+@workflow(KEYED, queue=KEYED_QUEUE)
+def keyed(ctx, input: dict) -> dict:
+    """`mixed` on a queue of at most 1 live lease per key (the harness admits a few keys)."""
+    return _follow(ctx, input)
+
+
+@workflow(PACED, queue=PACED_QUEUE)
+def paced(ctx, input: dict) -> dict:
+    """`mixed` on a queue of at most 5 claims per second."""
+    return _follow(ctx, input)
+
+
+def _follow(ctx, input: dict) -> dict:
+    """The body of every synchronous chaos workflow: the plan, then the outcome."""
     folder = input["dir"]
     seen: dict[str, str] = {}
     for op in input["plan"]:
