@@ -50,18 +50,30 @@ def checked_timeout(timeout: Any) -> Optional[float]:
 
 
 async def awaited_within(awaitable: Any, timeout: float, expired: StepTimeout) -> Any:
-    """Await `awaitable`, cancelled after `timeout` seconds; raises `expired` then. A
-    `TimeoutError` the step raises itself before the deadline stays its own error."""
+    """Await `awaitable` in this task, cancelled after `timeout` seconds; raises `expired` then.
+    A `TimeoutError` the step raises itself stays its own error, and a cancel of the task from
+    elsewhere stays a cancel (`asyncio.timeout` does the same from Python 3.11; this works on 3.10)."""
     import asyncio
 
-    deadline = asyncio.timeout(timeout)
+    task = asyncio.current_task()
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(timeout, fire)
     try:
-        async with deadline:
-            return await awaitable
-    except TimeoutError:
-        if deadline.expired():
-            raise expired from None
-        raise
+        return await awaitable
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        if hasattr(task, "uncancel") and task.uncancel() > 0:
+            raise  # cancelled from elsewhere too (3.11+ counts the requests)
+        raise expired from None
+    finally:
+        handle.cancel()
 
 
 class StepThread:
@@ -115,7 +127,7 @@ class StepThread:
         try:
             await asyncio.wait_for(ended, timeout)
             return True
-        except TimeoutError:
+        except asyncio.TimeoutError:  # the builtin TimeoutError from 3.11 on, not on 3.10
             return False
 
     def result(self) -> Any:
