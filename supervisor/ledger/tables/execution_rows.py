@@ -41,7 +41,7 @@ RESUMABLE = (FAILED, CANCELLED)
 COLUMNS = (
     "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
     " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
-    " result_json, error_json, created_at, updated_at, queue, queue_key, priority"
+    " result_json, error_json, created_at, updated_at, queue, queue_key, priority, timeout_ms, deadline_at"
 )
 SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = $p"
 # Every read that a write transaction decides on locks the rows it reads (`$for_update`: a clause
@@ -54,9 +54,18 @@ SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 # the epoch: see `epochs`), so that its first claim issues a token no earlier epoch issued.
 INSERT = f"""
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
-    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at, queue, queue_key, priority)
-VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p)
+    unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at, queue, queue_key, priority,
+    timeout_ms, deadline_at)
+VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p, $p, $p)
 ON CONFLICT (execution_id) DO NOTHING"""
+
+
+def insert_parameters(execution_id: str, workflow: str, input_json: str, now: int, queue: str, key: Optional[str],
+                      priority: int, timeout_ms: Optional[int]) -> tuple:
+    """INSERT's parameters: an execution due at `now`, with a deadline `timeout_ms` after it (the
+    workflow timeout, SPEC section 12; None: none)."""
+    deadline = None if timeout_ms is None else now + timeout_ms
+    return (execution_id, workflow, input_json, now, now, now, now, queue, key, priority, timeout_ms, deadline)
 
 
 # Claimable rows (`ExecutionRows._pick`, whose steps `queues` describes): the due rows of a group,
@@ -196,6 +205,7 @@ class ExecutionRows:
             queue=row.queue,
             key=row.queue_key,
             priority=row.priority,
+            deadline_at=row.deadline_at,
         )
 
     def _ready_at(self, due: Optional[int], unacked: int, ended_at: Optional[int]) -> Optional[int]:

@@ -28,7 +28,7 @@ from ..values import (
 )
 from . import parking, queues, waiters
 from .acknowledgements import Acknowledgement, ended_executions
-from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row
+from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row, insert_parameters
 from .lease_history import (
     HISTORY_CLOSE,
     HISTORY_END_ROWS,
@@ -124,7 +124,7 @@ class ExecutionLeases(ExecutionRows):
     """The lease state machine (see the module docstring)."""
 
     def admit(self, execution_id, workflow, input_json="null", *, queue="default", key=None, priority=0,
-              now=None) -> ExecutionRecord:
+              timeout_ms=None, now=None) -> ExecutionRecord:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json)
@@ -132,10 +132,11 @@ class ExecutionLeases(ExecutionRows):
         if key is not None:
             arguments.identifier("key", key)
         queues.priority("priority", priority)
+        arguments.timeout_ms("timeout_ms", timeout_ms)
         now = self._now(now)
         with self._conn.write() as db:
-            created = db.execute(self._sql[INSERT], (execution_id, workflow, input_json, now, now, now, now,
-                                                     queue, key, priority)).rowcount == 1
+            created = db.execute(self._sql[INSERT], insert_parameters(execution_id, workflow, input_json, now, queue,
+                                                                      key, priority, timeout_ms)).rowcount == 1
             found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
@@ -152,6 +153,10 @@ class ExecutionLeases(ExecutionRows):
                 f"execution_id {execution_id!r} was already admitted in queue {row.queue!r} with key"
                 f" {row.queue_key!r} and priority {row.priority}; refusing queue {queue!r}, key {key!r},"
                 f" priority {priority}")
+        if row.timeout_ms != timeout_ms:
+            raise ExecutionConflict(
+                f"execution_id {execution_id!r} was already admitted with timeout_ms {row.timeout_ms};"
+                f" refusing timeout_ms {timeout_ms}")
         return self._as_of(row, now)
 
     def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:

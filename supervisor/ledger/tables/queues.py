@@ -107,10 +107,11 @@ SELECT queue,
              AND NOT (ready_at IS NOT NULL AND due_at <= $p AND ready_at <= $p) THEN 1 ELSE 0 END)
 FROM executions WHERE status NOT IN ($terminal) GROUP BY queue"""
 RECORD_DEFAULTS = """
-INSERT INTO workflow_queues (workflow, queue, priority, updated_at) VALUES ($p, $p, $p, $p)
+INSERT INTO workflow_queues (workflow, queue, priority, timeout_ms, updated_at) VALUES ($p, $p, $p, $p, $p)
 ON CONFLICT (workflow) DO UPDATE SET queue = excluded.queue, priority = excluded.priority,
-    updated_at = excluded.updated_at"""
-DEFAULTS_OF = "SELECT queue, priority FROM workflow_queues WHERE workflow = $p"
+    timeout_ms = excluded.timeout_ms, updated_at = excluded.updated_at"""
+# A workflow's defaults: its queue, priority and timeout (ms; NULL: none).
+DEFAULTS_OF = "SELECT queue, priority, timeout_ms FROM workflow_queues WHERE workflow = $p"
 
 
 @functools.lru_cache(maxsize=64)
@@ -190,6 +191,13 @@ def read_limits(db: Transaction, sql, queues: list[str], *, lock: bool = False) 
     return found
 
 
+def defaults_in(db, sql, workflow: str) -> tuple[str, int, Optional[int]]:
+    """A workflow's recorded default queue, priority and timeout (ms), or ("default", 0, None)
+    before any app that serves it recorded them."""
+    found = db.execute(sql[DEFAULTS_OF], (workflow,)).fetchone()
+    return (DEFAULT_QUEUE, 0, None) if found is None else (found[0], found[1], found[2])
+
+
 def priority(name: str, value) -> int:
     arguments.integer(name, value)
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
@@ -234,18 +242,26 @@ class QueueTable(ClockedTable, QueueClient):
 
     def record_defaults(self, defaults, *, now=None) -> None:
         checked = []
-        for workflow, (queue, prio) in sorted(dict(defaults).items()):
+        for workflow, (queue, prio, *timeout) in sorted(dict(defaults).items()):
+            if len(timeout) > 1:
+                raise InvalidArgument(f"the defaults of workflow {workflow!r} must be (queue, priority) or (queue,"
+                                      f" priority, timeout_ms)")
             checked.append((arguments.identifier("workflow", workflow), arguments.identifier("queue", queue),
-                            priority("priority", prio)))
+                            priority("priority", prio), arguments.timeout_ms("timeout_ms", (timeout or [None])[0])))
         now = self._now(now)
         with self._conn.write() as db:
-            for workflow, queue, prio in checked:
-                db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, now))
+            for workflow, queue, prio, timeout_ms in checked:
+                db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, timeout_ms, now))
 
     def defaults_of(self, workflow) -> tuple[str, int]:
+        return self._defaults(workflow)[:2]
+
+    def timeout_of(self, workflow) -> Optional[int]:
+        return self._defaults(workflow)[2]
+
+    def _defaults(self, workflow) -> tuple[str, int, Optional[int]]:
         arguments.identifier("workflow", workflow)
-        found = self._conn.execute(self._sql[DEFAULTS_OF], (workflow,)).fetchone()
-        return (DEFAULT_QUEUE, 0) if found is None else (found[0], found[1])
+        return defaults_in(self._conn, self._sql, workflow)
 
     def list(self, *, now=None) -> list[QueueRecord]:
         now = self._now(now)

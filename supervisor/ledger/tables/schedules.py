@@ -34,7 +34,7 @@ from ..errors import InvalidArgument
 from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
 from . import queues
-from .execution_rows import INSERT
+from .execution_rows import INSERT, insert_parameters
 from .clocked import ClockedTable
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"
@@ -106,11 +106,10 @@ class ScheduleTable(ClockedTable, ScheduleClient):
         upcoming = next_tick(schedule, now)
         if db.execute(sql[ADVANCE], (tick, upcoming, now, name, expected)).rowcount != 1:
             return _record(db.execute(sql[SELECT_ONE], (name,)).fetchone())  # another caller advanced it
-        # A tick goes to its workflow's default queue and priority, as a child start does.
-        found = db.execute(sql[queues.DEFAULTS_OF], (name,)).fetchone()
-        queue, priority = (queues.DEFAULT_QUEUE, 0) if found is None else found
-        db.execute(sql[INSERT], (tick_id(name, tick), name, json.dumps(tick_input(tick)), now, now, now, now, queue, None,
-                                 priority))
+        # A tick goes to its workflow's default queue, priority and timeout, as a child start does.
+        queue, priority, timeout_ms = queues.defaults_in(db, sql, name)
+        db.execute(sql[INSERT], insert_parameters(tick_id(name, tick), name, json.dumps(tick_input(tick)), now, queue,
+                                                  None, priority, timeout_ms))
         return _record((name, spec, schedule.timezone, tick, upcoming, now), admitted=True)
 
     def list(self) -> list[ScheduleRecord]:

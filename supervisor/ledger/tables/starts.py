@@ -13,7 +13,7 @@ from ..connection import Connection
 from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
 from . import queues
-from .execution_rows import INSERT, SELECT_ONE
+from .execution_rows import INSERT, SELECT_ONE, insert_parameters
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
 RECORD = """
@@ -44,11 +44,11 @@ class StartTable(WorkflowStartClient):
             if db.execute(self._sql[SELECT_ONE], (start_request_id,)).fetchone() is not None:
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
-            # A child goes to its workflow's default queue, at its default priority, as the app
+            # A child goes to its workflow's default queue, at its default priority, with its
+            # default timeout, as the app
             # that serves it recorded them (`queues.record_defaults`).
-            found = db.execute(self._sql[queues.DEFAULTS_OF], (workflow,)).fetchone()
-            queue, priority = (queues.DEFAULT_QUEUE, 0) if found is None else found
-            db.execute(self._sql[INSERT], (start_request_id, workflow, input_json, now, now, now, now, queue, None,
-                                           priority))
+            queue, priority, timeout_ms = queues.defaults_in(db, self._sql, workflow)
+            db.execute(self._sql[INSERT], insert_parameters(start_request_id, workflow, input_json, now, queue, None,
+                                                            priority, timeout_ms))
         self._on_due()
         return start_request_id
