@@ -293,8 +293,9 @@ class ExecutionClient(abc.ABC):
     @abc.abstractmethod
     def resume(self, execution_id: str, *, now: Optional[int] = None) -> ExecutionRecord:
         """A failed or cancelled execution becomes `admitted`, due at `now`, with no result or
-        error and no unacknowledged deliveries. Its recorded steps are kept, so a replay goes on
-        after the last one; if that step recorded a final error, it is tried again.
+        error and no unacknowledged deliveries; one admitted with a timeout has its deadline at
+        `now` + that timeout. Its recorded steps are kept, so a replay goes on after the last one;
+        if that step recorded a final error, it is tried again.
 
         A parked execution (see `acknowledge`) stays `suspended` and becomes due at `now`, parked
         no more, as `unpark` would make it.

@@ -52,11 +52,12 @@ UPDATE executions SET status = $p, result_json = NULL, error_json = $p, lease_ex
 WHERE execution_id = $p"""
 
 # A resumed execution's token moves up to the current epoch's floor, if a restore or a failover
-# raised the epoch while it was terminal (see `epochs`).
+# raised the epoch while it was terminal (see `epochs`). Its workflow timeout, if it has one, runs
+# again from the resume (else one that timed out would time out again at once).
 RESUME = f"""
 UPDATE executions SET status = 'admitted', ever_suspended = 0, result_json = NULL, error_json = NULL,
     lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL, wake_during_lease = NULL,
-    due_at = $p, ready_at = $p, updated_at = $p, token = $yieldstar_max(token, {FLOOR})
+    due_at = $p, ready_at = $p, updated_at = $p, token = $yieldstar_max(token, {FLOOR}), deadline_at = $p + timeout_ms
 WHERE execution_id = $p"""
 # The step a failed run ended on: the last one written. If it recorded a final error, resume
 # opens it again (done = 0, no retry time), so the replay runs that step once more instead of
@@ -200,9 +201,10 @@ class ExecutionOperators(ExecutionRows):
         return self._as_of(row, now)
 
     def resume(self, execution_id, *, now=None) -> ExecutionRecord:
-        """A failed or cancelled execution becomes admitted and due now; its steps are kept, and
-        the step its run ended on is tried again if that step failed. A parked one (`parking`)
-        stays suspended and becomes due now, parked no more."""
+        """A failed or cancelled execution becomes admitted and due now, its workflow timeout (if
+        any) counted again from now; its steps are kept, and the step its run ended on is tried
+        again if that step failed. A parked one (`parking`) stays suspended and becomes due now,
+        parked no more."""
         arguments.identifier("execution_id", execution_id)
         given, now = now, self._now(now)
         with self._conn.write() as db:
@@ -223,7 +225,7 @@ class ExecutionOperators(ExecutionRows):
     def _resume_ended(self, db: Transaction, row: Row, now: int) -> None:
         """`resume` of a failed or cancelled row, in the caller's transaction."""
         execution_id = row.execution_id
-        db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), execution_id))
+        db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), now, execution_id))
         last = db.execute(self._sql[LAST_STEP], (execution_id,)).fetchone()
         if last is not None and last[1] and '"error"' in last[2]:
             if json.loads(last[2]).get("error") is not None:
