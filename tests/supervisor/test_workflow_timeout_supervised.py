@@ -13,6 +13,7 @@ import json
 import pytest
 
 from faults import TESTS, cli, wait_until
+from supervisor import Suspended
 from supervisor.ledger.errors import WorkflowFailed
 from worker import Client
 
@@ -73,3 +74,23 @@ def test_yieldstar_start_timeout_fails_a_workflow_that_has_none_of_its_own(each_
     assert each_ledger.heap.read_step("nap-1", "nap") is None
     shown = cli(each_backend, "get", "nap-1")
     assert "WorkflowTimedOut" in shown.stdout and "deadline_at" in shown.stdout
+
+
+def test_until_idle_fails_at_once_what_passed_its_deadline_while_no_supervisor_ran_and_waits_for_no_deadline(
+        each_backend, each_ledger, supervisors):
+    executions = each_ledger.executions
+    executions.admit("waiting", "wt.nap", "0", timeout_ms=3_600_000)
+    (lease,) = executions.claim_due(limit=1, duration=60_000)
+    executions.acknowledge(lease, Suspended())  # waits for a wake that never comes
+    executions.admit("missed", "wt.nap", "60", timeout_ms=1)  # its deadline passes before any supervisor runs
+    # Due: run (and waited for) once the supervisor is up, well within its 5 s, then timed out
+    # while its step naps for 30 s.
+    executions.admit("running", "wt.nap", "30", timeout_ms=5000)
+    process = supervisors.start(each_backend, app=APP, concurrency=2, until_idle=True, ready=False)
+    assert process.wait(45) == 0
+    assert "idle: nothing running and nothing due" in process.log()
+    for execution_id in ("missed", "running"):
+        assert json.loads(executions.get(execution_id).error_json)["type"] == "WorkflowTimedOut"
+    assert executions.history("missed") == []  # failed before any claim could deliver it
+    assert executions.history("running")[-1].ended_by == "timed_out"
+    assert executions.get("waiting").status == "suspended"  # its deadline, an hour away, was not waited for
