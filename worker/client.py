@@ -215,15 +215,12 @@ class _Base:
                priority: Optional[int] = None, timeout: Optional[float] = None) -> ExecutionRecord:
         """Admit, in the queue, at the priority and with the timeout (seconds) given, or else the
         workflow's defaults: those the app declares (`@workflow(queue=, priority=, timeout=)`),
-        as its supervisor recorded them in the ledger when it started ("default", 0 and no
-        timeout before any did)."""
+        as its supervisor records them in the ledger when it starts (the ledger's `admit` of None
+        for the queue and priority; the timeout as recorded at the start, none before any
+        record)."""
         timeout_ms = arguments.seconds_to_ms("timeout", timeout)
         if isinstance(queue, Queue):
             queue = queue.name
-        if queue is None or priority is None:
-            default_queue, default_priority = self.backend.queues.defaults_of(workflow)
-            queue = default_queue if queue is None else queue
-            priority = default_priority if priority is None else priority
         if timeout_ms is None:
             timeout_ms = self.backend.queues.timeout_of(workflow)
         return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json,

@@ -95,17 +95,23 @@ class NoMatch(Exception):
 
 class ExecutionClient(abc.ABC):
     @abc.abstractmethod
-    def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, queue: str = "default",
-              key: Optional[str] = None, priority: int = 0, timeout_ms: Optional[int] = None,
+    def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, queue: Optional[str] = "default",
+              key: Optional[str] = None, priority: Optional[int] = 0, timeout_ms: Optional[int] = None,
               now: Optional[int] = None) -> ExecutionRecord:
         """Create the execution: status `admitted`, due at `now`, token 0, in `queue` (whose limits
         its claims obey: `QueueClient`), with `key` (counted by the queue's `per_key`; None: not
         limited by it) and `priority` (higher first, a 32-bit int). With `timeout_ms` (an int
         >= 1), its `deadline_at` is `now + timeout_ms`: not terminal by then, it is failed as
-        `WorkflowTimedOut` (`time_out_due`).
+        `WorkflowTimedOut` (`time_out_due`); None: no timeout.
+
+        A `queue` or `priority` of None is the workflow's default as recorded
+        (`QueueClient.record_defaults`); before any record, "default" and 0, replaced by the
+        defaults when the first record of them is made (unless a live lease holds the execution
+        then), so that a start made before any supervisor ran still obeys its workflow's queue.
 
         Admitting an existing id with the same workflow, input (compared as JSON values), queue,
-        key, priority and timeout returns the stored record unchanged.
+        key, priority (a None accepting the execution's own) and timeout returns the stored record
+        unchanged.
 
         Raises:
             ExecutionConflict: the id was admitted with a different workflow, input, queue, key,
@@ -537,8 +543,10 @@ class QueueClient(abc.ABC):
     @abc.abstractmethod
     def record_defaults(self, defaults: dict[str, tuple], *, now: Optional[int] = None) -> None:
         """Record each workflow's default (queue, priority) or (queue, priority, timeout_ms)
-        (timeout_ms None, or left out: no timeout), the latest record winning. Child starts and
-        schedule ticks take them; a client's start takes those it does not name."""
+        (timeout_ms None, or left out: no timeout), the latest record winning; the executions
+        admitted before any record, that left their queue or priority to the defaults, take them
+        now (those a live lease holds at the next record). Child starts and schedule ticks take
+        the timeout; a client's start takes it when it names none."""
 
     @abc.abstractmethod
     def defaults_of(self, workflow: str) -> tuple[str, int]:

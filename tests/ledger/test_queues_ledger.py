@@ -213,6 +213,68 @@ def test_a_child_start_takes_its_workflows_recorded_default_queue(backend):
     assert backend.queues.defaults_of("plain") == ("default", 0)
 
 
+@pytest.mark.timeout(60)
+def test_a_start_made_before_any_record_of_the_defaults_takes_them_when_they_are_recorded(backend, clock):
+    left = backend.executions.admit("left", "wf", queue=None, priority=None)
+    named = backend.executions.admit("named", "wf", queue="mine", priority=None)
+    ranked = backend.executions.admit("ranked", "wf", queue=None, priority=7)
+    held = backend.executions.admit("held", "held-wf", queue=None, priority=None)
+    backend.starts.start("child", "wf")
+    assert [(r.queue, r.priority) for r in (left, named, ranked, held)] == [
+        ("default", 0), ("mine", 0), ("default", 7), ("default", 0)]
+    # A start that leaves them to the defaults accepts what the execution has.
+    assert backend.executions.admit("left", "wf", queue=None, priority=None) == backend.executions.get("left")
+    [lease] = backend.executions.claim_due(limit=1, duration=LEASE_MS, workflows=frozenset({"held-wf"}))
+    backend.queues.record_defaults({"wf": ("narrow", 5), "held-wf": ("narrow", 5)})
+    got = {eid: (backend.executions.get(eid).queue, backend.executions.get(eid).priority)
+           for eid in ("left", "named", "ranked", "child", "held")}
+    assert got == {"left": ("narrow", 5), "named": ("mine", 5), "ranked": ("narrow", 7), "child": ("narrow", 5),
+                   "held": ("default", 0)}  # a live lease holds it where it was counted
+    backend.executions.release(lease)
+    backend.queues.record_defaults({"held-wf": ("narrow", 5)})
+    assert (backend.executions.get("held").queue, backend.executions.get("held").priority) == ("narrow", 5)
+    # Once moved, a later record of other defaults leaves them: they are the execution's own.
+    backend.queues.record_defaults({"wf": ("wide", 1)})
+    assert backend.executions.get("left").queue == "narrow"
+    assert backend.executions.admit("late", "wf", queue=None, priority=None).queue == "wide"
+
+
+def admit_leaving_defaults(ledger, count, barrier):
+    with open_backend(ledger) as backend:
+        barrier.wait(timeout=60)
+        for i in range(count):
+            backend.executions.admit(f"race-{os.getpid()}-{i}", "wf", queue=None, priority=None)
+
+
+@pytest.mark.timeout(120)
+def test_admits_racing_the_first_record_of_the_defaults_all_end_in_the_workflows_queue(each_backend):
+    """On PostgreSQL an admit that found no defaults and a record of them take turns: no admit
+    commits after the record without having seen it."""
+    with open_backend(each_backend):
+        pass
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(3)
+    processes = [ctx.Process(target=admit_leaving_defaults, args=(str(each_backend), 150, barrier)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    try:
+        with open_backend(each_backend) as backend:
+            barrier.wait(timeout=60)
+            while not backend.queues.list()[0].due:
+                time.sleep(0.001)
+            backend.queues.record_defaults({"wf": ("narrow", 2)})
+            for process in processes:
+                process.join(timeout=90)
+            assert [process.exitcode for process in processes] == [0, 0]
+            rows = backend.connection.execute("SELECT queue, priority, count(*) FROM executions GROUP BY queue,"
+                                              " priority").fetchall()
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+    assert [tuple(row) for row in rows] == [("narrow", 2, 300)]
+
+
 # -- several processes claiming at once ---------------------------------------------------------
 
 LIMIT = 3

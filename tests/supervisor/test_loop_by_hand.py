@@ -25,7 +25,7 @@ from faults import APP, admit, wait_until
 from supervisor import open_backend
 from supervisor.dispatcher import Stats, SupervisorConfig
 from supervisor.ledger.errors import StorageUnavailable
-from supervisor.ledger.values import LeaseLost
+from supervisor.ledger.values import Completed, LeaseLost
 from supervisor.ledger.ticks import schedule_of
 from supervisor.ledger_calls import CALLS, AdmitTicks, LedgerCalls, Register, Renew, Reply, Wakeup
 from supervisor.loop import ON_REPLY, DispatchLoop
@@ -295,3 +295,37 @@ def test_a_stopping_loop_admits_no_more_ticks(loop):
     loop.grace_deadline = now + 10
     loop.admit_ticks(now)
     assert not loop.ticking and loop.ticks_deadline() is None
+
+
+# -- queues (SPEC section 12) ----------------------------------------------------------------------
+
+
+def test_an_idle_loop_behind_a_saturated_queue_claims_less_and_less_often_then_at_once_when_a_slot_frees(
+        loop, sqlite_ledger):
+    """Due work that a queue's limit holds back makes every claim find nothing: the loop waits
+    5 ms, then twice as long each time up to its poll interval, instead of claiming in a loop;
+    a claim that finds work again starts the waits over."""
+    loop.workflows = frozenset({"wf"})
+    sqlite_ledger.queues.declare("narrow", concurrency=1)
+    for i in range(4):
+        sqlite_ledger.executions.admit(f"n-{i}", "wf", queue="narrow")
+    [held] = sqlite_ledger.executions.claim_due(limit=1, duration=60_000)  # another supervisor's
+    poll_s = loop.cfg.poll_ms / 1000
+    for blocked in range(1, 10):
+        loop.claim(max(time.monotonic(), loop.next_poll))
+        loop.calls.flush()
+        replies_taken(loop, lambda: loop.claiming == 0)  # found nothing: it asks when work is ready
+        loop.calls.flush()
+        before = time.monotonic()
+        replies_taken(loop, lambda: loop.blocked_polls == blocked)  # "now", yet held back
+        after = time.monotonic()
+        expected = min(poll_s, 0.005 * 2 ** (blocked - 1))
+        assert loop.next_poll - after - 0.001 <= expected <= loop.next_poll - before + 0.001, blocked
+    assert not any(end.poll(0) for end in loop.workers)  # nothing was handed out
+
+    sqlite_ledger.executions.acknowledge(held, Completed("null"))
+    loop.claim(max(time.monotonic(), loop.next_poll))
+    loop.calls.flush()
+    replies_taken(loop, lambda: loop.claiming == 0)
+    assert sorted(e for end in loop.workers for e in handed(end)) == ["n-1"]
+    assert loop.blocked_polls == 0

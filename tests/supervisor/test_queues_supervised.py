@@ -75,3 +75,25 @@ def test_a_start_that_names_no_queue_takes_its_workflows_and_the_cli_shows_it(ea
     shown = json.loads(got.stdout)
     assert (shown["queue"], shown["key"], shown["priority"]) == ("narrow", "tenant-7", 3)
     wait_until(lambda: each_ledger.executions.get("n-1").status == "completed", 30, message="n-1 completed")
+
+
+def test_starts_made_before_any_supervisor_ran_obey_the_queue_its_first_supervisor_records(
+        each_backend, each_ledger, supervisors):
+    """`yieldstar start` before the first `supervise`: the ledger knows no defaults yet, and the
+    executions take them when the supervisor records them, before its first claim."""
+    ids = [f"early-{i:02d}" for i in range(6)]
+    for execution_id in ids:
+        started = cli(each_backend, "start", "q.narrow", "--id", execution_id)
+        assert started.returncode == 0, started.stderr
+    urgent = cli(each_backend, "start", "q.urgent", "--id", "early-urgent")
+    assert urgent.returncode == 0, urgent.stderr
+    assert {each_ledger.executions.get(e).queue for e in ids} == {"default"}
+    supervisors.start(each_backend, app=APP, concurrency=6)
+    wait_until(lambda: all(each_ledger.executions.get(e).status == "completed" for e in ids + ["early-urgent"]), 60,
+               message="every execution completed")
+    assert {(each_ledger.executions.get(e).queue, each_ledger.executions.get(e).priority) for e in ids} == {
+        ("narrow", 0)}
+    assert each_ledger.executions.get("early-urgent").priority == 5
+    deliveries = [d for e in ids for d in each_ledger.executions.history(e)]
+    slack = 0 if not str(each_backend).startswith("postgresql://") else 20
+    assert max_overlap(deliveries, slack) <= 2

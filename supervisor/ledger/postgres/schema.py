@@ -203,7 +203,13 @@ CREATE TABLE workflow_queues (
     priority   BIGINT NOT NULL,
     updated_at BIGINT NOT NULL
 )"""
-# Version 6 (the SQLite ledger's version 7): workflow timeouts, as on SQLite.
+
+# Version 6 (the SQLite ledger's version 7): the defaults an execution takes when they are recorded.
+EXECUTIONS_DEFAULTS_PENDING = "ALTER TABLE executions ADD COLUMN defaults_pending INTEGER NOT NULL DEFAULT 0"
+EXECUTIONS_PENDING_BY_WORKFLOW = """
+CREATE INDEX executions_pending_by_workflow ON executions (workflow) WHERE defaults_pending <> 0"""
+
+# Version 7 (the SQLite ledger's version 8): workflow timeouts, as on SQLite.
 EXECUTIONS_TIMEOUT = "ALTER TABLE executions ADD COLUMN timeout_ms BIGINT"
 EXECUTIONS_DEADLINE = "ALTER TABLE executions ADD COLUMN deadline_at BIGINT"
 EXECUTIONS_BY_DEADLINE = """
@@ -223,6 +229,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
+    (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

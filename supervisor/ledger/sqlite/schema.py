@@ -217,7 +217,15 @@ CREATE TABLE workflow_queues (
     priority   INTEGER NOT NULL,
     updated_at INTEGER NOT NULL
 ) WITHOUT ROWID"""
-# Version 7: workflow timeouts (SPEC section 12). An execution's timeout and the deadline it runs
+
+# Version 7: an execution admitted before any supervisor recorded its workflow's defaults (a
+# `yieldstar start` before the first `supervise`) takes them when one does: `defaults_pending`
+# says which of its queue (1) and priority (2) were not named by its start (`tables.queues`).
+EXECUTIONS_DEFAULTS_PENDING = "ALTER TABLE executions ADD COLUMN defaults_pending INTEGER NOT NULL DEFAULT 0"
+EXECUTIONS_PENDING_BY_WORKFLOW = """
+CREATE INDEX executions_pending_by_workflow ON executions (workflow) WHERE defaults_pending <> 0"""
+
+# Version 8: workflow timeouts (SPEC section 12). An execution's timeout and the deadline it runs
 # to (admission + timeout); the deadlines of non-terminal executions indexed, so that the
 # supervisors' check for passed ones, every round, is one seek that finds nothing most of the
 # time; and each workflow's default timeout beside its default queue.
@@ -239,6 +247,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
+    (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -28,7 +28,7 @@ from ..values import (
 )
 from . import parking, queues, waiters
 from .acknowledgements import Acknowledgement, ended_executions
-from .execution_rows import COLUMNS, INSERT, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row, insert_parameters
+from .execution_rows import COLUMNS, RUNNING, SELECT_ONE, TERMINAL, ExecutionRows, Row, insert
 from .lease_history import (
     HISTORY_CLOSE,
     HISTORY_END_ROWS,
@@ -128,15 +128,18 @@ class ExecutionLeases(ExecutionRows):
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json)
-        arguments.identifier("queue", queue)
+        if queue is not None:
+            arguments.identifier("queue", queue)
         if key is not None:
             arguments.identifier("key", key)
-        queues.priority("priority", priority)
+        if priority is not None:
+            queues.priority("priority", priority)
         arguments.timeout_ms("timeout_ms", timeout_ms)
         now = self._now(now)
         with self._conn.write() as db:
-            created = db.execute(self._sql[INSERT], insert_parameters(execution_id, workflow, input_json, now, queue,
-                                                                      key, priority, timeout_ms)).rowcount == 1
+            created = insert(db, self._sql, execution_id, workflow, input_json, now, queue=queue, key=key,
+                             priority=priority, take_turns=not self._conn.whole_database_write_lock,
+                             timeout_ms=timeout_ms)
             found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
@@ -148,7 +151,10 @@ class ExecutionLeases(ExecutionRows):
                 f"execution_id {execution_id!r} was already admitted with workflow {row.workflow!r} and"
                 f" input {row.input_json}; refusing workflow {workflow!r} with input {input_json}"
             )
-        if (row.queue, row.queue_key, row.priority) != (queue, key, priority):
+        # A start that leaves the queue or the priority to the workflow's defaults accepts the
+        # execution's own.
+        named = (row.queue if queue is None else queue, key, row.priority if priority is None else priority)
+        if (row.queue, row.queue_key, row.priority) != named:
             raise ExecutionConflict(
                 f"execution_id {execution_id!r} was already admitted in queue {row.queue!r} with key"
                 f" {row.queue_key!r} and priority {row.priority}; refusing queue {queue!r}, key {key!r},"

@@ -112,6 +112,39 @@ ON CONFLICT (workflow) DO UPDATE SET queue = excluded.queue, priority = excluded
     timeout_ms = excluded.timeout_ms, updated_at = excluded.updated_at"""
 # A workflow's defaults: its queue, priority and timeout (ms; NULL: none).
 DEFAULTS_OF = "SELECT queue, priority, timeout_ms FROM workflow_queues WHERE workflow = $p"
+# An execution admitted before any supervisor recorded its workflow's defaults goes to the
+# default queue at priority 0 for now, `defaults_pending` saying which of the two its start left
+# to the defaults (PENDING_QUEUE | PENDING_PRIORITY); the first record of the defaults moves it,
+# unless a live lease holds it then (the queue's limits count that lease where it is: the next
+# record moves it, if it is still not terminal).
+PENDING_QUEUE, PENDING_PRIORITY = 1, 2
+TAKE_DEFAULTS = """
+UPDATE executions SET queue = CASE WHEN defaults_pending IN (1, 3) THEN $p ELSE queue END,
+    priority = CASE WHEN defaults_pending IN (2, 3) THEN $p ELSE priority END, defaults_pending = 0
+WHERE workflow = $p AND defaults_pending <> 0 AND (status <> 'running' OR lease_expires_at <= $p)"""
+# On PostgreSQL an admit that looks a workflow's defaults up and a record of them take turns (an
+# advisory lock per workflow, shared by admits; its two-key space is apart from the schema's
+# one-key lock), so that a record never misses an admit that found no defaults and commits later.
+DEFAULTS_TURN_SHARED = "SELECT pg_advisory_xact_lock_shared(20261205, hashtext($p))"
+DEFAULTS_TURN = "SELECT pg_advisory_xact_lock(20261205, hashtext($p))"
+
+
+def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], priority: Optional[int], *,
+                 take_turns: bool, timeout: bool = False) -> tuple[str, int, Optional[int], int]:
+    """The queue and priority of a new execution of `workflow`, given those its start named
+    (None: its workflow's default), with `timeout` its workflow's default timeout (else None),
+    and which of the queue and priority still wait for recorded defaults. (A default timeout
+    recorded after the admission is not taken: the deadline counts from the admission.)"""
+    if queue is not None and priority is not None and not timeout:
+        return queue, priority, None, 0
+    if take_turns:
+        db.execute(sql[DEFAULTS_TURN_SHARED], (workflow,))
+    found = db.execute(sql[DEFAULTS_OF], (workflow,)).fetchone()
+    if found is not None:
+        return ((found[0] if queue is None else queue), (found[1] if priority is None else priority),
+                found[2] if timeout else None, 0)
+    pending = (PENDING_QUEUE if queue is None else 0) | (PENDING_PRIORITY if priority is None else 0)
+    return (DEFAULT_QUEUE if queue is None else queue), (0 if priority is None else priority), None, pending
 
 
 @functools.lru_cache(maxsize=64)
@@ -191,13 +224,6 @@ def read_limits(db: Transaction, sql, queues: list[str], *, lock: bool = False) 
     return found
 
 
-def defaults_in(db, sql, workflow: str) -> tuple[str, int, Optional[int]]:
-    """A workflow's recorded default queue, priority and timeout (ms), or ("default", 0, None)
-    before any app that serves it recorded them."""
-    found = db.execute(sql[DEFAULTS_OF], (workflow,)).fetchone()
-    return (DEFAULT_QUEUE, 0, None) if found is None else (found[0], found[1], found[2])
-
-
 def priority(name: str, value) -> int:
     arguments.integer(name, value)
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
@@ -249,9 +275,13 @@ class QueueTable(ClockedTable, QueueClient):
             checked.append((arguments.identifier("workflow", workflow), arguments.identifier("queue", queue),
                             priority("priority", prio), arguments.timeout_ms("timeout_ms", (timeout or [None])[0])))
         now = self._now(now)
+        take_turns = not self._conn.whole_database_write_lock
         with self._conn.write() as db:
             for workflow, queue, prio, timeout_ms in checked:
+                if take_turns:
+                    db.execute(self._sql[DEFAULTS_TURN], (workflow,))
                 db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, timeout_ms, now))
+                db.execute(self._sql[TAKE_DEFAULTS], (queue, prio, workflow, now))
 
     def defaults_of(self, workflow) -> tuple[str, int]:
         return self._defaults(workflow)[:2]
@@ -260,8 +290,10 @@ class QueueTable(ClockedTable, QueueClient):
         return self._defaults(workflow)[2]
 
     def _defaults(self, workflow) -> tuple[str, int, Optional[int]]:
+        """The recorded (queue, priority, timeout_ms), or ("default", 0, None) before any record."""
         arguments.identifier("workflow", workflow)
-        return defaults_in(self._conn, self._sql, workflow)
+        found = self._conn.execute(self._sql[DEFAULTS_OF], (workflow,)).fetchone()
+        return (DEFAULT_QUEUE, 0, None) if found is None else (found[0], found[1], found[2])
 
     def list(self, *, now=None) -> list[QueueRecord]:
         now = self._now(now)

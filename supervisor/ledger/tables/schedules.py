@@ -19,7 +19,7 @@ One row per schedule, kept by every supervisor that serves its workflow:
 The compare-and-set is what makes two supervisors agree: on SQLite the write lock serializes
 them anyway; on PostgreSQL the row is read `FOR UPDATE`, and the loser of a race reads the
 winner's row and admits nothing. Since `last_tick` only moves forward, a tick whose execution was
-purged is never admitted again. The execution is admitted with the ledger's `INSERT` of
+purged is never admitted again. The execution is admitted with the ledger's `insert` of
 `execution_rows`, so it is an execution like any other (and is announced as due, as an admit is).
 """
 
@@ -33,8 +33,7 @@ from ..contract import ScheduleClient
 from ..errors import InvalidArgument
 from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
-from . import queues
-from .execution_rows import INSERT, insert_parameters
+from .execution_rows import WORKFLOWS_TIMEOUT, insert
 from .clocked import ClockedTable
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"
@@ -107,9 +106,8 @@ class ScheduleTable(ClockedTable, ScheduleClient):
         if db.execute(sql[ADVANCE], (tick, upcoming, now, name, expected)).rowcount != 1:
             return _record(db.execute(sql[SELECT_ONE], (name,)).fetchone())  # another caller advanced it
         # A tick goes to its workflow's default queue, priority and timeout, as a child start does.
-        queue, priority, timeout_ms = queues.defaults_in(db, sql, name)
-        db.execute(sql[INSERT], insert_parameters(tick_id(name, tick), name, json.dumps(tick_input(tick)), now, queue,
-                                                  None, priority, timeout_ms))
+        insert(db, sql, tick_id(name, tick), name, json.dumps(tick_input(tick)), now, queue=None, key=None,
+               priority=None, take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT)
         return _record((name, spec, schedule.timezone, tick, upcoming, now), admitted=True)
 
     def list(self) -> list[ScheduleRecord]:

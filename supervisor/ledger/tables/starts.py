@@ -12,8 +12,7 @@ from .. import arguments
 from ..connection import Connection
 from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
-from . import queues
-from .execution_rows import INSERT, SELECT_ONE, insert_parameters
+from .execution_rows import SELECT_ONE, WORKFLOWS_TIMEOUT, insert
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
 RECORD = """
@@ -45,10 +44,8 @@ class StartTable(WorkflowStartClient):
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
             # A child goes to its workflow's default queue, at its default priority, with its
-            # default timeout, as the app
-            # that serves it recorded them (`queues.record_defaults`).
-            queue, priority, timeout_ms = queues.defaults_in(db, self._sql, workflow)
-            db.execute(self._sql[INSERT], insert_parameters(start_request_id, workflow, input_json, now, queue, None,
-                                                            priority, timeout_ms))
+            # default timeout, as the app that serves it recorded them (`queues.record_defaults`).
+            insert(db, self._sql, start_request_id, workflow, input_json, now, queue=None, key=None, priority=None,
+                   take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT)
         self._on_due()
         return start_request_id
