@@ -89,3 +89,18 @@ def format_duration(ms: int) -> str:
         if abs(ms) >= 2 * size or (unit == "s" and abs(ms) >= size):
             return f"{ms // size} {unit}"
     return f"{ms} ms"
+
+
+QUEUE_HEADINGS = ("QUEUE", "CONCURRENCY", "PER KEY", "RATE", "DUE", "RUNNING", "WAITING")
+
+
+def queue_cells(queue) -> tuple[str, ...]:
+    """A queue (`QueueRecord`) as the cells of a row: name, concurrency, per key, rate, due,
+    running, waiting; `-` for no limit."""
+    rate = "-" if queue.rate is None else f"{queue.rate[0]} per {queue.rate[1]:g} s"
+    return (queue.name, _limit(queue.concurrency), _limit(queue.per_key), rate, str(queue.due), str(queue.running),
+            str(queue.waiting))
+
+
+def _limit(value) -> str:
+    return "-" if value is None else str(value)

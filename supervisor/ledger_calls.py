@@ -217,6 +217,7 @@ class RecordQueues(Call, name="record_queues"):
 
     queues: tuple[tuple, ...]  # (name, concurrency, per_key, rate_count, rate_seconds)
     defaults: tuple[tuple, ...]  # (workflow, queue, priority, timeout_ms)
+    unscheduled: tuple[str, ...] = ()  # the served workflows the app does not schedule
 
 
 @dataclass(frozen=True)
@@ -227,11 +228,14 @@ class TimeOut(Call, name="time_out_due"):
 
 
 def record_queues(backend: Backend, call: RecordQueues) -> int:
-    """Declare each queue's limits, then record the defaults; how many queues."""
+    """Declare each queue's limits, record the defaults, and forget the schedules the app no
+    longer has; how many queues."""
     for name, concurrency, per_key, rate_count, rate_seconds in call.queues:
         backend.queues.declare(name, concurrency=concurrency, per_key=per_key,
                                rate=None if rate_count is None else (rate_count, rate_seconds))
     backend.queues.record_defaults({workflow: tuple(default) for workflow, *default in call.defaults})
+    if call.unscheduled:
+        backend.schedules.forget(call.unscheduled)
     return len(call.queues)
 
 

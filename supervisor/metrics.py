@@ -42,6 +42,16 @@ def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:
         ("yieldstar_oldest_due_seconds", "gauge",
          "How long the longest-waiting claimable execution has been due; 0 when none is.",
          [({}, _seconds(stats.now - stats.oldest_due.due_at) if stats.oldest_due is not None else 0)]),
+        ("yieldstar_queue_executions", "gauge",
+         "Executions of each queue by state: due (claimable, or held back by the queue's limits), running (live"
+         " leases) and waiting (neither terminal nor due).",
+         [({"queue": queue.name, "state": state}, getattr(queue, state))
+          for queue in stats.queues for state in ("due", "running", "waiting")]),
+        ("yieldstar_queue_limit", "gauge",
+         "Each queue's limits: concurrency and per_key (live leases), rate_count claims per rate_seconds;"
+         " a limit the queue does not have is left out.",
+         [({"queue": queue.name, "limit": name}, value) for queue in stats.queues
+          for name, value in _limits(queue) if value is not None]),
     ]
     lines = []
     for name, kind, help_text, samples in families:
@@ -50,6 +60,12 @@ def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:
         for labels, value in samples:
             lines.append(f"{name}{_labels(labels)} {value}")
     return "\n".join(lines) + "\n"
+
+
+def _limits(queue) -> list[tuple[str, object]]:
+    rate_count, rate_seconds = queue.rate if queue.rate is not None else (None, None)
+    return [("concurrency", queue.concurrency), ("per_key", queue.per_key), ("rate_count", rate_count),
+            ("rate_seconds", rate_seconds)]
 
 
 def _seconds(ms: int) -> str:

@@ -51,14 +51,16 @@ class Serving:
     `workflows` (None until a worker is ready), `supervisor_id`, `registered`, `started_at_ms`.
     The replies to its calls are the loop's (`DispatchLoop.on_registered`, `on_seen`)."""
 
-    def worker_serves(self, child: Child, workflows: tuple[str, ...], queues: tuple = (), defaults: tuple = ()
-                      ) -> None:
-        """A worker reported ready with the workflows its app registers, and its queues."""
+    def worker_serves(self, child: Child, workflows: tuple[str, ...], queues: tuple = (), defaults: tuple = (),
+                      schedules: tuple = ()) -> None:
+        """A worker reported ready with the workflows its app registers, its queues and schedules."""
         child.workflows = frozenset(workflows)
         if self.queues is None:
             # The first ready worker's app: its queues' limits and the workflows' default queues
-            # are recorded before the first claim (the calls are made in order).
-            self.queues = RecordQueues(tuple(queues), tuple(defaults))
+            # are recorded before the first claim (the calls are made in order), and the
+            # schedules of its workflows that it no longer schedules are forgotten.
+            unscheduled = tuple(sorted(set(workflows) - {schedule.workflow for schedule in schedules}))
+            self.queues = RecordQueues(tuple(queues), tuple(defaults), unscheduled)
             self.record_queues()
         reports = [c.workflows for c in self.pool.children if c.ready and c.workflows is not None]
         served = frozenset.intersection(*reports)
@@ -103,7 +105,7 @@ class Serving:
     def record_queues(self) -> None:
         """Submit the recording of the app's queues (again)."""
         self.queues_pending = False
-        if self.queues is not None and (self.queues.queues or self.queues.defaults):
+        if self.queues is not None and (self.queues.queues or self.queues.defaults or self.queues.unscheduled):
             self.calls.submit(self.queues)
 
     def register(self) -> None:

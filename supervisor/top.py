@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .ledger.errors import StorageBusy
-from .humane import format_duration, format_time
+from .humane import QUEUE_HEADINGS, format_duration, format_time, queue_cells
 from .ledger.values import LedgerStats
 
 QUIT_KEYS = ("q", "Q")
@@ -84,13 +84,27 @@ def render(stats: LedgerStats, previous: LedgerStats | None = None, *, title: st
         waiting = "; ".join(f"{workflow} (" + ", ".join(f"{status} {n}" for status, n in counts.items()) + ")"
                             for workflow, counts in unserved.items())
         due = Text.assemble(due, "\n", (f"not served by any live supervisor: {waiting}", "yellow"))
-    parts = [heading, Text(""), counts, due, Text(""),
+    parts = [heading, Text(""), counts, due, Text(""), *queue_parts(stats),
              Text(f"live leases: {len(stats.live_leases)}", style="bold"), leases, Text(""),
              Text(f"failing (deliveries that went unacknowledged, most first): {len(stats.unacknowledged)}",
                   style="bold"), failing]
     if note:
         parts.insert(1, Text(note, style="yellow"))
     return Group(*parts)
+
+
+def queue_parts(stats: LedgerStats) -> list:
+    """The queues, when there is more to see than the default queue without limits: their
+    limits and counts, as `yieldstar queues` lists them."""
+    limited = [q for q in stats.queues if (q.concurrency, q.per_key, q.rate) != (None, None, None)]
+    if not limited and len(stats.queues) <= 1:
+        return []
+    table = Table(box=None, pad_edge=False)
+    for i, name in enumerate(QUEUE_HEADINGS):
+        table.add_column(name, justify="left" if i in (0, 3) else "right", no_wrap=True)
+    for queue in stats.queues:
+        table.add_row(*queue_cells(queue))
+    return [Text(f"queues: {len(stats.queues)}", style="bold"), table, Text("")]
 
 
 def run(read: Callable[[], LedgerStats], *, interval: float = 1.0, title: str = "",

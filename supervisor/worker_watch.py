@@ -144,7 +144,7 @@ class WorkerWatch:
                 self.ever_ready = True
                 self.start_deaths = 0
                 self.claim_wanted = True
-                self.worker_serves(child, message.workflows, message.queues, message.defaults)
+                self.worker_serves(child, message.workflows, message.queues, message.defaults, message.schedules)
                 self.worker_schedules(child, message.schedules, time.monotonic())
                 return
             case LedgerNotOpened():  # the ledger, not the app: the message says what to do

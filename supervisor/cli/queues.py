@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 import click
 
+from ..humane import QUEUE_HEADINGS, queue_cells
 from . import backend_of, handles_errors, main
 from .show import aligned
 
@@ -21,14 +22,12 @@ def queues(ctx, as_json_: bool) -> None:
     with backend_of(ctx, create=False) as backend:
         found = backend.queues.list()
     if as_json_:
-        click.echo(json.dumps([{**asdict(q), "rate": None if q.rate is None else list(q.rate)} for q in found]))
+        click.echo(json.dumps([queue_json(q) for q in found]))
         return
-    rows = [("QUEUE", "CONCURRENCY", "PER KEY", "RATE", "DUE", "RUNNING", "WAITING")]
-    rows += [(q.name, _limit(q.concurrency), _limit(q.per_key),
-              "-" if q.rate is None else f"{q.rate[0]} per {q.rate[1]:g} s", str(q.due), str(q.running), str(q.waiting))
-             for q in found]
+    rows = [QUEUE_HEADINGS] + [queue_cells(q) for q in found]
     click.echo("\n".join(aligned(rows, right=(1, 2, 4, 5, 6))))
 
 
-def _limit(value) -> str:
-    return "-" if value is None else str(value)
+def queue_json(queue) -> dict:
+    """A queue (`QueueRecord`) as `queues --json` and `stats --json` print it."""
+    return {**asdict(queue), "rate": None if queue.rate is None else list(queue.rate)}

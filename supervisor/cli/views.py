@@ -13,10 +13,11 @@ from dataclasses import asdict
 
 import click
 
-from ..humane import format_duration, format_time
+from ..humane import format_duration, format_time, queue_cells
 from ..ledger.values import LedgerStats
 from ..metrics import exposition
 from . import as_json, backend_of, handles_errors, main
+from .queues import queue_json
 
 # `metrics` counts every execution with unacknowledged deliveries, so it reads them all.
 ALL = 2 ** 62
@@ -57,6 +58,7 @@ def stats_json(summary: LedgerStats) -> dict:
         "deliveries": summary.deliveries,
         "parked": summary.parked,
         "unserved": summary.unserved(),
+        "queues": [queue_json(queue) for queue in summary.queues],
     }
 
 
@@ -85,9 +87,22 @@ def stats_lines(summary: LedgerStats) -> list[str]:
         lines.append(f"{'parked':<{width}}  {sum(summary.parked.values())} waiting for new code ("
                      + ", ".join(f"{workflow} {count}" for workflow, count in summary.parked.items())
                      + "): a supervisor that serves the workflow tries them when it starts; `resume ID` one")
+    lines += queue_lines(summary, width)
     lines.append(f"{'live leases':<{width}}  {len(summary.live_leases)}")
     lines.append(f"{'deliveries':<{width}}  {summary.deliveries}")
     lines += unserved_lines(summary, width)
+    return lines
+
+
+def queue_lines(summary: LedgerStats, width: int) -> list[str]:
+    """`by queue`, then a line per queue: its limits, then its due, running and waiting counts."""
+    lines = ["by queue"]
+    for queue in summary.queues:
+        _, concurrency, per_key, rate, due, running, waiting = queue_cells(queue)
+        limits = ", ".join(f"{label} {value}" for label, value in (("concurrency", concurrency),
+                                                                  ("per key", per_key), ("rate", rate)) if value != "-")
+        lines.append(f"{'  ' + queue.name:<{width}}  due {due}, running {running}, waiting {waiting}"
+                     + (f" (limits: {limits})" if limits else ""))
     return lines
 
 

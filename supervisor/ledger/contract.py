@@ -521,6 +521,13 @@ class ScheduleClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    def forget(self, workflows: Collection[str]) -> int:
+        """Remove the schedules of `workflows` (those their app no longer schedules: a supervisor
+        that starts serving them says so, the latest start winning, as for queue limits); how
+        many there were. A supervisor still running an app that schedules one records it again,
+        as new, at its next tick. Raises `InvalidArgument` for what is not a collection of names."""
+
+    @abc.abstractmethod
     def list(self) -> list[ScheduleRecord]:
         """Every recorded schedule, by name."""
 

@@ -356,7 +356,8 @@ class LedgerStats:
     readings give deliveries per second. `parked` maps each workflow that has parked executions
     (suspended after a diverged replay, waiting for new code) to how many. `served`, when its
     reader asked (`with_served`), is the set of workflows some live supervisor serves
-    (`backend.supervisors.served`), read after the rest; None when not read.
+    (`backend.supervisors.served`), read after the rest; None when not read. `queues` is every
+    queue with its limits and counts, as `backend.queues.list()` gives them.
     """
 
     now: int
@@ -368,6 +369,7 @@ class LedgerStats:
     deliveries: int
     parked: dict = field(default_factory=dict)
     served: Optional[frozenset] = None
+    queues: tuple = ()
 
     def with_served(self, served) -> "LedgerStats":
         return replace(self, served=frozenset(served))

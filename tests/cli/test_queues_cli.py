@@ -51,3 +51,31 @@ def test_start_with_a_bad_priority_or_queue_is_refused_and_admits_nothing(each_b
         assert match in refused.stderr
     with open_backend(each_backend) as backend:
         assert backend.executions.get("z") is None
+
+
+def test_stats_metrics_and_top_show_each_queue_with_its_limits_and_counts(each_backend):
+    with open_backend(each_backend) as backend:
+        backend.queues.declare("email", concurrency=1, rate=(10, 1.5))
+        for execution_id in ("e-1", "e-2"):
+            backend.executions.admit(execution_id, "send", queue="email")
+        backend.executions.admit("d-1", "send")
+        backend.executions.claim_due(limit=3, duration=60_000)  # e-1 and d-1; e-2 is held back
+
+    summary = json.loads(cli(each_backend, "stats", "--json").stdout)
+    assert summary["queues"] == [
+        {"name": "default", "concurrency": None, "per_key": None, "rate": None, "due": 0, "running": 1, "waiting": 0},
+        {"name": "email", "concurrency": 1, "per_key": None, "rate": [10, 1.5], "due": 1, "running": 1, "waiting": 0}]
+    text = cli(each_backend, "stats").stdout
+    assert "  email" in text and "due 1, running 1, waiting 0 (limits: concurrency 1, rate 10 per 1.5 s)" in text
+
+    samples = cli(each_backend, "metrics").stdout.splitlines()
+    assert 'yieldstar_queue_executions{queue="email",state="due"} 1' in samples
+    assert 'yieldstar_queue_executions{queue="default",state="running"} 1' in samples
+    assert {line for line in samples if line.startswith("yieldstar_queue_limit")} == {
+        'yieldstar_queue_limit{queue="email",limit="concurrency"} 1',
+        'yieldstar_queue_limit{queue="email",limit="rate_count"} 10',
+        'yieldstar_queue_limit{queue="email",limit="rate_seconds"} 1.5'}
+
+    screen = [line.split() for line in cli(each_backend, "top").stdout.splitlines()]
+    assert ["QUEUE", "CONCURRENCY", "PER", "KEY", "RATE", "DUE", "RUNNING", "WAITING"] in screen
+    assert ["email", "1", "-", "10", "per", "1.5", "s", "1", "1", "0"] in screen

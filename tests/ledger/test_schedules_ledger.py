@@ -145,3 +145,16 @@ def test_a_tick_goes_to_its_workflows_default_queue_and_priority(backend):
     assert record.admitted
     execution = backend.executions.get(tick_id("tick", T0 + 2000))
     assert (execution.queue, execution.key, execution.priority) == ("nightly-jobs", None, 7)
+
+
+def test_forget_removes_the_schedules_named_and_refuses_what_is_not_names(backend):
+    backend.schedules.admit_due([EVERY_2, schedule_of("other", every=3)], now=T0)
+    assert backend.schedules.forget(["tick", "unknown"]) == 1
+    assert [r.name for r in backend.schedules.list()] == ["other"]
+    for bad in ("other", None, [""], [3]):
+        with pytest.raises(InvalidArgument):
+            backend.schedules.forget(bad)
+    assert [r.name for r in backend.schedules.list()] == ["other"]
+    # Recorded again (a supervisor of the older app), it starts as new: nothing missed.
+    [record] = backend.schedules.admit_due([EVERY_2], now=T0 + 10_001)
+    assert (record.last_tick, record.next_tick, record.admitted) == (None, T0 + 12_000, False)

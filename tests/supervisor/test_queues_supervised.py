@@ -1,8 +1,9 @@
 """Queues with real processes (SPEC section 12): three supervisors of an app that declares a queue
 of concurrency 2 share one ledger (a SQLite file, and PostgreSQL); the lease history shows that at
 most 2 deliveries of the queue overlapped, and the limit came from the app (recorded by each
-supervisor when it started, before its first claim). Starts that name no queue take the
-workflow's. Every wait polls against a deadline.
+supervisor when it started, before its first claim). The same for a per-key limit and a rate;
+one supervisor claims by priority, then due time. Starts that name no queue take the workflow's,
+even those made before any supervisor ran. Every wait polls against a deadline.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def test_three_supervisors_sharing_a_queue_of_concurrency_2_never_overlap_more_t
     fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
     for process in fleet:
         process.wait_ready()
-        process.wait_log("recorded the limits of 1 queue")
+        process.wait_log("recorded the limits of 3 queues")
     ids = [f"narrow-{i:02d}" for i in range(EXECUTIONS)]
     for execution_id in ids:
         each_ledger.executions.admit(execution_id, "q.narrow", queue="narrow")
@@ -97,3 +98,60 @@ def test_starts_made_before_any_supervisor_ran_obey_the_queue_its_first_supervis
     deliveries = [d for e in ids for d in each_ledger.executions.history(e)]
     slack = 0 if not str(each_backend).startswith("postgresql://") else 20
     assert max_overlap(deliveries, slack) <= 2
+
+
+
+def slack_of(backend) -> int:
+    """How far apart two processes' stamps of one instant may be (see the first test)."""
+    return 0 if not str(backend).startswith("postgresql://") else 20
+
+
+def test_three_supervisors_never_run_two_deliveries_of_one_key_at_once_but_run_keys_side_by_side(
+        each_backend, each_ledger, supervisors):
+    fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
+    for process in fleet:
+        process.wait_ready()
+        process.wait_log("recorded the limits of 3 queues")
+    ids = {f"keyed-{key}-{i}": f"tenant-{key}" for key in range(3) for i in range(4)}
+    for execution_id, key in ids.items():
+        each_ledger.executions.admit(execution_id, "q.keyed", queue="keyed", key=key)
+    wait_until(lambda: all(each_ledger.executions.get(e).status == "completed" for e in ids), 90,
+               message="every execution completed")
+    by_key: dict[str, list] = {}
+    for execution_id, key in ids.items():
+        by_key.setdefault(key, []).extend(each_ledger.executions.history(execution_id))
+    assert all(max_overlap(deliveries, slack_of(each_backend)) <= 1 for deliveries in by_key.values())
+    assert max_overlap([d for deliveries in by_key.values() for d in deliveries]) >= 2  # keys side by side
+
+
+def test_three_supervisors_sharing_a_rate_claim_at_most_4_in_any_second(each_backend, each_ledger, supervisors):
+    fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
+    for process in fleet:
+        process.wait_ready()
+        process.wait_log("recorded the limits of 3 queues")
+    ids = [f"rated-{i:02d}" for i in range(14)]
+    for execution_id in ids:
+        each_ledger.executions.admit(execution_id, "q.rated", queue="rated")
+    wait_until(lambda: all(each_ledger.executions.get(e).status == "completed" for e in ids), 90,
+               message="every execution completed")
+    claims = sorted(d.claimed_at for e in ids for d in each_ledger.executions.history(e))
+    assert len(claims) == len(ids)
+    # Any 5 claims in a row span at least a second (less the stamps' slack on PostgreSQL).
+    spans = [claims[i + 4] - claims[i] for i in range(len(claims) - 4)]
+    assert min(spans) >= 1000 - slack_of(each_backend), spans
+
+
+def test_a_supervisor_claims_by_priority_then_due_time(each_backend, each_ledger, supervisors):
+    """A backlog admitted before the supervisor starts: the priority 5 executions (q.urgent's
+    default) are all claimed before the priority 0 ones, each group in the order it was due."""
+    plain = [f"plain-{i}" for i in range(4)]
+    urgent = [f"urgent-{i}" for i in range(4)]
+    for i in range(4):
+        each_ledger.executions.admit(plain[i], "q.plain")
+        each_ledger.executions.admit(urgent[i], "q.urgent", priority=5)
+    supervisors.start(each_backend, app=APP, concurrency=1)
+    wait_until(lambda: all(each_ledger.executions.get(e).status == "completed" for e in plain + urgent), 60,
+               message="every execution completed")
+    order = [d.execution_id for d in sorted((d for e in plain + urgent for d in each_ledger.executions.history(e)),
+                                             key=lambda d: (d.claimed_at, d.token))]
+    assert order == urgent + plain

@@ -157,3 +157,17 @@ def test_until_idle_runs_a_missed_tick_and_does_not_wait_for_the_next(each_backe
     (record,) = [r for r in each_ledger.schedules.list() if r.name == "sc.nightly"]
     assert record.last_tick == missed and record.next_tick > each_ledger.clock()  # not waited for
     assert time.monotonic() - started < 30
+
+
+def test_a_schedule_the_app_no_longer_has_is_forgotten_when_its_supervisor_starts(each_backend, each_ledger,
+                                                                                  supervisors):
+    """The latest start wins, as for queue limits: `sc.tick` served without a schedule is no
+    longer listed nor ticked; `sc.nightly`, which the new app does not serve, is kept."""
+    each_ledger.schedules.admit_due([schedule_of("sc.tick", every=1), NIGHTLY])
+    edited = supervisors.start(each_backend, app=str(TESTS / "apps" / "schedules_removed_app.py"), concurrency=2)
+    wait_until(lambda: [r.name for r in each_ledger.schedules.list()] == ["sc.nightly"], 30,
+               message="sc.tick's schedule forgotten")
+    listed = cli(each_backend, "schedules", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [record["name"] for record in json.loads(listed.stdout)] == ["sc.nightly"]
+    assert ticks(each_ledger) == [] and not admissions(edited)

@@ -23,7 +23,7 @@ from ..values import (
     LiveLease,
     WaitReason,
 )
-from . import parking, waiters
+from . import parking, queues, waiters
 from .epochs import FLOOR
 from .execution_rows import (
     ADMITTED,
@@ -313,8 +313,8 @@ class ExecutionOperators(ExecutionRows):
 
     def stats(self, *, now=None, limit=20) -> LedgerStats:
         """Counts by status and workflow, the longest-waiting due execution, the executions
-        whose deliveries go unacknowledged, every live lease, and the parked executions by
-        workflow, read in one transaction."""
+        whose deliveries go unacknowledged, every live lease, the parked executions by
+        workflow, and the queues, read in one transaction."""
         arguments.integer("limit", limit, minimum=0)
         now = self._now(now)
         by_status = {s.value: 0 for s in ExecutionStatus}
@@ -329,11 +329,12 @@ class ExecutionOperators(ExecutionRows):
             live = [LiveLease(*found) for found in db.execute(self._sql[LIVE], (now,)).fetchall()]
             deliveries = db.execute(self._sql[DELIVERIES]).fetchone()[0]
             parked = dict(db.execute(self._sql[parking.PARKED_BY_WORKFLOW]).fetchall())
+            by_queue = tuple(queues.queue_records(db, self._sql, now))
         # Workflows and each one's statuses by name, whatever order the backend's grouping gave.
         by_workflow = {workflow: dict(sorted(counts.items())) for workflow, counts in sorted(by_workflow.items())}
         return LedgerStats(now=now, by_status=by_status, by_workflow=by_workflow,
                            oldest_due=self._as_of(due[0], now) if due else None, unacknowledged=unacked[:limit],
-                           live_leases=live, deliveries=deliveries, parked=parked)
+                           live_leases=live, deliveries=deliveries, parked=parked, queues=by_queue)
 
 
 def terminate(client: ExecutionRows, db: Transaction, row: Row, now: int, status: str, error_json: str,

@@ -129,6 +129,21 @@ DEFAULTS_TURN_SHARED = "SELECT pg_advisory_xact_lock_shared(20261205, hashtext($
 DEFAULTS_TURN = "SELECT pg_advisory_xact_lock(20261205, hashtext($p))"
 
 
+def queue_records(db: Transaction, sql, now: int) -> list[QueueRecord]:
+    """Every queue (the declared ones, those executions name, and `default`) by name, with its
+    limits and its counts as of `now`, read in the transaction `db`."""
+    limits_by_name = {row[0]: row[1:] for row in db.execute(sql[ALL_LIMITS]).fetchall()}
+    counts = {row[0]: row[1:] for row in db.execute(sql[COUNTS], (now,) * 6).fetchall()}
+    records = []
+    for name in sorted(set(limits_by_name) | set(counts) | {DEFAULT_QUEUE}):
+        concurrency, per_key, rate_count, rate_ms = limits_by_name.get(name, (None, None, None, None))
+        due, running, waiting = (int(value or 0) for value in counts.get(name, (0, 0, 0)))
+        records.append(QueueRecord(name=name, concurrency=concurrency, per_key=per_key,
+                                   rate=None if rate_count is None else (rate_count, rate_ms / 1000),
+                                   due=due, running=running, waiting=waiting))
+    return records
+
+
 def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], priority: Optional[int], *,
                  take_turns: bool, timeout: bool = False) -> tuple[str, int, Optional[int], int]:
     """The queue and priority of a new execution of `workflow`, given those its start named
@@ -298,13 +313,4 @@ class QueueTable(ClockedTable, QueueClient):
     def list(self, *, now=None) -> list[QueueRecord]:
         now = self._now(now)
         with self._conn.read() as db:
-            limits_by_name = {row[0]: row[1:] for row in db.execute(self._sql[ALL_LIMITS]).fetchall()}
-            counts = {row[0]: row[1:] for row in db.execute(self._sql[COUNTS], (now,) * 6).fetchall()}
-        records = []
-        for name in sorted(set(limits_by_name) | set(counts) | {DEFAULT_QUEUE}):
-            concurrency, per_key, rate_count, rate_ms = limits_by_name.get(name, (None, None, None, None))
-            due, running, waiting = (int(value or 0) for value in counts.get(name, (0, 0, 0)))
-            records.append(QueueRecord(name=name, concurrency=concurrency, per_key=per_key,
-                                       rate=None if rate_count is None else (rate_count, rate_ms / 1000),
-                                       due=due, running=running, waiting=waiting))
-        return records
+            return queue_records(db, self._sql, now)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Optional
 
+from .. import arguments
 from ..connection import Connection
 from ..contract import ScheduleClient
 from ..errors import InvalidArgument
@@ -46,6 +47,8 @@ ON CONFLICT (name) DO NOTHING"""
 # The app's schedule changed: the cursor starts again from now, keeping the last tick admitted.
 REPLACE = "UPDATE schedules SET spec = $p, timezone = $p, next_tick = $p, updated_at = $p WHERE name = $p"
 # The compare-and-set: advance only from the next tick this caller read.
+# A workflow its app no longer schedules: the latest supervisor to start says so.
+FORGET = "DELETE FROM schedules WHERE name = $p"
 ADVANCE = """
 UPDATE schedules SET last_tick = $p, next_tick = $p, updated_at = $p
 WHERE name = $p AND next_tick = $p"""
@@ -109,6 +112,13 @@ class ScheduleTable(ClockedTable, ScheduleClient):
         insert(db, sql, tick_id(name, tick), name, json.dumps(tick_input(tick)), now, queue=None, key=None,
                priority=None, take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT)
         return _record((name, spec, schedule.timezone, tick, upcoming, now), admitted=True)
+
+    def forget(self, workflows) -> int:
+        names = arguments.workflows("workflows", workflows)
+        if names is None:
+            raise InvalidArgument("workflows must be a collection of workflow names, not None")
+        with self._conn.write() as db:
+            return sum(db.execute(self._sql[FORGET], (name,)).rowcount for name in sorted(names))
 
     def list(self) -> list[ScheduleRecord]:
         return [_record(row) for row in self._conn.execute(self._sql[SELECT_ALL]).fetchall()]
