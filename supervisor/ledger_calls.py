@@ -16,7 +16,7 @@ touches nothing but its own queue and connection.
 
 Each call is a value of its own type (`Claim`, `Acknowledge`, `Release`, `Renew`, `Ended`,
 `NextReadyAt`; `Register`, `Seen`, `Deregister` for the supervisor's own row in the live
-supervisors; `AdmitTicks` for the app's schedules), matched by type: `make` makes each kind's one ledger method, the thread batches
+supervisors; `AdmitTicks` for the app's schedules; `TimeOut` for the workflow timeouts), matched by type: `make` makes each kind's one ledger method, the thread batches
 by type, and the loop takes each reply to the handler registered for its call's type, so no
 call is named by a string.
 
@@ -211,12 +211,20 @@ class AdmitTicks(Call, name="admit_due"):
 
 @dataclass(frozen=True)
 class RecordQueues(Call, name="record_queues"):
-    """The app's queue limits and its workflows' default queues, recorded when the supervisor
-    starts serving (SPEC section 12: the latest start wins), before its first claim."""
+    """The app's queue limits and its workflows' defaults (queue, priority, timeout), recorded
+    when the supervisor starts serving (SPEC section 12: the latest start wins), before its first
+    claim."""
 
     queues: tuple[tuple, ...]  # (name, concurrency, per_key, rate_count, rate_seconds)
-    defaults: tuple[tuple[str, str, int], ...]  # (workflow, queue, priority)
+    defaults: tuple[tuple, ...]  # (workflow, queue, priority, timeout_ms)
     unscheduled: tuple[str, ...] = ()  # the served workflows the app does not schedule
+
+
+@dataclass(frozen=True)
+class TimeOut(Call, name="time_out_due"):
+    """Fail every execution past its workflow timeout (SPEC section 12), of any workflow: made once
+    a renewal round by every supervisor (`timeouts`); one index read when none is. The reply is the
+    ids it failed."""
 
 
 def record_queues(backend: Backend, call: RecordQueues) -> int:
@@ -225,7 +233,7 @@ def record_queues(backend: Backend, call: RecordQueues) -> int:
     for name, concurrency, per_key, rate_count, rate_seconds in call.queues:
         backend.queues.declare(name, concurrency=concurrency, per_key=per_key,
                                rate=None if rate_count is None else (rate_count, rate_seconds))
-    backend.queues.record_defaults({workflow: (queue, priority) for workflow, queue, priority in call.defaults})
+    backend.queues.record_defaults({workflow: tuple(default) for workflow, *default in call.defaults})
     if call.unscheduled:
         backend.schedules.forget(call.unscheduled)
     return len(call.queues)
@@ -260,11 +268,13 @@ def make(call: Call, backend: Backend) -> Any:
             return backend.schedules.admit_due(call.schedules)
         case RecordQueues():
             return record_queues(backend, call)
+        case TimeOut():
+            return executions.time_out_due()
     raise TypeError(f"not a ledger call: {call!r}")
 
 
 CALLS: tuple[type[Call], ...] = (Claim, Acknowledge, Release, Renew, Ended, NextReadyAt, Register, Seen, Deregister,
-                                 Unpark, AdmitTicks, RecordQueues)
+                                 Unpark, AdmitTicks, RecordQueues, TimeOut)
 
 
 @dataclass

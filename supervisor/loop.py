@@ -1,7 +1,8 @@
 """The dispatcher loop: the supervisor's only thread that touches delivery state.
 
 Each turn of the loop is a few named steps — check for a stop, take the ledger's replies, admit
-due ticks of the app's schedules, claim, renew, beat, settle — and one `wait()` on everything that can need attention: each child's pipe
+due ticks of the app's schedules, fail what is past its workflow timeout, claim, renew, beat,
+settle — and one `wait()` on everything that can need attention: each child's pipe
 and process sentinel, the nudge socket, the stop-signal wake-up and the wake-ups of the two
 ledger threads (`ledger_calls`). No step waits for the database: a call is submitted, and its
 reply is handled on a later turn, so a held write lock or a full disk delays claims and
@@ -47,10 +48,11 @@ from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
 from .ledger_calls import (Acknowledge, AdmitTicks, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt,
-                           RecordQueues, Register, Release, Renew, Reply, Seen, Unpark, Wakeup)
+                           RecordQueues, Register, Release, Renew, Reply, Seen, TimeOut, Unpark, Wakeup)
 from .pool import Child, Delivery, Pool
 from .scheduling import Scheduling
 from .serving import Serving, new_supervisor_id
+from .timeouts import WorkflowTimeouts
 from .worker_watch import RELEASE_LINE, WorkerWatch
 
 __all__ = ["DispatchLoop", "ON_REPLY", "EXIT_STOPPED", "EXIT_KILLED", "EXIT_LEDGER_UNUSABLE",
@@ -70,12 +72,13 @@ BACKOFF_MAX_S = 2.0
 FILE_CHECK_S = 1.0
 
 
-class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
+class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeouts):
     """The dispatcher loop's state and its steps. Every step takes the time (`now`, monotonic
     seconds) as an argument and none blocks: waiting happens in `wait` alone. The steps that keep
     leases are in `lease_keeping`, those that watch the worker processes in `worker_watch`, those
     that decide which workflows it serves and keep its row among the live supervisors in
-    `serving`, those that admit the app's schedules' ticks in `scheduling`."""
+    `serving`, those that admit the app's schedules' ticks in `scheduling`, those that fail the
+    executions past their workflow timeout in `timeouts`."""
 
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
                  signals: Wakeup, stop_requests: Callable[[], int],
@@ -150,6 +153,9 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
         self.ticks_checked = False  # an AdmitTicks was answered (until_idle waits for the first)
         self.tick_failures = 0
         self.blocked_polls = 0  # claims in a row that found nothing though something was due
+        # Workflow timeouts (`timeouts`): the first TimeOut at once, then one a renewal round.
+        self.next_time_out = now
+        self.timing_out = False  # a TimeOut is in flight
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -176,6 +182,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
                 return EXIT_STOPPED
             self.stop_unconfirmed(now)
             self.admit_ticks(now)
+            self.time_out(now)
             self.claim(now)
             self.renew(now)
             self.beat(now)
@@ -423,6 +430,10 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
 
     def on_ticks_admitted(self, reply: Reply, now: float) -> None:
         self.ticks_admitted(reply, now)  # `scheduling`
+
+    def on_timed_out(self, reply: Reply, now: float) -> None:
+        self.timed_out(reply, now)  # `timeouts`
+
     def on_queues_recorded(self, reply: Reply, now: float) -> None:
         if reply.error is not None:
             self.queues_pending = True  # made again at the next renewal round
@@ -523,9 +534,9 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling):
             deadlines.append(self.next_renewal)
         deadlines += held
         deadlines += [d.retry_at for d in self.ending.values()]
-        ticks = self.ticks_deadline()
-        if ticks is not None:
-            deadlines.append(ticks)
+        for step in (self.ticks_deadline(), self.time_out_deadline()):
+            if step is not None:
+                deadlines.append(step)
         return min(deadlines)
 
     def wait(self, deadline: float) -> None:
@@ -595,6 +606,7 @@ ON_REPLY: dict[type[Call], Callable[[DispatchLoop, Reply, float], None]] = {
     Unpark: DispatchLoop.on_unparked,
     AdmitTicks: DispatchLoop.on_ticks_admitted,
     RecordQueues: DispatchLoop.on_queues_recorded,
+    TimeOut: DispatchLoop.on_timed_out,
 }
 
 

@@ -199,26 +199,32 @@ class _Base:
         return name
 
     def _start(self, workflow: Any, input: Any, id: Optional[str], queue: Any = None, key: Optional[str] = None,
-               priority: Optional[int] = None) -> ExecutionRecord:
+               priority: Optional[int] = None, timeout: Optional[float] = None) -> ExecutionRecord:
         name = self._registered(workflow)
         input_json = arguments.to_json("input", input)
         return self._admit(name, input_json, None if id is None else arguments.identifier("id", id), queue, key,
-                           priority)
+                           priority, timeout)
 
     def _start_json(self, workflow: Any, input_json: str, id: Optional[str], queue: Any = None,
-                    key: Optional[str] = None, priority: Optional[int] = None) -> ExecutionRecord:
+                    key: Optional[str] = None, priority: Optional[int] = None,
+                    timeout: Optional[float] = None) -> ExecutionRecord:
         # The ledger checks the text, the id, the queue, the key and the priority.
-        return self._admit(self._registered(workflow), input_json, id, queue, key, priority)
+        return self._admit(self._registered(workflow), input_json, id, queue, key, priority, timeout)
 
     def _admit(self, workflow: str, input_json: str, id: Optional[str], queue: Any = None, key: Optional[str] = None,
-               priority: Optional[int] = None) -> ExecutionRecord:
-        """Admit, in the queue and at the priority given, or else the workflow's defaults: those
-        the app declares (`@workflow(queue=, priority=)`), as its supervisor records them in the
-        ledger when it starts (the ledger's `admit` of None)."""
+               priority: Optional[int] = None, timeout: Optional[float] = None) -> ExecutionRecord:
+        """Admit, in the queue, at the priority and with the timeout (seconds) given, or else the
+        workflow's defaults: those the app declares (`@workflow(queue=, priority=, timeout=)`),
+        as its supervisor records them in the ledger when it starts (the ledger's `admit` of None
+        for the queue and priority; the timeout as recorded at the start, none before any
+        record)."""
+        timeout_ms = arguments.seconds_to_ms("timeout", timeout)
         if isinstance(queue, Queue):
             queue = queue.name
+        if timeout_ms is None:
+            timeout_ms = self.backend.queues.timeout_of(workflow)
         return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json,
-                                             queue=queue, key=key, priority=priority)
+                                             queue=queue, key=key, priority=priority, timeout_ms=timeout_ms)
 
     def _record(self, execution_id: str) -> ExecutionRecord:
         record = self.backend.executions.get(execution_id)
@@ -328,20 +334,23 @@ class Client(_Base):
     """
 
     def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None, queue: Any = None,
-              key: Optional[str] = None, priority: Optional[int] = None) -> Handle:
+              key: Optional[str] = None, priority: Optional[int] = None, timeout: Optional[float] = None) -> Handle:
         """Admit an execution of `workflow` (a name, or the decorated function) with `input` (any
         JSON value) and return its handle. `id` is the idempotency key: the same id with the same
-        workflow, input, queue, key and priority returns the same execution; with others it raises
-        `ExecutionConflict`. Without it, a new id is made. `queue` (a `Queue` or its name) and
-        `priority` default to the workflow's (`@workflow(queue=, priority=)`, as its supervisor
-        recorded them); `key` is what the queue's `per_key` limit counts by."""
-        record = self._start(workflow, input, id, queue, key, priority)
+        workflow, input, queue, key, priority and timeout returns the same execution; with others
+        it raises `ExecutionConflict`. Without it, a new id is made. `queue` (a `Queue` or its
+        name), `priority` and `timeout` default to the workflow's (`@workflow(queue=, priority=,
+        timeout=)`, as its supervisor recorded them); `key` is what the queue's `per_key` limit
+        counts by. `timeout` (seconds > 0): not finished that long after now, the execution fails
+        as `WorkflowTimedOut` (SPEC section 12)."""
+        record = self._start(workflow, input, id, queue, key, priority, timeout)
         return Handle(self, record.execution_id, record.workflow)
 
     def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None, queue: Any = None,
-                   key: Optional[str] = None, priority: Optional[int] = None) -> Handle:
+                   key: Optional[str] = None, priority: Optional[int] = None,
+                   timeout: Optional[float] = None) -> Handle:
         """As `start`, with the input as JSON text, recorded as given (`yieldstar start --input`)."""
-        record = self._start_json(workflow, input_json, id, queue, key, priority)
+        record = self._start_json(workflow, input_json, id, queue, key, priority, timeout)
         return Handle(self, record.execution_id, record.workflow)
 
     def handle(self, execution_id: str) -> Handle:
@@ -447,15 +456,17 @@ class AsyncClient(_Base):
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
     async def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None, queue: Any = None,
-                    key: Optional[str] = None, priority: Optional[int] = None) -> AsyncHandle:
+                    key: Optional[str] = None, priority: Optional[int] = None,
+                    timeout: Optional[float] = None) -> AsyncHandle:
         """As `Client.start`."""
-        record = await self._call(self._start, workflow, input, id, queue, key, priority)
+        record = await self._call(self._start, workflow, input, id, queue, key, priority, timeout)
         return AsyncHandle(self, record.execution_id, record.workflow)
 
     async def start_json(self, workflow: Any, input_json: str = "null", *, id: Optional[str] = None,
-                         queue: Any = None, key: Optional[str] = None, priority: Optional[int] = None) -> AsyncHandle:
+                         queue: Any = None, key: Optional[str] = None, priority: Optional[int] = None,
+                         timeout: Optional[float] = None) -> AsyncHandle:
         """As `Client.start_json`."""
-        record = await self._call(self._start_json, workflow, input_json, id, queue, key, priority)
+        record = await self._call(self._start_json, workflow, input_json, id, queue, key, priority, timeout)
         return AsyncHandle(self, record.execution_id, record.workflow)
 
     async def handle(self, execution_id: str) -> AsyncHandle:

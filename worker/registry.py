@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, TypeVar
 
-from supervisor.ledger.arguments import identifier
+from supervisor.ledger.arguments import identifier, seconds_to_ms
 from supervisor.ledger.errors import AppNotFound, InvalidArgument, YieldstarError
 from supervisor.ledger.tables.queues import DEFAULT_QUEUE, priority as checked_priority
 from supervisor.ledger.ticks import Schedule, schedule_of
@@ -25,19 +25,21 @@ class Registry:
         self._workflows: dict[str, WorkflowFunction] = {}
         self._schedules: dict[str, Schedule] = {}
         self._queues: dict[str, Queue] = {}  # the queues the app declares, by name
-        self._defaults: dict[str, tuple[str, int]] = {}  # each workflow's (queue, priority)
+        self._defaults: dict[str, tuple[str, int, Optional[int]]] = {}  # each workflow's (queue, priority, timeout_ms)
 
     def workflow(self, name: str, *, queue: Queue | str | None = None, priority: int = 0,
                  schedule: Optional[str] = None, timezone: Optional[str] = None,
-                 every: Optional[float] = None) -> Callable[[W], W]:
-        """`queue` (a `Queue`, or a queue's name; "default" when None) and `priority` (higher
-        first) are the defaults of its executions' starts. `schedule` (a cron expression, in UTC
+                 every: Optional[float] = None, timeout: Optional[float] = None) -> Callable[[W], W]:
+        """`queue` (a `Queue`, or a queue's name; "default" when None), `priority` (higher
+        first) and `timeout` (seconds > 0 from admission to a `WorkflowTimedOut` failure; None:
+        none) are the defaults of its executions' starts. `schedule` (a cron expression, in UTC
         unless `timezone`) or `every` (seconds) makes the supervisors that serve the workflow
         admit it at each tick (SPEC section 12). All are checked here, so a bad one fails the
         app's import."""
         identifier("workflow name", name)
         queue_name = self._queue(queue)
         checked_priority("priority", priority)
+        timeout_ms = seconds_to_ms("timeout", timeout)
         ticking = schedule_of(name, schedule=schedule, timezone=timezone, every=every)
 
         def register(fn: W) -> W:
@@ -49,7 +51,7 @@ class Registry:
                     f"workflow {name!r} is already registered by {_origin(known)}; refusing {_origin(fn)}"
                 )
             self._workflows[name] = fn
-            self._defaults[name] = (queue_name, priority)
+            self._defaults[name] = (queue_name, priority, timeout_ms)
             if ticking is not None:
                 self._schedules[name] = ticking
             fn.workflow_name = name  # type: ignore[attr-defined]
@@ -75,8 +77,8 @@ class Registry:
         """The queues the app's workflows name as `Queue`s, by name."""
         return [self._queues[name] for name in sorted(self._queues)]
 
-    def defaults(self) -> dict[str, tuple[str, int]]:
-        """Each workflow's default (queue, priority)."""
+    def defaults(self) -> dict[str, tuple[str, int, Optional[int]]]:
+        """Each workflow's default (queue, priority, timeout_ms)."""
         return dict(sorted(self._defaults.items()))
 
     def get(self, name: str) -> Optional[WorkflowFunction]:
@@ -102,10 +104,12 @@ default_registry = Registry()
 
 
 def workflow(name: str, *, queue: Queue | str | None = None, priority: int = 0, schedule: Optional[str] = None,
-             timezone: Optional[str] = None, every: Optional[float] = None) -> Callable[[W], W]:
+             timezone: Optional[str] = None, every: Optional[float] = None,
+             timeout: Optional[float] = None) -> Callable[[W], W]:
     """Register `f(ctx, input)` as the workflow called `name`; its executions go to `queue` (a
-    `Queue`, or a queue's name; "default" when None) at `priority` (higher first) unless their
-    start names others; with `schedule=` (cron, UTC unless `timezone=`) or `every=` (seconds),
-    admitted at each tick with input `{"scheduled_at": TICK}`."""
+    `Queue`, or a queue's name; "default" when None) at `priority` (higher first), and fail as
+    `WorkflowTimedOut` if not finished `timeout` seconds after their admission (None: never),
+    unless their start names others; with `schedule=` (cron, UTC unless `timezone=`) or `every=`
+    (seconds), admitted at each tick with input `{"scheduled_at": TICK}`."""
     return default_registry.workflow(name, queue=queue, priority=priority, schedule=schedule, timezone=timezone,
-                                     every=every)
+                                     every=every, timeout=timeout)

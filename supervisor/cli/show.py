@@ -23,7 +23,7 @@ from . import (
     main,
 )
 
-TIME_FIELDS = ("due_at", "lease_expires_at", "created_at", "updated_at")
+TIME_FIELDS = ("due_at", "lease_expires_at", "created_at", "updated_at", "deadline_at")
 LABEL = 27  # wide enough for `unacknowledged_deliveries`
 
 
@@ -54,6 +54,8 @@ def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int) -
     """`get`'s text: one labelled line per field, then the error's traceback and the waits."""
     lines = []
     for key, value in as_json(record).items():
+        if key == "deadline_at" and value is None:
+            continue  # no workflow timeout: nothing to say
         if key in TIME_FIELDS:
             shown = format_time(value, now=now)
         elif key == "error" and isinstance(value, dict):

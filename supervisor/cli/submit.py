@@ -8,6 +8,7 @@ import click
 
 from worker.client import Client
 
+from ..humane import parse_duration
 from ..ledger.errors import StorageError, UnknownEffect
 from ..ledger.values import SettleConflict
 from . import (
@@ -31,16 +32,33 @@ from . import (
 @click.option("--queue", help="The queue whose limits its claims obey (default: the workflow's).")
 @click.option("--key", help="The key the queue's per_key limit counts it by.")
 @click.option("--priority", type=int, help="Higher first (default: the workflow's, else 0).")
+@click.option("--timeout", metavar="DURATION",
+              help="Fail it as WorkflowTimedOut if not finished this long after now (30s, 5m, 2h; default: the"
+                   " workflow's, else none).")
 @click.pass_context
 @handles_errors
 def start(ctx, workflow: str, execution_id: str | None, input_json: str, queue: str | None, key: str | None,
-          priority: int | None) -> None:
+          priority: int | None, timeout: str | None) -> None:
     """Admit an execution of WORKFLOW and print its id."""
     input_json = read_json_option("--input", input_json)
+    timeout_s = None if timeout is None else timeout_seconds(timeout)
     with Client(ledger_of(ctx)) as client:
-        handle = client.start_json(workflow, input_json, id=execution_id, queue=queue, key=key, priority=priority)
+        handle = client.start_json(workflow, input_json, id=execution_id, queue=queue, key=key, priority=priority,
+                                   timeout=timeout_s)
     click.echo(handle.execution_id)
     note_unserved(ctx, workflow)
+
+
+def timeout_seconds(text: str) -> float:
+    """`--timeout`'s duration in seconds; a duration that is none, or not longer than 0, is
+    refused on stderr naming the option, before anything is written."""
+    try:
+        ms = parse_duration(text)
+    except ValueError as exc:
+        fail(f"--timeout: {exc}")
+    if ms <= 0:
+        fail(f"--timeout must be longer than 0, got {text!r}")
+    return ms / 1000
 
 
 def note_unserved(ctx, workflow: str) -> None:

@@ -54,6 +54,35 @@ def integer(name: str, value: Any, *, minimum: Optional[int] = None) -> int:
     return value
 
 
+# A timeout (ms) at most this long: a deadline (admission + timeout) then fits a 64-bit column
+# however late the admission; 2**53 ms is some 285,000 years, beyond any real one.
+MAX_TIMEOUT_MS = 2 ** 53
+
+
+def timeout_ms(name: str, value: Any) -> Optional[int]:
+    """A ledger timeout: None, or an int of ms >= 1."""
+    if value is None:
+        return None
+    integer(name, value, minimum=1)
+    if value > MAX_TIMEOUT_MS:
+        raise InvalidArgument(f"{name} must be at most {MAX_TIMEOUT_MS} ms, got {value}")
+    return value
+
+
+def seconds_to_ms(name: str, seconds: Any) -> Optional[int]:
+    """An SDK timeout in seconds (None: none) as the ledger's ms, refusing what is no positive
+    finite number (a bool included: `timeout=True` is a mistake, not one second)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise InvalidArgument(f"{name} must be None or a number of seconds > 0, got {seconds!r}")
+    ms = max(1, round(seconds * 1000))  # a timeout under a ms is one ms, not none
+    if ms > MAX_TIMEOUT_MS:
+        raise InvalidArgument(f"{name} must be at most {MAX_TIMEOUT_MS // 1000} seconds, got {seconds!r}")
+    return ms
+
+
 def lease(name: str, value: Any) -> ExecutionLease:
     """An `ExecutionLease` whose fields the fence can compare as they are: a str execution id and
     a 64-bit int token (SQLite would convert a token "1" to 1 and let it through the fence, and

@@ -96,10 +96,13 @@ class NoMatch(Exception):
 class ExecutionClient(abc.ABC):
     @abc.abstractmethod
     def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, queue: Optional[str] = "default",
-              key: Optional[str] = None, priority: Optional[int] = 0, now: Optional[int] = None) -> ExecutionRecord:
+              key: Optional[str] = None, priority: Optional[int] = 0, timeout_ms: Optional[int] = None,
+              now: Optional[int] = None) -> ExecutionRecord:
         """Create the execution: status `admitted`, due at `now`, token 0, in `queue` (whose limits
         its claims obey: `QueueClient`), with `key` (counted by the queue's `per_key`; None: not
-        limited by it) and `priority` (higher first, a 32-bit int).
+        limited by it) and `priority` (higher first, a 32-bit int). With `timeout_ms` (an int
+        >= 1), its `deadline_at` is `now + timeout_ms`: not terminal by then, it is failed as
+        `WorkflowTimedOut` (`time_out_due`); None: no timeout.
 
         A `queue` or `priority` of None is the workflow's default as recorded
         (`QueueClient.record_defaults`); before any record, "default" and 0, replaced by the
@@ -107,12 +110,22 @@ class ExecutionClient(abc.ABC):
         then), so that a start made before any supervisor ran still obeys its workflow's queue.
 
         Admitting an existing id with the same workflow, input (compared as JSON values), queue,
-        key and priority (a None accepting the execution's own) returns the stored record unchanged.
+        key, priority (a None accepting the execution's own) and timeout returns the stored record
+        unchanged.
 
         Raises:
-            ExecutionConflict: the id was admitted with a different workflow, input, queue, key
-                or priority.
+            ExecutionConflict: the id was admitted with a different workflow, input, queue, key,
+                priority or timeout.
         """
+
+    @abc.abstractmethod
+    def time_out_due(self, *, now: Optional[int] = None) -> list[str]:
+        """The workflow timeout (SPEC section 12): in one transaction, every execution not
+        terminal whose `deadline_at <= now` (due, running, sleeping, waiting or parked) becomes
+        `failed` with the error `{"type": "WorkflowTimedOut", "message": ...}`, as a cancel ends
+        one: a live delivery ends (its holder's fenced calls return `LeaseLost`), its waits are
+        forgotten and its waiters woken. Returns their ids, by deadline. When none is past its
+        deadline it is one read of an index of the deadlines, and writes nothing."""
 
     @abc.abstractmethod
     def get(self, execution_id: str, *, now: Optional[int] = None) -> Optional[ExecutionRecord]:
@@ -286,8 +299,9 @@ class ExecutionClient(abc.ABC):
     @abc.abstractmethod
     def resume(self, execution_id: str, *, now: Optional[int] = None) -> ExecutionRecord:
         """A failed or cancelled execution becomes `admitted`, due at `now`, with no result or
-        error and no unacknowledged deliveries. Its recorded steps are kept, so a replay goes on
-        after the last one; if that step recorded a final error, it is tried again.
+        error and no unacknowledged deliveries; one admitted with a timeout has its deadline at
+        `now` + that timeout. Its recorded steps are kept, so a replay goes on after the last one;
+        if that step recorded a final error, it is tried again.
 
         A parked execution (see `acknowledge`) stays `suspended` and becomes due at `now`, parked
         no more, as `unpark` would make it.
@@ -520,7 +534,7 @@ class ScheduleClient(abc.ABC):
 
 class QueueClient(abc.ABC):
     """Queue limits (SPEC section 12), which every claim checks in its own transaction, and each
-    workflow's default queue and priority, as the app that serves it declares them."""
+    workflow's default queue, priority and timeout, as the app that serves it declares them."""
 
     @abc.abstractmethod
     def declare(self, name: str, *, concurrency: Optional[int] = None, per_key: Optional[int] = None,
@@ -534,14 +548,20 @@ class QueueClient(abc.ABC):
         """
 
     @abc.abstractmethod
-    def record_defaults(self, defaults: dict[str, tuple[str, int]], *, now: Optional[int] = None) -> None:
-        """Record each workflow's default (queue, priority), the latest record winning; the
-        executions admitted before any record, that left their queue or priority to the
-        defaults, take them now (those a live lease holds at the next record)."""
+    def record_defaults(self, defaults: dict[str, tuple], *, now: Optional[int] = None) -> None:
+        """Record each workflow's default (queue, priority) or (queue, priority, timeout_ms)
+        (timeout_ms None, or left out: no timeout), the latest record winning; the executions
+        admitted before any record, that left their queue or priority to the defaults, take them
+        now (those a live lease holds at the next record). Child starts and schedule ticks take
+        the timeout; a client's start takes it when it names none."""
 
     @abc.abstractmethod
     def defaults_of(self, workflow: str) -> tuple[str, int]:
         """The workflow's recorded default (queue, priority); ("default", 0) when none was recorded."""
+
+    @abc.abstractmethod
+    def timeout_of(self, workflow: str) -> Optional[int]:
+        """The workflow's recorded default timeout in ms; None when it has none, or none was recorded."""
 
     @abc.abstractmethod
     def list(self, *, now: Optional[int] = None) -> list[QueueRecord]:

@@ -43,6 +43,7 @@ class DeliveryEnd(str, enum.Enum):
     EXPIRED = "expired"  # the lease ran out and nobody has claimed the execution since
     SUPERSEDED = "superseded"  # the lease ran out and a later claim took the execution over
     CANCELLED = "cancelled"  # an operator cancelled the execution while the delivery was open
+    TIMED_OUT = "timed_out"  # the execution's workflow timeout passed while the delivery was open
     FENCED = "fenced"  # the ledger was restored or failed over while it was open (`tables.epochs`)
 
     def __str__(self) -> str:
@@ -96,6 +97,7 @@ class ExecutionRecord:
     queue: str = "default"  # SPEC section 12: the queue whose limits its claims obey
     key: Optional[str] = None  # the queue's per_key limit counts leases by this
     priority: int = 0  # higher first
+    deadline_at: Optional[int] = None  # ms: failed as WorkflowTimedOut if not terminal by then; None: no timeout
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", _member(ExecutionStatus, self.status))

@@ -247,8 +247,9 @@ class LedgerModel:
 def _fields(record: ExecutionRecord) -> dict:
     fields = dict(vars(record))
     del fields["updated_at"]  # SPEC section 3 leaves its exact value open
-    for name in ("queue", "key", "priority"):  # the model's executions are all in the default queue
-        assert fields.pop(name) == {"queue": "default", "key": None, "priority": 0}[name]
+    # The model's executions are all in the default queue, with no workflow timeout.
+    for name, value in (("queue", "default"), ("key", None), ("priority", 0), ("deadline_at", None)):
+        assert fields.pop(name) == value
     return fields
 
 

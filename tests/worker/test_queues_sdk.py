@@ -49,8 +49,8 @@ def test_workflows_record_their_queue_and_priority_and_the_registry_its_queues()
         return None
 
     assert registry.queues() == [email]
-    assert registry.defaults() == {"digest": ("email", 0), "named": ("bulk", -1), "plain": ("default", 0),
-                                   "send": ("email", 2)}
+    assert registry.defaults() == {"digest": ("email", 0, None), "named": ("bulk", -1, None),
+                                   "plain": ("default", 0, None), "send": ("email", 2, None)}
 
 
 def test_one_queue_name_declared_twice_with_different_limits_is_refused_at_import():

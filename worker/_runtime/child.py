@@ -64,7 +64,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     backend = _open_ledger(conn, db_path, durability)
     watch.start()
     queues = tuple((q.name, q.concurrency, q.per_key, *(q.rate or (None, None))) for q in registry.queues())
-    defaults = tuple((name, queue, priority) for name, (queue, priority) in registry.defaults().items())
+    defaults = tuple((name, *default) for name, default in registry.defaults().items())
     watch.send(Ready(os.getpid(), tuple(sorted(registry.names())), tuple(registry.schedules()), queues, defaults))
     if slots > 1:
         # Imported here: a worker of one delivery has no use for its thread pool and group commit.

@@ -125,9 +125,9 @@ class Ready:
     workflows: tuple[str, ...] = ()  # the names its app registers, sorted
     schedules: tuple[Schedule, ...] = ()  # the schedules its app declares, by workflow name
     # The queues its app declares, (name, concurrency, per_key, rate_count, rate_seconds), by name,
-    # and each workflow's default (workflow, queue, priority): the supervisor records them.
+    # and each workflow's default (workflow, queue, priority, timeout_ms): the supervisor records them.
     queues: tuple[tuple, ...] = ()
-    defaults: tuple[tuple[str, str, int], ...] = ()
+    defaults: tuple[tuple, ...] = ()
 
 
 @message

@@ -209,6 +209,14 @@ EXECUTIONS_DEFAULTS_PENDING = "ALTER TABLE executions ADD COLUMN defaults_pendin
 EXECUTIONS_PENDING_BY_WORKFLOW = """
 CREATE INDEX executions_pending_by_workflow ON executions (workflow) WHERE defaults_pending <> 0"""
 
+# Version 7 (the SQLite ledger's version 8): workflow timeouts, as on SQLite.
+EXECUTIONS_TIMEOUT = "ALTER TABLE executions ADD COLUMN timeout_ms BIGINT"
+EXECUTIONS_DEADLINE = "ALTER TABLE executions ADD COLUMN deadline_at BIGINT"
+EXECUTIONS_BY_DEADLINE = """
+CREATE INDEX executions_deadline ON executions (deadline_at)
+WHERE deadline_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')"""
+WORKFLOW_TIMEOUTS = "ALTER TABLE workflow_queues ADD COLUMN timeout_ms BIGINT"
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -222,6 +230,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
     (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
+    (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.

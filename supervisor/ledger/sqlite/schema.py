@@ -225,6 +225,17 @@ EXECUTIONS_DEFAULTS_PENDING = "ALTER TABLE executions ADD COLUMN defaults_pendin
 EXECUTIONS_PENDING_BY_WORKFLOW = """
 CREATE INDEX executions_pending_by_workflow ON executions (workflow) WHERE defaults_pending <> 0"""
 
+# Version 8: workflow timeouts (SPEC section 12). An execution's timeout and the deadline it runs
+# to (admission + timeout); the deadlines of non-terminal executions indexed, so that the
+# supervisors' check for passed ones, every round, is one seek that finds nothing most of the
+# time; and each workflow's default timeout beside its default queue.
+EXECUTIONS_TIMEOUT = "ALTER TABLE executions ADD COLUMN timeout_ms INTEGER"  # NULL: none
+EXECUTIONS_DEADLINE = "ALTER TABLE executions ADD COLUMN deadline_at INTEGER"  # NULL: none
+EXECUTIONS_BY_DEADLINE = """
+CREATE INDEX executions_deadline ON executions (deadline_at)
+WHERE deadline_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')"""
+WORKFLOW_TIMEOUTS = "ALTER TABLE workflow_queues ADD COLUMN timeout_ms INTEGER"  # NULL: none
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -237,6 +248,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
     (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
+    (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

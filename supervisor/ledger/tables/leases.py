@@ -124,7 +124,7 @@ class ExecutionLeases(ExecutionRows):
     """The lease state machine (see the module docstring)."""
 
     def admit(self, execution_id, workflow, input_json="null", *, queue="default", key=None, priority=0,
-              now=None) -> ExecutionRecord:
+              timeout_ms=None, now=None) -> ExecutionRecord:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json)
@@ -134,10 +134,12 @@ class ExecutionLeases(ExecutionRows):
             arguments.identifier("key", key)
         if priority is not None:
             queues.priority("priority", priority)
+        arguments.timeout_ms("timeout_ms", timeout_ms)
         now = self._now(now)
         with self._conn.write() as db:
             created = insert(db, self._sql, execution_id, workflow, input_json, now, queue=queue, key=key,
-                             priority=priority, take_turns=not self._conn.whole_database_write_lock)
+                             priority=priority, take_turns=not self._conn.whole_database_write_lock,
+                             timeout_ms=timeout_ms)
             found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
@@ -157,6 +159,10 @@ class ExecutionLeases(ExecutionRows):
                 f"execution_id {execution_id!r} was already admitted in queue {row.queue!r} with key"
                 f" {row.queue_key!r} and priority {row.priority}; refusing queue {queue!r}, key {key!r},"
                 f" priority {priority}")
+        if row.timeout_ms != timeout_ms:
+            raise ExecutionConflict(
+                f"execution_id {execution_id!r} was already admitted with timeout_ms {row.timeout_ms};"
+                f" refusing timeout_ms {timeout_ms}")
         return self._as_of(row, now)
 
     def get(self, execution_id, *, now=None) -> Optional[ExecutionRecord]:

@@ -27,6 +27,7 @@ from . import parking, queues, waiters
 from .epochs import FLOOR
 from .execution_rows import (
     ADMITTED,
+    CANCELLED,
     COLUMNS,
     RESUMABLE,
     RUNNING,
@@ -43,17 +44,20 @@ from .lease_history import DELIVERIES, HISTORY, HISTORY_CLOSE
 PURGE_BATCH = 100
 LIST_PAGE = 500  # rows `list` reads at a time, as a stored status may not be the status as of now
 
-CANCEL = """
-UPDATE executions SET status = 'cancelled', result_json = NULL, error_json = $p, lease_expires_at = NULL,
+# An unfinished execution made terminal from outside its delivery: cancelled, or failed as timed
+# out (`deadlines`).
+TERMINATE = """
+UPDATE executions SET status = $p, result_json = NULL, error_json = $p, lease_expires_at = NULL,
     due_at = NULL, ready_at = NULL, wake_during_lease = NULL, updated_at = $p
 WHERE execution_id = $p"""
 
 # A resumed execution's token moves up to the current epoch's floor, if a restore or a failover
-# raised the epoch while it was terminal (see `epochs`).
+# raised the epoch while it was terminal (see `epochs`). Its workflow timeout, if it has one, runs
+# again from the resume (else one that timed out would time out again at once).
 RESUME = f"""
 UPDATE executions SET status = 'admitted', ever_suspended = 0, result_json = NULL, error_json = NULL,
     lease_expires_at = NULL, unacknowledged_deliveries = 0, delivery_ended_at = NULL, wake_during_lease = NULL,
-    due_at = $p, ready_at = $p, updated_at = $p, token = $yieldstar_max(token, {FLOOR})
+    due_at = $p, ready_at = $p, updated_at = $p, token = $yieldstar_max(token, {FLOOR}), deadline_at = $p + timeout_ms
 WHERE execution_id = $p"""
 # The step a failed run ended on: the last one written. If it recorded a final error, resume
 # opens it again (done = 0, no retry time), so the replay runs that step once more instead of
@@ -189,16 +193,7 @@ class ExecutionOperators(ExecutionRows):
             row = self._row(db, execution_id)
             if row.status in TERMINAL:
                 return self._as_of(row, now)
-            if row.status == RUNNING:
-                # The open delivery ends here: at its expiry if it already ran out, else now.
-                if row.lease_expires_at <= now:
-                    ended, how = row.lease_expires_at, DeliveryEnd.EXPIRED
-                else:
-                    ended, how = now, DeliveryEnd.CANCELLED
-                db.execute(self._sql[HISTORY_CLOSE], (ended, how.value, None, row.lease_expires_at, execution_id, row.token))
-            db.execute(self._sql[CANCEL], (error_json, now, execution_id))
-            db.execute(self._sql[waiters.FORGET_WAITER], (execution_id,))  # it waits for nothing any more
-            woke = waiters.wake(db, self._sql, waiters.EXECUTION, execution_id, now, self.wake_in)
+            woke = terminate(self, db, row, now, CANCELLED, error_json, DeliveryEnd.CANCELLED)
             row = self._row(db, execution_id)
         if woke:
             self._on_due()
@@ -206,9 +201,10 @@ class ExecutionOperators(ExecutionRows):
         return self._as_of(row, now)
 
     def resume(self, execution_id, *, now=None) -> ExecutionRecord:
-        """A failed or cancelled execution becomes admitted and due now; its steps are kept, and
-        the step its run ended on is tried again if that step failed. A parked one (`parking`)
-        stays suspended and becomes due now, parked no more."""
+        """A failed or cancelled execution becomes admitted and due now, its workflow timeout (if
+        any) counted again from now; its steps are kept, and the step its run ended on is tried
+        again if that step failed. A parked one (`parking`) stays suspended and becomes due now,
+        parked no more."""
         arguments.identifier("execution_id", execution_id)
         given, now = now, self._now(now)
         with self._conn.write() as db:
@@ -229,7 +225,7 @@ class ExecutionOperators(ExecutionRows):
     def _resume_ended(self, db: Transaction, row: Row, now: int) -> None:
         """`resume` of a failed or cancelled row, in the caller's transaction."""
         execution_id = row.execution_id
-        db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), execution_id))
+        db.execute(self._sql[RESUME], (now, now, self._stamp(row, now), now, execution_id))
         last = db.execute(self._sql[LAST_STEP], (execution_id,)).fetchone()
         if last is not None and last[1] and '"error"' in last[2]:
             if json.loads(last[2]).get("error") is not None:
@@ -339,6 +335,24 @@ class ExecutionOperators(ExecutionRows):
         return LedgerStats(now=now, by_status=by_status, by_workflow=by_workflow,
                            oldest_due=self._as_of(due[0], now) if due else None, unacknowledged=unacked[:limit],
                            live_leases=live, deliveries=deliveries, parked=parked, queues=by_queue)
+
+
+def terminate(client: ExecutionRows, db: Transaction, row: Row, now: int, status: str, error_json: str,
+              how: DeliveryEnd) -> bool:
+    """End a locked, unfinished row as `status` with `error_json`, inside the caller's transaction,
+    from outside its delivery: an open delivery ends as `how` (at its expiry if it already ran out,
+    else now), so its holder's fenced calls return `LeaseLost`; its waits are forgotten and its
+    waiters woken. Whether any waiter was woken (the caller tells `on_due` after its commit)."""
+    if row.status == RUNNING:
+        if row.lease_expires_at <= now:
+            ended, how = row.lease_expires_at, DeliveryEnd.EXPIRED
+        else:
+            ended = now
+        db.execute(client._sql[HISTORY_CLOSE], (ended, how.value, None, row.lease_expires_at, row.execution_id,
+                                                row.token))
+    db.execute(client._sql[TERMINATE], (status, error_json, now, row.execution_id))
+    db.execute(client._sql[waiters.FORGET_WAITER], (row.execution_id,))  # it waits for nothing any more
+    return bool(waiters.wake(db, client._sql, waiters.EXECUTION, row.execution_id, now, client.wake_in))
 
 
 def _status(status: Optional[str]) -> Optional[str]:

@@ -107,10 +107,11 @@ SELECT queue,
              AND NOT (ready_at IS NOT NULL AND due_at <= $p AND ready_at <= $p) THEN 1 ELSE 0 END)
 FROM executions WHERE status NOT IN ($terminal) GROUP BY queue"""
 RECORD_DEFAULTS = """
-INSERT INTO workflow_queues (workflow, queue, priority, updated_at) VALUES ($p, $p, $p, $p)
+INSERT INTO workflow_queues (workflow, queue, priority, timeout_ms, updated_at) VALUES ($p, $p, $p, $p, $p)
 ON CONFLICT (workflow) DO UPDATE SET queue = excluded.queue, priority = excluded.priority,
-    updated_at = excluded.updated_at"""
-DEFAULTS_OF = "SELECT queue, priority FROM workflow_queues WHERE workflow = $p"
+    timeout_ms = excluded.timeout_ms, updated_at = excluded.updated_at"""
+# A workflow's defaults: its queue, priority and timeout (ms; NULL: none).
+DEFAULTS_OF = "SELECT queue, priority, timeout_ms FROM workflow_queues WHERE workflow = $p"
 # An execution admitted before any supervisor recorded its workflow's defaults goes to the
 # default queue at priority 0 for now, `defaults_pending` saying which of the two its start left
 # to the defaults (PENDING_QUEUE | PENDING_PRIORITY); the first record of the defaults moves it,
@@ -144,18 +145,21 @@ def queue_records(db: Transaction, sql, now: int) -> list[QueueRecord]:
 
 
 def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], priority: Optional[int], *,
-                 take_turns: bool) -> tuple[str, int, int]:
+                 take_turns: bool, timeout: bool = False) -> tuple[str, int, Optional[int], int]:
     """The queue and priority of a new execution of `workflow`, given those its start named
-    (None: its workflow's default), and which of them still wait for recorded defaults."""
-    if queue is not None and priority is not None:
-        return queue, priority, 0
+    (None: its workflow's default), with `timeout` its workflow's default timeout (else None),
+    and which of the queue and priority still wait for recorded defaults. (A default timeout
+    recorded after the admission is not taken: the deadline counts from the admission.)"""
+    if queue is not None and priority is not None and not timeout:
+        return queue, priority, None, 0
     if take_turns:
         db.execute(sql[DEFAULTS_TURN_SHARED], (workflow,))
     found = db.execute(sql[DEFAULTS_OF], (workflow,)).fetchone()
     if found is not None:
-        return (found[0] if queue is None else queue), (found[1] if priority is None else priority), 0
+        return ((found[0] if queue is None else queue), (found[1] if priority is None else priority),
+                found[2] if timeout else None, 0)
     pending = (PENDING_QUEUE if queue is None else 0) | (PENDING_PRIORITY if priority is None else 0)
-    return (DEFAULT_QUEUE if queue is None else queue), (0 if priority is None else priority), pending
+    return (DEFAULT_QUEUE if queue is None else queue), (0 if priority is None else priority), None, pending
 
 
 @functools.lru_cache(maxsize=64)
@@ -279,22 +283,32 @@ class QueueTable(ClockedTable, QueueClient):
 
     def record_defaults(self, defaults, *, now=None) -> None:
         checked = []
-        for workflow, (queue, prio) in sorted(dict(defaults).items()):
+        for workflow, (queue, prio, *timeout) in sorted(dict(defaults).items()):
+            if len(timeout) > 1:
+                raise InvalidArgument(f"the defaults of workflow {workflow!r} must be (queue, priority) or (queue,"
+                                      f" priority, timeout_ms)")
             checked.append((arguments.identifier("workflow", workflow), arguments.identifier("queue", queue),
-                            priority("priority", prio)))
+                            priority("priority", prio), arguments.timeout_ms("timeout_ms", (timeout or [None])[0])))
         now = self._now(now)
         take_turns = not self._conn.whole_database_write_lock
         with self._conn.write() as db:
-            for workflow, queue, prio in checked:
+            for workflow, queue, prio, timeout_ms in checked:
                 if take_turns:
                     db.execute(self._sql[DEFAULTS_TURN], (workflow,))
-                db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, now))
+                db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, timeout_ms, now))
                 db.execute(self._sql[TAKE_DEFAULTS], (queue, prio, workflow, now))
 
     def defaults_of(self, workflow) -> tuple[str, int]:
+        return self._defaults(workflow)[:2]
+
+    def timeout_of(self, workflow) -> Optional[int]:
+        return self._defaults(workflow)[2]
+
+    def _defaults(self, workflow) -> tuple[str, int, Optional[int]]:
+        """The recorded (queue, priority, timeout_ms), or ("default", 0, None) before any record."""
         arguments.identifier("workflow", workflow)
         found = self._conn.execute(self._sql[DEFAULTS_OF], (workflow,)).fetchone()
-        return (DEFAULT_QUEUE, 0) if found is None else (found[0], found[1])
+        return (DEFAULT_QUEUE, 0, None) if found is None else (found[0], found[1], found[2])
 
     def list(self, *, now=None) -> list[QueueRecord]:
         now = self._now(now)

@@ -34,7 +34,7 @@ from ..contract import ScheduleClient
 from ..errors import InvalidArgument
 from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
-from .execution_rows import insert
+from .execution_rows import WORKFLOWS_TIMEOUT, insert
 from .clocked import ClockedTable
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"
@@ -108,9 +108,9 @@ class ScheduleTable(ClockedTable, ScheduleClient):
         upcoming = next_tick(schedule, now)
         if db.execute(sql[ADVANCE], (tick, upcoming, now, name, expected)).rowcount != 1:
             return _record(db.execute(sql[SELECT_ONE], (name,)).fetchone())  # another caller advanced it
-        # A tick goes to its workflow's default queue and priority, as a child start does.
+        # A tick goes to its workflow's default queue, priority and timeout, as a child start does.
         insert(db, sql, tick_id(name, tick), name, json.dumps(tick_input(tick)), now, queue=None, key=None,
-               priority=None, take_turns=not self._conn.whole_database_write_lock)
+               priority=None, take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT)
         return _record((name, spec, schedule.timezone, tick, upcoming, now), admitted=True)
 
     def forget(self, workflows) -> int:

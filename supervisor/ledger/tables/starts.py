@@ -12,7 +12,7 @@ from .. import arguments
 from ..connection import Connection
 from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
-from .execution_rows import SELECT_ONE, insert
+from .execution_rows import SELECT_ONE, WORKFLOWS_TIMEOUT, insert
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
 RECORD = """
@@ -43,9 +43,9 @@ class StartTable(WorkflowStartClient):
             if db.execute(self._sql[SELECT_ONE], (start_request_id,)).fetchone() is not None:
                 raise ExecutionConflict(
                     f"start_request_id {start_request_id!r} names an execution that was admitted without it")
-            # A child goes to its workflow's default queue, at its default priority, as the app
-            # that serves it recorded them (`queues.record_defaults`).
+            # A child goes to its workflow's default queue, at its default priority, with its
+            # default timeout, as the app that serves it recorded them (`queues.record_defaults`).
             insert(db, self._sql, start_request_id, workflow, input_json, now, queue=None, key=None, priority=None,
-                   take_turns=not self._conn.whole_database_write_lock)
+                   take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT)
         self._on_due()
         return start_request_id
