@@ -204,6 +204,12 @@ CREATE TABLE workflow_queues (
     updated_at BIGINT NOT NULL
 )"""
 
+# Version 6 (the SQLite ledger's version 7): the claimable index by (workflow, queue), then
+# priority (higher first) and due time, as on SQLite.
+EXECUTIONS_CLAIMABLE_BY_QUEUE = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority DESC, due_at, seq)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -216,6 +222,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
+    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.

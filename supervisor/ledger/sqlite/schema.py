@@ -218,6 +218,14 @@ CREATE TABLE workflow_queues (
     updated_at INTEGER NOT NULL
 ) WITHOUT ROWID"""
 
+# Version 7: the claim's cost stays flat behind a saturated queue. The claimable index orders each
+# (workflow, queue) by priority (higher first) then due time, so the claim discovers the queues
+# that hold claimable rows with one seek each (not one per priority: a blocked queue's backlog
+# costs a claim that step and nothing more) and reads a queue's rows in claim order with one seek.
+EXECUTIONS_CLAIMABLE_BY_QUEUE = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority DESC, due_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -229,6 +237,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
+    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
