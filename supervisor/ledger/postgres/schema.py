@@ -205,9 +205,12 @@ CREATE TABLE workflow_queues (
 )"""
 
 # Version 6 (the SQLite ledger's version 7): the claimable index by (workflow, queue), then
-# priority (higher first) and due time, as on SQLite.
+# priority (higher first) and due time, and the claimable rows of a queue by key, as on SQLite.
 EXECUTIONS_CLAIMABLE_BY_QUEUE = """
 CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority DESC, due_at, seq)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+EXECUTIONS_CLAIMABLE_BY_KEY = """
+CREATE INDEX executions_claimable_by_key ON executions (queue, queue_key, workflow, priority DESC, due_at, seq)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
 
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
@@ -222,7 +225,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
-    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE),
+    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.

@@ -225,6 +225,11 @@ CREATE TABLE workflow_queues (
 EXECUTIONS_CLAIMABLE_BY_QUEUE = """
 CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority DESC, due_at)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# The claimable rows of a queue by key: a queue whose `per_key` holds keys saturated reads the
+# others' rows key by key (a seek each, `queues.KEYS`), never the saturated keys' backlog.
+EXECUTIONS_CLAIMABLE_BY_KEY = """
+CREATE INDEX executions_claimable_by_key ON executions (queue, queue_key, workflow, priority DESC, due_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
 
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -237,7 +242,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_QUEUE, EXECUTIONS_QUEUE_KEY, EXECUTIONS_PRIORITY, DROP_CLAIMABLE, DROP_CLAIMABLE_BY_WORKFLOW,
      EXECUTIONS_CLAIMABLE_BY_WORKFLOW_GROUP, EXECUTIONS_RUNNING_BY_QUEUE, QUEUES,
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
-    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE),
+    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -73,6 +73,16 @@ SELECT * FROM (
     WHERE workflow = $p AND queue = $p AND ready_at IS NOT NULL AND status <> 'running'
         AND due_at <= $p AND ready_at <= $p{{keys}}
     ORDER BY priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
+# One key's rows of a group (`{key}`: "= $p", or "IS NULL" for the rows without one), by the index
+# of (queue, queue_key, workflow, priority DESC, due_at), in its order: what a group whose queue
+# holds saturated keys is read by, so that their backlog is never read.
+_DUE_OF_KEY = f"""
+SELECT * FROM (
+    SELECT {COLUMNS}, 0 AS part, $row_order AS seq FROM executions $by_executions_claimable_by_key
+    WHERE queue = $p AND queue_key {{key}} AND workflow = $p AND ready_at IS NOT NULL AND status <> 'running'
+        AND due_at <= $p AND ready_at <= $p
+    ORDER BY priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
+KEY_ARM, NO_KEY_ARM = -1, -2  # the shapes of `_DUE_OF_KEY`'s arms in `claimable_statement`
 # Running rows whose lease expired and whose redelivery delay passed: few (those of dead holders),
 # so a workflow filter on them reads no more.
 _EXPIRED = f"""
@@ -89,11 +99,15 @@ CLAIM_WORKFLOWS = 200
 
 @functools.lru_cache(maxsize=256)
 def claimable_statement(arms: tuple[int, ...], lock: bool, expired: int) -> str:
-    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says; with
-    the expired leases of `expired` named workflows (0: of any; -1: none)."""
+    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says (or, for
+    KEY_ARM and NO_KEY_ARM, of one key of a group); with the expired leases of `expired` named
+    workflows (0: of any; -1: none)."""
     lock_clause = SKIP_LOCKED if lock else ""
     parts = []
     for i, keys in enumerate(arms):
+        if keys < 0:
+            parts.append(_DUE_OF_KEY.format(key="= $p" if keys == KEY_ARM else "IS NULL", lock=lock_clause, i=i))
+            continue
         skipped = "" if not keys else " AND (queue_key IS NULL OR queue_key NOT IN ({}))".format(
             ", ".join(["$p"] * keys))
         parts.append(_DUE_OF.format(keys=skipped, lock=lock_clause, i=i))
@@ -105,6 +119,18 @@ def claimable_statement(arms: tuple[int, ...], lock: bool, expired: int) -> str:
 
 def due_parameters(workflow: str, queue: str, keys: list[str], now: int, limit: int) -> tuple:
     return (workflow, queue, now, now, *keys, limit)
+
+
+def key_arms(workflow: str, queue: str, room: "queues.Capacity", keys: list[str], now: int, limit: int
+             ) -> list[tuple[int, tuple]]:
+    """The arms that read a group key by key: the rows without a key, and those of each of `keys`
+    (all of the queue's) that is not saturated, each at most what its key may still take."""
+    arms = [(NO_KEY_ARM, (queue, workflow, now, now, limit))]
+    for key in keys:
+        left = min(limit, room.per_key - room.live_by_key.get(key, 0))
+        if left > 0:
+            arms.append((KEY_ARM, (queue, key, workflow, now, now, left)))
+    return arms
 
 
 def _rows(cursor) -> list[tuple["Row", int, int]]:
@@ -251,13 +277,19 @@ class ExecutionRows:
         capacity.update(queues.capacities(db, self._sql, limited, now, write=lock,
                                           lock_rows=lock and not self._conn.whole_database_write_lock))
         arms: list[tuple[int, tuple]] = []
+        keys_of: dict[str, Optional[list[str]]] = {}
         for workflow, queue, *_ in groups:
             room = capacity.get(queue)
             most = limit if room is None or room.slots is None else min(limit, room.slots)
             if most <= 0:
                 continue  # a saturated queue: its backlog is not read
-            keys = [] if room is None else room.saturated_keys()
-            arms.append((len(keys), due_parameters(workflow, queue, keys, now, most)))
+            saturated = [] if room is None else room.saturated_keys()
+            if saturated and queue not in keys_of:
+                keys_of[queue] = self._keys(db, queue)
+            if saturated and keys_of[queue] is not None:
+                arms += key_arms(workflow, queue, room, keys_of[queue], now, most)
+            else:
+                arms.append((len(saturated), due_parameters(workflow, queue, saturated, now, most)))
         # The due rows of the groups with room, and the expired leases (few: those of dead
         # holders), in one statement per CLAIM_GROUPS groups, the expired ones with the first.
         found: list[tuple[Row, int, int]] = []
@@ -290,6 +322,11 @@ class ExecutionRows:
                 if len(picked) == limit:
                     break
         return picked, capacity
+
+    def _keys(self, db, queue: str) -> Optional[list[str]]:
+        """The keys of `queue`'s claimable rows, or None if it holds KEYS_AT_MOST or more."""
+        keys = [key for (key,) in db.execute(self._sql[queues.KEYS], (queue, queues.KEYS_AT_MOST)).fetchall()]
+        return keys if len(keys) < queues.KEYS_AT_MOST else None
 
     def _groups(self, db, now: int, workflows: Optional[frozenset[str]]) -> list[tuple]:
         """The (workflow, queue) groups of claimable rows, of `workflows` (None: any), each with its

@@ -15,7 +15,11 @@ How a claim (`ExecutionRows._claimable`) picks its rows:
                key, and claims within the rate window (`queue_claims`, pruned as it goes)
     seeks      the due rows of each group whose queue has capacity, by priority then due time,
                at most the capacity (keys already at `per_key` left out); a saturated queue's
-               group is not read at all, so its backlog costs a claim nothing
+               group is not read at all, so its backlog costs a claim nothing. A group whose
+               queue holds saturated keys is read key by key instead (a seek per key of the
+               queue, and one for the rows without a key), so that a hot key's backlog is not
+               read either; unless the queue holds KEYS_AT_MOST keys or more, where the rows of
+               the saturated keys are stepped over in the group's order
     take       the rows of all groups by priority (higher first), then due time, taken while
                their queue and key have room (`Capacity.take`)
 
@@ -78,6 +82,19 @@ WITH RECURSIVE served (workflow) AS (
     FROM served WHERE served.workflow IS NOT NULL),
 {_PAIRS}"""
 GROUPS_WORKFLOWS = 200  # workflows per GROUPS_OF statement
+
+# The keys of a queue's claimable rows (of any workflow), by a loose scan of the index of (queue,
+# queue_key, ...): a seek per key, however many rows each holds; at most `$p` keys (the last
+# `$p`), so that a queue of many keys is not walked key by key at every claim (`KEYS_AT_MOST`).
+KEYS = f"""
+WITH RECURSIVE keys (queue_key, n) AS (
+    SELECT CAST('' AS TEXT), 0
+    UNION ALL
+    SELECT (SELECT queue_key FROM executions $by_executions_claimable_by_key
+            WHERE queue = $p AND queue_key > keys.queue_key AND {_CLAIMABLE} ORDER BY queue_key LIMIT 1), keys.n + 1
+    FROM keys WHERE keys.queue_key IS NOT NULL AND keys.n < $p)
+SELECT queue_key FROM keys WHERE queue_key IS NOT NULL AND n > 0"""
+KEYS_AT_MOST = 32
 
 # `{names}`: a "$p" per queue. Locked in name order, the order every claim takes them in.
 LIMITS = """
