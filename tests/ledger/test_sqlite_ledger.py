@@ -1,12 +1,14 @@
 """What the SQLite ledger alone has, beside the contract both backends pass
 (`test_ledger_contract.py`): the file's mode, purge's transactions as SQLite's trace shows them,
-and the schema's migrations."""
+the schema's migrations, and a claim's work counted in SQLite's instructions."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import stat
+
+import pytest
 
 from supervisor import open_backend
 from supervisor.ledger.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
@@ -116,3 +118,46 @@ def test_a_version_4_ledger_is_migrated_to_queues_and_its_executions_join_the_de
     indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"executions_claimable_by_workflow", "executions_running_by_queue"} <= indexes
     assert "executions_claimable" not in indexes  # one claimable index: (workflow, queue, priority, due_at)
+
+
+def claim_steps(backend, **claim) -> int:
+    """The SQLite virtual machine's instructions one claim runs: a count that the rows it reads
+    move, and the machine's load does not."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    backend.connection.raw.set_progress_handler(count, 1)
+    try:
+        backend.executions.claim_due(duration=60_000, **claim)
+    finally:
+        backend.connection.raw.set_progress_handler(None, 1)
+    return steps
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("limit", [{"concurrency": 1}, {"per_key": 1}], ids=["saturated queue", "hot key"])
+def test_a_claims_work_does_not_grow_with_the_backlog_behind_a_saturated_queue_or_key(tmp_path, clock, limit):
+    steps = {}
+    for backlog in (50, 500):
+        with open_backend(tmp_path / f"ledger-{backlog}.db", clock=clock) as backend:
+            backend.queues.declare("limited", **limit)
+            key = "hot" if "per_key" in limit else None
+            backend.executions.admit("holder", "wf", queue="limited", key=key, priority=9)
+            assert [lease.execution_id for lease in backend.executions.claim_due(limit=1, duration=60_000)] \
+                == ["holder"]
+            for i in range(backlog):
+                backend.executions.admit(f"blocked-{i}", "wf", queue="limited", key=key, priority=9)
+            backend.executions.admit("free", "wf")
+            backend.executions.admit("other-key", "wf", queue="limited", key="cold")
+            first = claim_steps(backend, limit=1)
+            second = claim_steps(backend, limit=2, workflows={"wf"})
+            poll = claim_steps(backend, limit=1)
+            steps[backlog] = (first, second, poll)
+            ids = {record.execution_id for record in backend.executions.list() if record.status == "running"}
+            expected = {"holder", "free"} | ({"other-key"} if key else set())
+            assert ids == expected
+    assert steps[500] == steps[50], steps
