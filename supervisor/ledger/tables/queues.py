@@ -48,13 +48,29 @@ _CLAIMABLE = "ready_at IS NOT NULL AND status <> 'running'"
 # The queues that hold claimable rows of each workflow served, by a loose scan of the index of
 # (workflow, queue, priority DESC, due_at): each step one seek, to the next queue (the seed is '':
 # queue names are never empty), whatever the priorities and the rows within a queue.
-_PAIRS = f"""pairs (workflow, queue) AS (
+_PAIRS_OF = f"""pairs (workflow, queue) AS (
     SELECT workflow, CAST('' AS TEXT) FROM served WHERE workflow IS NOT NULL
     UNION ALL
     SELECT pairs.workflow, (
         SELECT queue FROM executions $by_executions_claimable_by_workflow
         WHERE workflow = pairs.workflow AND {_CLAIMABLE} AND queue > pairs.queue ORDER BY queue LIMIT 1)
-    FROM pairs WHERE pairs.queue IS NOT NULL)
+    FROM pairs WHERE pairs.queue IS NOT NULL)"""
+# The (workflow, queue) pairs of every workflow, by one loose scan of the same index: each step
+# finds the next pair's row (the next queue of the same workflow, else the first of the next
+# workflow: a scalar subquery returns one column, so it names the row, read by its key). A
+# comparison of the pair as a row value would let SQLite range on the workflow alone and read
+# every row of it.
+_PAIRS = f"""pairs (workflow, queue) AS (
+    SELECT workflow, queue FROM executions WHERE execution_id = (
+        SELECT execution_id FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
+        ORDER BY workflow, queue LIMIT 1)
+    UNION ALL
+    SELECT found.workflow, found.queue FROM pairs, executions found WHERE found.execution_id = coalesce(
+        (SELECT execution_id FROM executions $by_executions_claimable_by_workflow
+         WHERE workflow = pairs.workflow AND queue > pairs.queue AND {_CLAIMABLE} ORDER BY queue LIMIT 1),
+        (SELECT execution_id FROM executions $by_executions_claimable_by_workflow
+         WHERE workflow > pairs.workflow AND {_CLAIMABLE} ORDER BY workflow, queue LIMIT 1)))"""
+_WITH_LIMITS = """
 SELECT pairs.workflow, pairs.queue, q.concurrency, q.per_key, q.rate_count, q.rate_ms,
     CASE WHEN q.concurrency IS NOT NULL THEN (
         SELECT count(*) FROM executions $by_executions_running_by_queue
@@ -67,20 +83,12 @@ FROM pairs LEFT JOIN queues q ON q.name = pairs.queue WHERE pairs.queue IS NOT N
 # show saturated is passed over without a statement more (`saturated`), and the claim stays as
 # cheap as if its backlog were not there. Only the queues with room are locked and counted again.
 # In one statement: the common claim (no limits) pays no statement more for them. Of the
-# workflows served (`{names}`: a "(CAST($p AS TEXT))" per workflow), or of any: the workflows that
-# have claimable rows, found by a loose scan of the same index first (a seek per workflow).
+# workflows served (`{names}`: a "(CAST($p AS TEXT))" per workflow), or of any.
 GROUPS_OF = f"""
 WITH RECURSIVE served (workflow) AS (VALUES {{names}}),
-{_PAIRS}"""
+{_PAIRS_OF}{_WITH_LIMITS}"""
 GROUPS = f"""
-WITH RECURSIVE served (workflow) AS (
-    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
-            ORDER BY workflow LIMIT 1)
-    UNION ALL
-    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow
-            WHERE {_CLAIMABLE} AND workflow > served.workflow ORDER BY workflow LIMIT 1)
-    FROM served WHERE served.workflow IS NOT NULL),
-{_PAIRS}"""
+WITH RECURSIVE {_PAIRS}{_WITH_LIMITS}"""
 GROUPS_WORKFLOWS = 200  # workflows per GROUPS_OF statement
 
 # The keys of a queue's claimable rows (of any workflow), by a loose scan of the index of (queue,
