@@ -65,14 +65,14 @@ ON CONFLICT (execution_id) DO NOTHING"""
 # (admission) order, as the index stores them. Those still in their redelivery delay are stepped
 # over. `{lock}` is where the claim takes its row locks.
 # One (workflow, queue) group's, by the index of (workflow, queue, priority DESC, due_at), in its
-# order: due executions of workflows a supervisor does not serve (routing), or of saturated
-# queues, however many, are never read.
+# order (said in full, fixed columns included, as `queues` says why): due executions of workflows
+# a supervisor does not serve (routing), or of saturated queues, however many, are never read.
 _DUE_OF = f"""
 SELECT * FROM (
     SELECT {COLUMNS}, 0 AS part, $row_order AS seq FROM executions $by_executions_claimable_by_workflow
     WHERE workflow = $p AND queue = $p AND ready_at IS NOT NULL AND status <> 'running'
         AND due_at <= $p AND ready_at <= $p{{keys}}
-    ORDER BY priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
+    ORDER BY workflow, queue, priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
 # One key's rows of a group (`{key}`: "= $p", or "IS NULL" for the rows without one), by the index
 # of (queue, queue_key, workflow, priority DESC, due_at), in its order: what a group whose queue
 # holds saturated keys is read by, so that their backlog is never read.
@@ -81,7 +81,7 @@ SELECT * FROM (
     SELECT {COLUMNS}, 0 AS part, $row_order AS seq FROM executions $by_executions_claimable_by_key
     WHERE queue = $p AND queue_key {{key}} AND workflow = $p AND ready_at IS NOT NULL AND status <> 'running'
         AND due_at <= $p AND ready_at <= $p
-    ORDER BY priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
+    ORDER BY queue, queue_key, workflow, priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
 KEY_ARM, NO_KEY_ARM = -1, -2  # the shapes of `_DUE_OF_KEY`'s arms in `claimable_statement`
 # Running rows whose lease expired and whose redelivery delay passed: few (those of dead holders),
 # so a workflow filter on them reads no more.

@@ -47,13 +47,16 @@ MIN_PRIORITY, MAX_PRIORITY = -(2 ** 31), 2 ** 31 - 1
 _CLAIMABLE = "ready_at IS NOT NULL AND status <> 'running'"
 # The queues that hold claimable rows of each workflow served, by a loose scan of the index of
 # (workflow, queue, priority DESC, due_at): each step one seek, to the next queue (the seed is '':
-# queue names are never empty), whatever the priorities and the rows within a queue.
+# queue names are never empty), whatever the priorities and the rows within a queue. Each seek
+# orders by the index's own leading columns, the workflow's included although it is fixed: so
+# PostgreSQL's planner takes the index whose order it is even without statistics, rather than
+# the index of (workflow, ready_at) and a sort of all the workflow's rows.
 _PAIRS_OF = f"""pairs (workflow, queue) AS (
     SELECT workflow, CAST('' AS TEXT) FROM served WHERE workflow IS NOT NULL
     UNION ALL
     SELECT pairs.workflow, (
         SELECT queue FROM executions $by_executions_claimable_by_workflow
-        WHERE workflow = pairs.workflow AND {_CLAIMABLE} AND queue > pairs.queue ORDER BY queue LIMIT 1)
+        WHERE workflow = pairs.workflow AND {_CLAIMABLE} AND queue > pairs.queue ORDER BY workflow, queue LIMIT 1)
     FROM pairs WHERE pairs.queue IS NOT NULL)"""
 # The (workflow, queue) pairs of every workflow, by one loose scan of the same index: each step
 # finds the next pair's row (the next queue of the same workflow, else the first of the next
@@ -67,7 +70,7 @@ _PAIRS = f"""pairs (workflow, queue) AS (
     UNION ALL
     SELECT found.workflow, found.queue FROM pairs, executions found WHERE found.execution_id = coalesce(
         (SELECT execution_id FROM executions $by_executions_claimable_by_workflow
-         WHERE workflow = pairs.workflow AND queue > pairs.queue AND {_CLAIMABLE} ORDER BY queue LIMIT 1),
+         WHERE workflow = pairs.workflow AND queue > pairs.queue AND {_CLAIMABLE} ORDER BY workflow, queue LIMIT 1),
         (SELECT execution_id FROM executions $by_executions_claimable_by_workflow
          WHERE workflow > pairs.workflow AND {_CLAIMABLE} ORDER BY workflow, queue LIMIT 1)))"""
 _WITH_LIMITS = """
@@ -99,7 +102,7 @@ WITH RECURSIVE keys (queue_key, n) AS (
     SELECT CAST('' AS TEXT), 0
     UNION ALL
     SELECT (SELECT queue_key FROM executions $by_executions_claimable_by_key
-            WHERE queue = $p AND queue_key > keys.queue_key AND {_CLAIMABLE} ORDER BY queue_key LIMIT 1), keys.n + 1
+            WHERE queue = $p AND queue_key > keys.queue_key AND {_CLAIMABLE} ORDER BY queue, queue_key LIMIT 1), keys.n + 1
     FROM keys WHERE keys.queue_key IS NOT NULL AND keys.n < $p)
 SELECT queue_key FROM keys WHERE queue_key IS NOT NULL AND n > 0"""
 KEYS_AT_MOST = 32
