@@ -264,18 +264,20 @@ BLOCKED_COLUMNS = ("execution_id, workflow, input_json, status, token, due_at, u
                    " ready_at, created_at, updated_at, queue, queue_key, priority")
 
 
-def blocked_ledger(ledger: str, count: int):
+def blocked_ledger(ledger: str, count: int, hot_key: bool = False):
     """A ledger whose queue "blocked" (concurrency 1) holds a live lease and `count` more due
     executions, at priority 9 (ahead of the bench's backlog, were they not blocked): copies of
-    one the ledger admitted, inserted in one transaction."""
+    one the ledger admitted, inserted in one transaction. `hot_key`: the queue is limited by
+    `per_key=1` instead, and the lease and the due executions all have one key."""
     backend = open_backend(ledger)
-    backend.queues.declare("blocked", concurrency=1)
+    backend.queues.declare("blocked", **({"per_key": 1} if hot_key else {"concurrency": 1}))
+    key = "hot" if hot_key else None
     ex = backend.executions
-    ex.admit("blocked-holder", "bench", queue="blocked", priority=9, now=1)
+    ex.admit("blocked-holder", "bench", queue="blocked", key=key, priority=9, now=1)
     [lease] = ex.claim_due(limit=1, duration=10 * LEASE_MS)
     assert lease.execution_id == "blocked-holder"
     if count:
-        ex.admit("blocked-template", "bench", queue="blocked", priority=9, now=1)
+        ex.admit("blocked-template", "bench", queue="blocked", key=key, priority=9, now=1)
         numbers = ("generate_series(1, %s) AS n(i)" if ledger.startswith("postgresql://") else
                    "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) SELECT i FROM n) AS n")
         select = ", ".join("'blocked-' || n.i" if c.strip() == "execution_id" else f"t.{c.strip()}"
@@ -284,14 +286,20 @@ def blocked_ledger(ledger: str, count: int):
             with backend.connection.write() as db:
                 db.execute(f"INSERT INTO executions ({BLOCKED_COLUMNS}) SELECT {select} FROM {numbers}, executions t"
                            f" WHERE t.execution_id = 'blocked-template'", (count - 1,))
+    if ledger.startswith("postgresql://"):
+        # The statistics autovacuum gathers after such a load: without them, PostgreSQL's planner
+        # takes the queue's few rows without a key to be its whole backlog.
+        with backend.connection.write() as db:
+            db.execute("ANALYZE executions")
     return backend
 
 
-def queue_blocked(ledgers: dict[int, str], name: str, repeats: int) -> float:
-    """A claim's cost with `max(ledgers)` due executions waiting behind their queue's limit, and
-    with none, measured alternately (plain and routed claims); the ratio of the plain claims."""
+def queue_blocked(ledgers: dict[int, str], name: str, repeats: int, hot_key: bool = False) -> float:
+    """A claim's cost with `max(ledgers)` due executions waiting behind their queue's limit (or,
+    with `hot_key`, behind their key's), and with none, measured alternately (plain and routed
+    claims, empty polls); the largest of their ratios."""
     started = time.perf_counter()
-    backends = {size: blocked_ledger(ledger, size) for size, ledger in ledgers.items()}
+    backends = {size: blocked_ledger(ledger, size, hot_key) for size, ledger in ledgers.items()}
     setup = time.perf_counter() - started
     costs: dict[int, list[tuple[float, float]]] = {size: [] for size in backends}
     routed: dict[int, list[tuple[float, float]]] = {size: [] for size in backends}
@@ -305,7 +313,8 @@ def queue_blocked(ledgers: dict[int, str], name: str, repeats: int) -> float:
         backend.close()
     small, large = sorted(backends)
     print()
-    print(f"{name}: claim_due against due executions blocked by their queue's limit (concurrency 1, held;"
+    limit = "per_key 1, their one key held" if hot_key else "concurrency 1, held"
+    print(f"{name}: claim_due against due executions blocked by their queue's limit ({limit};"
           f" built in {setup:.1f} s; claims from a backlog of 200 in another queue):")
     print(f"  {'blocked due executions':36}{'claim one':>12}{'routed':>12}{'empty poll':>12}")
     claim = {size: statistics.median(c for c, _ in costs[size]) for size in costs}
@@ -316,7 +325,7 @@ def queue_blocked(ledgers: dict[int, str], name: str, repeats: int) -> float:
     ratio = claim[large] / claim[small]
     print(f"  {f'ratio {large:,} / {small:,}':36}{ratio:12.2f}{claim_routed[large] / claim_routed[small]:12.2f}"
           f"{poll[large] / poll[small]:12.2f}   target <= {QUEUE_TARGET}x")
-    return max(ratio, claim_routed[large] / claim_routed[small])
+    return max(ratio, claim_routed[large] / claim_routed[small], poll[large] / poll[small])
 
 
 QUEUE_TARGET = 1.2
@@ -402,16 +411,21 @@ def main() -> int:
 
 
 def queue_checks(folder: str, args) -> bool:
-    """The queue check on SQLite, and on PostgreSQL with --postgres; whether each met its target."""
-    ratios = [queue_blocked({size: os.path.join(folder, f"blocked-{size}.db") for size in (0, args.blocked)},
-                            "SQLite", args.repeats)]
+    """The queue checks (a saturated queue, then a hot key) on SQLite, and on PostgreSQL with
+    --postgres; whether each met its target."""
+    ratios = []
+    for hot_key in (False, True):
+        tag = "key-" if hot_key else ""
+        ratios.append(queue_blocked({size: os.path.join(folder, f"blocked-{tag}{size}.db") for size in (0, args.blocked)},
+                                    "SQLite", args.repeats, hot_key))
     if args.postgres:
         from supervisor.chaos.cluster import Cluster
 
         cluster = Cluster().start()
         try:
-            ratios.append(queue_blocked({size: cluster.new_database() for size in (0, args.blocked)},
-                                        "PostgreSQL", args.repeats))
+            for hot_key in (False, True):
+                ratios.append(queue_blocked({size: cluster.new_database() for size in (0, args.blocked)},
+                                            "PostgreSQL", args.repeats, hot_key))
         finally:
             cluster.stop()
     return all(ratio <= QUEUE_TARGET for ratio in ratios)

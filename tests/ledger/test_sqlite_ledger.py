@@ -1,12 +1,14 @@
 """What the SQLite ledger alone has, beside the contract both backends pass
 (`test_ledger_contract.py`): the file's mode, purge's transactions as SQLite's trace shows them,
-and the schema's migrations."""
+the schema's migrations, and a claim's work counted in SQLite's instructions."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import stat
+
+import pytest
 
 from supervisor import open_backend
 from supervisor.ledger.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
@@ -58,7 +60,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
         assert backend.executions.get("old").status == "admitted"
         assert backend.executions.waiting_for("old", now=10) == [WaitReason("effect", "e"), WaitReason("due", None, 5)]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
     assert "detail" in [row[1] for row in db.execute("PRAGMA table_info(waiters)")]
     # Version 3: a ledger from before epochs ran in epoch 0, and goes on in it.
     assert db.execute("SELECT epoch, reason FROM epochs").fetchall() == [(0, "created")]
@@ -85,7 +87,7 @@ def test_a_version_3_ledger_is_migrated_to_routing_and_live_supervisors_and_keep
                                      renew_ms=1_000)
         assert [s.id for s in backend.supervisors.live()] == ["s"]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
     indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
 
@@ -112,7 +114,50 @@ def test_a_version_4_ledger_is_migrated_to_queues_and_its_executions_join_the_de
         backend.queues.declare("default", concurrency=1)
         assert [q.name for q in backend.queues.list()] == ["default"]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
     indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"executions_claimable_by_workflow", "executions_running_by_queue"} <= indexes
     assert "executions_claimable" not in indexes  # one claimable index: (workflow, queue, priority, due_at)
+
+
+def claim_steps(backend, **claim) -> int:
+    """The SQLite virtual machine's instructions one claim runs: a count that the rows it reads
+    move, and the machine's load does not."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    backend.connection.raw.set_progress_handler(count, 1)
+    try:
+        backend.executions.claim_due(duration=60_000, **claim)
+    finally:
+        backend.connection.raw.set_progress_handler(None, 1)
+    return steps
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("limit", [{"concurrency": 1}, {"per_key": 1}], ids=["saturated queue", "hot key"])
+def test_a_claims_work_does_not_grow_with_the_backlog_behind_a_saturated_queue_or_key(tmp_path, clock, limit):
+    steps = {}
+    for backlog in (50, 500):
+        with open_backend(tmp_path / f"ledger-{backlog}.db", clock=clock) as backend:
+            backend.queues.declare("limited", **limit)
+            key = "hot" if "per_key" in limit else None
+            backend.executions.admit("holder", "wf", queue="limited", key=key, priority=9)
+            assert [lease.execution_id for lease in backend.executions.claim_due(limit=1, duration=60_000)] \
+                == ["holder"]
+            for i in range(backlog):
+                backend.executions.admit(f"blocked-{i}", "wf", queue="limited", key=key, priority=9)
+            backend.executions.admit("free", "wf")
+            backend.executions.admit("other-key", "wf", queue="limited", key="cold")
+            first = claim_steps(backend, limit=1)
+            second = claim_steps(backend, limit=2, workflows={"wf"})
+            poll = claim_steps(backend, limit=1)
+            steps[backlog] = (first, second, poll)
+            ids = {record.execution_id for record in backend.executions.list() if record.status == "running"}
+            expected = {"holder", "free"} | ({"other-key"} if key else set())
+            assert ids == expected
+    assert steps[500] == steps[50], steps

@@ -28,11 +28,12 @@ DECLARE
     parked_details text[] := ARRAY[]::text[];
     woken_ids text[];
     woken_workflows text[];
-    -- The claim's steps (`tables.queues`): the (queue, priority) groups, expired leases, limits.
+    -- The claim's steps (`tables.queues`): the (workflow, queue) groups, expired leases, limits.
     served_names text[];
     g_workflows text[];
     g_queues text[];
-    g_priorities bigint[];
+    queue_keys text[];
+    one_key text;
     x_ids text[];
     x_queues text[];
     limited record;
@@ -137,11 +138,12 @@ BEGIN
         END IF;
     END IF;
     IF p_limit > 0 THEN
-        -- The claim, by the steps of the shared one (`tables.queues`). The (queue, priority) groups
-        -- that hold claimable rows, of each workflow served: a loose scan, a seek per group.
-        -- Each step seeks the next priority in the same queue, else the first pair of the next
-        -- queue, in the one claimable index (workflow, queue, priority, due_at). A claim of any
-        -- workflow first finds the workflows that have claimable rows, by a loose scan of it too.
+        -- The claim, by the steps of the shared one (`tables.queues`). The (workflow, queue) groups
+        -- that hold claimable rows, of each workflow served: a loose scan, a seek per group, in
+        -- the claimable index (workflow, queue, priority DESC, due_at, seq). Each seek orders by
+        -- the index's leading columns, fixed ones included, so that the planner takes that index
+        -- even without statistics. A claim of any workflow first finds the workflows that have
+        -- claimable rows, by a loose scan of it too.
         served_names := p_workflows;
         IF p_workflows IS NULL THEN
             WITH RECURSIVE names (workflow) AS (
@@ -153,25 +155,14 @@ BEGIN
                 FROM names WHERE names.workflow IS NOT NULL)
             SELECT coalesce(array_agg(workflow), ARRAY[]::text[]) INTO served_names FROM names WHERE workflow IS NOT NULL;
         END IF;
-        WITH RECURSIVE pairs (workflow, queue, priority) AS (
-            SELECT served.name, ''::text, 0::bigint FROM unnest(served_names) AS served (name)
+        WITH RECURSIVE pairs (workflow, queue) AS (
+            SELECT served.name, ''::text FROM unnest(served_names) AS served (name)
             UNION ALL
-            SELECT pairs.workflow, coalesce((SELECT e.queue FROM executions e
+            SELECT pairs.workflow, (SELECT e.queue FROM executions e
                      WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
-                         AND e.queue = pairs.queue AND e.priority > pairs.priority
-                     ORDER BY e.workflow, e.queue, e.priority LIMIT 1),
-                    (SELECT e.queue FROM executions e
-                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
-                         AND e.queue > pairs.queue ORDER BY e.workflow, e.queue, e.priority LIMIT 1)),
-                coalesce((SELECT e.priority FROM executions e
-                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
-                         AND e.queue = pairs.queue AND e.priority > pairs.priority
-                     ORDER BY e.workflow, e.queue, e.priority LIMIT 1),
-                    (SELECT e.priority FROM executions e
-                     WHERE e.workflow = pairs.workflow AND e.ready_at IS NOT NULL AND e.status <> 'running'
-                         AND e.queue > pairs.queue ORDER BY e.workflow, e.queue, e.priority LIMIT 1))
+                         AND e.queue > pairs.queue ORDER BY e.workflow, e.queue LIMIT 1)
             FROM pairs WHERE pairs.queue IS NOT NULL)
-        SELECT array_agg(workflow), array_agg(queue), array_agg(priority) INTO g_workflows, g_queues, g_priorities
+        SELECT array_agg(workflow), array_agg(queue) INTO g_workflows, g_queues
         FROM pairs WHERE queue IS NOT NULL AND queue <> '';
         -- Expired leases (dead holders'), locked: few.
         WITH expired AS (
@@ -258,14 +249,57 @@ BEGIN
                 END IF;
             END IF;
             CONTINUE WHEN room <= 0;
+            -- A queue holding saturated keys is read key by key, in the index of (queue,
+            -- queue_key, workflow, priority DESC, due_at, seq): a seek per key of the queue, and
+            -- one for the rows without a key, so that a hot key's backlog is not read. Unless it
+            -- holds 32 keys or more (queues.KEYS_AT_MOST): then the saturated keys' rows are
+            -- stepped over in the group's order.
+            queue_keys := NULL;
+            IF cardinality(saturated) > 0 THEN
+                WITH RECURSIVE keys (k, n) AS (
+                    SELECT ''::text, 0
+                    UNION ALL
+                    SELECT (SELECT e.queue_key FROM executions e
+                            WHERE e.queue = g_queues[i] AND e.queue_key > keys.k AND e.ready_at IS NOT NULL
+                                AND e.status <> 'running' ORDER BY e.queue, e.queue_key LIMIT 1), keys.n + 1
+                    FROM keys WHERE keys.k IS NOT NULL AND keys.n < 32)
+                SELECT coalesce(array_agg(k), ARRAY[]::text[]) INTO queue_keys FROM keys WHERE k IS NOT NULL AND n > 0;
+                IF cardinality(queue_keys) >= 32 THEN
+                    queue_keys := NULL;
+                END IF;
+            END IF;
+            IF queue_keys IS NULL THEN
+                WITH due AS (
+                    SELECT e.execution_id FROM executions e
+                    WHERE e.workflow = g_workflows[i] AND e.queue = g_queues[i]
+                        AND e.ready_at IS NOT NULL AND e.status <> 'running' AND e.due_at <= p_now AND e.ready_at <= p_now
+                        AND (e.queue_key IS NULL OR NOT (e.queue_key = ANY(saturated)))
+                    ORDER BY e.workflow, e.queue, e.priority DESC, e.due_at, e.seq LIMIT room FOR UPDATE SKIP LOCKED)
+                SELECT array_agg(execution_id) INTO some_ids FROM due;
+                candidate_ids := candidate_ids || coalesce(some_ids, ARRAY[]::text[]);
+                CONTINUE;
+            END IF;
             WITH due AS (
                 SELECT e.execution_id FROM executions e
-                WHERE e.workflow = g_workflows[i] AND e.queue = g_queues[i] AND e.priority = g_priorities[i]
+                WHERE e.queue = g_queues[i] AND e.queue_key IS NULL AND e.workflow = g_workflows[i]
                     AND e.ready_at IS NOT NULL AND e.status <> 'running' AND e.due_at <= p_now AND e.ready_at <= p_now
-                    AND (e.queue_key IS NULL OR NOT (e.queue_key = ANY(saturated)))
-                ORDER BY e.workflow, e.queue, e.priority, e.due_at, e.seq LIMIT room FOR UPDATE SKIP LOCKED)
+                ORDER BY e.queue, e.queue_key, e.workflow, e.priority DESC, e.due_at, e.seq LIMIT room
+                FOR UPDATE SKIP LOCKED)
             SELECT array_agg(execution_id) INTO some_ids FROM due;
             candidate_ids := candidate_ids || coalesce(some_ids, ARRAY[]::text[]);
+            FOREACH one_key IN ARRAY queue_keys LOOP
+                CONTINUE WHEN one_key = ANY(saturated);
+                WITH due AS (
+                    SELECT e.execution_id FROM executions e
+                    WHERE e.queue = g_queues[i] AND e.queue_key = one_key AND e.workflow = g_workflows[i]
+                        AND e.ready_at IS NOT NULL AND e.status <> 'running' AND e.due_at <= p_now AND e.ready_at <= p_now
+                    ORDER BY e.queue, e.queue_key, e.workflow, e.priority DESC, e.due_at, e.seq
+                    LIMIT LEAST(room, lq_per_key[array_position(lq_names, g_queues[i])]
+                        - coalesce((key_counts ->> (g_queues[i] || chr(31) || one_key))::bigint, 0))
+                    FOR UPDATE SKIP LOCKED)
+                SELECT array_agg(execution_id) INTO some_ids FROM due;
+                candidate_ids := candidate_ids || coalesce(some_ids, ARRAY[]::text[]);
+            END LOOP;
         END LOOP;
         -- By priority, then due time (due rows before expired leases, then admission order),
         -- taken while their queue and key have room.

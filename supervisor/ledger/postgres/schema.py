@@ -217,6 +217,15 @@ CREATE INDEX executions_deadline ON executions (deadline_at)
 WHERE deadline_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')"""
 WORKFLOW_TIMEOUTS = "ALTER TABLE workflow_queues ADD COLUMN timeout_ms BIGINT"
 
+# Version 8 (the SQLite ledger's version 9): the claimable index by (workflow, queue), then
+# priority (higher first) and due time, and the claimable rows of a queue by key, as on SQLite.
+EXECUTIONS_CLAIMABLE_BY_QUEUE = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority DESC, due_at, seq)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+EXECUTIONS_CLAIMABLE_BY_KEY = """
+CREATE INDEX executions_claimable_by_key ON executions (queue, queue_key, workflow, priority DESC, due_at, seq)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -231,6 +240,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
     (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
+    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.

@@ -236,6 +236,19 @@ CREATE INDEX executions_deadline ON executions (deadline_at)
 WHERE deadline_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')"""
 WORKFLOW_TIMEOUTS = "ALTER TABLE workflow_queues ADD COLUMN timeout_ms INTEGER"  # NULL: none
 
+# Version 9: the claim's cost stays flat behind a saturated queue. The claimable index orders each
+# (workflow, queue) by priority (higher first) then due time, so the claim discovers the queues
+# that hold claimable rows with one seek each (not one per priority: a blocked queue's backlog
+# costs a claim that step and nothing more) and reads a queue's rows in claim order with one seek.
+EXECUTIONS_CLAIMABLE_BY_QUEUE = """
+CREATE INDEX executions_claimable_by_workflow ON executions (workflow, queue, priority DESC, due_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+# The claimable rows of a queue by key: a queue whose `per_key` holds keys saturated reads the
+# others' rows key by key (a seek each, `queues.KEYS`), never the saturated keys' backlog.
+EXECUTIONS_CLAIMABLE_BY_KEY = """
+CREATE INDEX executions_claimable_by_key ON executions (queue, queue_key, workflow, priority DESC, due_at)
+WHERE ready_at IS NOT NULL AND status <> 'running'"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -249,6 +262,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
      QUEUE_CLAIMS, QUEUE_CLAIMS_BY_QUEUE, WORKFLOW_QUEUES),
     (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
+    (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -81,19 +81,29 @@ def insert(db: Transaction, sql, execution_id: str, workflow: str, input_json: s
 
 
 # Claimable rows (`ExecutionRows._pick`, whose steps `queues` describes): the due rows of a group,
-# earliest due first, at most what its queue may still take (`$p` after
+# by priority (higher first), then earliest due first, at most what its queue may still take (`$p` after
 # LIMIT), leaving out the keys already at the queue's `per_key` (`{keys}`); ties come out in rowid
 # (admission) order, as the index stores them. Those still in their redelivery delay are stepped
 # over. `{lock}` is where the claim takes its row locks.
-# One (workflow, queue, priority) group's, by the index of (workflow, queue, priority, due_at): due
-# executions of workflows a supervisor does not serve (routing), or of saturated queues, however
-# many, are never read.
+# One (workflow, queue) group's, by the index of (workflow, queue, priority DESC, due_at), in its
+# order (said in full, fixed columns included, as `queues` says why): due executions of workflows
+# a supervisor does not serve (routing), or of saturated queues, however many, are never read.
 _DUE_OF = f"""
 SELECT * FROM (
     SELECT {COLUMNS}, 0 AS part, $row_order AS seq FROM executions $by_executions_claimable_by_workflow
-    WHERE workflow = $p AND queue = $p AND priority = $p AND ready_at IS NOT NULL AND status <> 'running'
+    WHERE workflow = $p AND queue = $p AND ready_at IS NOT NULL AND status <> 'running'
         AND due_at <= $p AND ready_at <= $p{{keys}}
-    ORDER BY due_at LIMIT $p{{lock}}) AS due{{i}}"""
+    ORDER BY workflow, queue, priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
+# One key's rows of a group (`{key}`: "= $p", or "IS NULL" for the rows without one), by the index
+# of (queue, queue_key, workflow, priority DESC, due_at), in its order: what a group whose queue
+# holds saturated keys is read by, so that their backlog is never read.
+_DUE_OF_KEY = f"""
+SELECT * FROM (
+    SELECT {COLUMNS}, 0 AS part, $row_order AS seq FROM executions $by_executions_claimable_by_key
+    WHERE queue = $p AND queue_key {{key}} AND workflow = $p AND ready_at IS NOT NULL AND status <> 'running'
+        AND due_at <= $p AND ready_at <= $p
+    ORDER BY queue, queue_key, workflow, priority DESC, due_at LIMIT $p{{lock}}) AS due{{i}}"""
+KEY_ARM, NO_KEY_ARM = -1, -2  # the shapes of `_DUE_OF_KEY`'s arms in `claimable_statement`
 # Running rows whose lease expired and whose redelivery delay passed: few (those of dead holders),
 # so a workflow filter on them reads no more.
 _EXPIRED = f"""
@@ -110,11 +120,15 @@ CLAIM_WORKFLOWS = 200
 
 @functools.lru_cache(maxsize=256)
 def claimable_statement(arms: tuple[int, ...], lock: bool, expired: int) -> str:
-    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says; with
-    the expired leases of `expired` named workflows (0: of any; -1: none)."""
+    """The due rows of `len(arms)` groups, each leaving out as many keys as its arm says (or, for
+    KEY_ARM and NO_KEY_ARM, of one key of a group); with the expired leases of `expired` named
+    workflows (0: of any; -1: none)."""
     lock_clause = SKIP_LOCKED if lock else ""
     parts = []
     for i, keys in enumerate(arms):
+        if keys < 0:
+            parts.append(_DUE_OF_KEY.format(key="= $p" if keys == KEY_ARM else "IS NULL", lock=lock_clause, i=i))
+            continue
         skipped = "" if not keys else " AND (queue_key IS NULL OR queue_key NOT IN ({}))".format(
             ", ".join(["$p"] * keys))
         parts.append(_DUE_OF.format(keys=skipped, lock=lock_clause, i=i))
@@ -124,8 +138,20 @@ def claimable_statement(arms: tuple[int, ...], lock: bool, expired: int) -> str:
     return "\nUNION ALL".join(parts)
 
 
-def due_parameters(workflow: str, queue: str, priority: int, keys: list[str], now: int, limit: int) -> tuple:
-    return (workflow, queue, priority, now, now, *keys, limit)
+def due_parameters(workflow: str, queue: str, keys: list[str], now: int, limit: int) -> tuple:
+    return (workflow, queue, now, now, *keys, limit)
+
+
+def key_arms(workflow: str, queue: str, room: "queues.Capacity", keys: list[str], now: int, limit: int
+             ) -> list[tuple[int, tuple]]:
+    """The arms that read a group key by key: the rows without a key, and those of each of `keys`
+    (all of the queue's) that is not saturated, each at most what its key may still take."""
+    arms = [(NO_KEY_ARM, (queue, workflow, now, now, limit))]
+    for key in keys:
+        left = min(limit, room.per_key - room.live_by_key.get(key, 0))
+        if left > 0:
+            arms.append((KEY_ARM, (queue, key, workflow, now, now, left)))
+    return arms
 
 
 def _rows(cursor) -> list[tuple["Row", int, int]]:
@@ -262,26 +288,30 @@ class ExecutionRows:
         (what remains of them after these rows); with `lock`, in the claim's write transaction:
         rows no other claimer holds (on PostgreSQL, each claimer skips the rows another has
         locked), the queues' rows locked before they are counted."""
-        groups: list[tuple] = []  # (workflow, queue, priority, concurrency, per_key, rate_count, rate_ms)
-        if workflows is None:
-            names = None
-            groups += db.execute(self._sql[queues.GROUPS]).fetchall()
-        else:
-            names = sorted(workflows)
-            for start in range(0, len(names), queues.GROUPS_WORKFLOWS):
-                some = names[start:start + queues.GROUPS_WORKFLOWS]
-                groups += db.execute(self._sql[queues.groups_of(len(some))], some).fetchall()
-        limited = {group[1]: tuple(group[3:]) for group in groups if any(value is not None for value in group[3:])}
-        capacity = queues.capacities(db, self._sql, limited, now, write=lock,
-                                     lock_rows=lock and not self._conn.whole_database_write_lock)
+        groups = self._groups(db, now, workflows)
+        names = None if workflows is None else sorted(workflows)
+        capacity, limited = {}, {}
+        for _, queue, concurrency, per_key, rate_count, rate_ms, live, recent in groups:
+            if queues.saturated(concurrency, rate_count, live, recent):
+                capacity[queue] = queues.Capacity(queue, 0, per_key)  # nor an expired lease of it
+            elif (concurrency, per_key, rate_count) != (None, None, None):
+                limited[queue] = (concurrency, per_key, rate_count, rate_ms)
+        capacity.update(queues.capacities(db, self._sql, limited, now, write=lock,
+                                          lock_rows=lock and not self._conn.whole_database_write_lock))
         arms: list[tuple[int, tuple]] = []
-        for workflow, queue, priority, *_ in groups:
+        keys_of: dict[str, Optional[list[str]]] = {}
+        for workflow, queue, *_ in groups:
             room = capacity.get(queue)
             most = limit if room is None or room.slots is None else min(limit, room.slots)
             if most <= 0:
                 continue  # a saturated queue: its backlog is not read
-            keys = [] if room is None else room.saturated_keys()
-            arms.append((len(keys), due_parameters(workflow, queue, priority, keys, now, most)))
+            saturated = [] if room is None else room.saturated_keys()
+            if saturated and queue not in keys_of:
+                keys_of[queue] = self._keys(db, queue)
+            if saturated and keys_of[queue] is not None:
+                arms += key_arms(workflow, queue, room, keys_of[queue], now, most)
+            else:
+                arms.append((len(saturated), due_parameters(workflow, queue, saturated, now, most)))
         # The due rows of the groups with room, and the expired leases (few: those of dead
         # holders), in one statement per CLAIM_GROUPS groups, the expired ones with the first.
         found: list[tuple[Row, int, int]] = []
@@ -314,6 +344,24 @@ class ExecutionRows:
                 if len(picked) == limit:
                     break
         return picked, capacity
+
+    def _keys(self, db, queue: str) -> Optional[list[str]]:
+        """The keys of `queue`'s claimable rows, or None if it holds KEYS_AT_MOST or more."""
+        keys = [key for (key,) in db.execute(self._sql[queues.KEYS], (queue, queues.KEYS_AT_MOST)).fetchall()]
+        return keys if len(keys) < queues.KEYS_AT_MOST else None
+
+    def _groups(self, db, now: int, workflows: Optional[frozenset[str]]) -> list[tuple]:
+        """The (workflow, queue) groups of claimable rows, of `workflows` (None: any), each with its
+        queue's limits and counts: (workflow, queue, concurrency, per_key, rate_count, rate_ms,
+        live leases, recent claims), see `queues.GROUPS`."""
+        if workflows is None:
+            return db.execute(self._sql[queues.GROUPS], (now, now)).fetchall()
+        groups: list[tuple] = []
+        names = sorted(workflows)
+        for start in range(0, len(names), queues.GROUPS_WORKFLOWS):
+            some = names[start:start + queues.GROUPS_WORKFLOWS]
+            groups += db.execute(self._sql[queues.groups_of(len(some))], (*some, now, now)).fetchall()
+        return groups
 
     def _row(self, db: Transaction, execution_id: str, *, lock: bool = True) -> Row:
         found = db.execute(self._sql[SELECT_ONE_LOCKED if lock else SELECT_ONE], (execution_id,)).fetchone()

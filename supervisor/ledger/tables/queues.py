@@ -3,17 +3,23 @@
 
 How a claim (`ExecutionRows._claimable`) picks its rows:
 
-    groups     the (workflow, queue, priority) groups that hold claimable rows, of each workflow
-               served (or of each that has some): a loose scan of the claimable index, a seek per
-               group (never the rows behind them)
-    limits     the limits of those queues, their rows locked in name order ($for_update: on
+    groups     the (workflow, queue) groups that hold claimable rows, of each workflow served
+               (or of each that has some): a loose scan of the claimable index, a seek per group
+               (never the rows behind them), each with its queue's limits and, where a count
+               decides them, its live leases and recent claims, counted in the same statement
+    limits     the limits of the queues those counts leave room in (a saturated queue is passed
+               over here, at no further cost), their rows locked in name order ($for_update: on
                PostgreSQL the claimers of one limited queue take turns; SQLite's write lock is
-               the whole database's), then counted: live leases (running, lease not expired: a
-               dead holder's lease counts until it expires or ends), live leases per key, and
-               claims within the rate window (`queue_claims`, pruned as it goes)
-    seeks      the due rows of each group whose queue has capacity, earliest due first, at most
-               the capacity (keys already at `per_key` left out); a saturated queue's group is
-               not read at all, so its backlog costs a claim nothing
+               the whole database's), then counted again: live leases (running, lease not
+               expired: a dead holder's lease counts until it expires or ends), live leases per
+               key, and claims within the rate window (`queue_claims`, pruned as it goes)
+    seeks      the due rows of each group whose queue has capacity, by priority then due time,
+               at most the capacity (keys already at `per_key` left out); a saturated queue's
+               group is not read at all, so its backlog costs a claim nothing. A group whose
+               queue holds saturated keys is read key by key instead (a seek per key of the
+               queue, and one for the rows without a key), so that a hot key's backlog is not
+               read either; unless the queue holds KEYS_AT_MOST keys or more, where the rows of
+               the saturated keys are stepped over in the group's order
     take       the rows of all groups by priority (higher first), then due time, taken while
                their queue and key have room (`Capacity.take`)
 
@@ -39,46 +45,67 @@ DEFAULT_QUEUE = "default"
 MIN_PRIORITY, MAX_PRIORITY = -(2 ** 31), 2 ** 31 - 1
 
 _CLAIMABLE = "ready_at IS NOT NULL AND status <> 'running'"
-# The (queue, priority) groups of claimable rows, by a loose scan: each step seeks the next pair
-# after the last one: the next priority in the same queue, else the first pair of the next queue
-# (two seeks that each stop at their first row; a comparison of the pair as a row value would let
-# SQLite range on the queue alone and read the whole group). The seed is ('', 0): queue names are
-# never empty. Per workflow (`{names}`: a "($p)" per workflow), by the index (workflow, queue,
-# priority, due_at).
-def _next(column: str, index: str, of_workflow: str) -> str:
-    same = (f"SELECT {column} FROM executions $by_{index} WHERE {of_workflow}{_CLAIMABLE}"
-            f" AND queue = pairs.queue AND priority > pairs.priority ORDER BY priority LIMIT 1")
-    later = (f"SELECT {column} FROM executions $by_{index} WHERE {of_workflow}{_CLAIMABLE}"
-             f" AND queue > pairs.queue ORDER BY queue, priority LIMIT 1")
-    return f"coalesce(({same}), ({later}))"
-
-
-_OF = "workflow = pairs.workflow AND "
-_PAIRS = f"""pairs (workflow, queue, priority) AS (
-    SELECT workflow, CAST('' AS TEXT), CAST(0 AS BIGINT) FROM served WHERE workflow IS NOT NULL
+# The queues that hold claimable rows of each workflow served, by a loose scan of the index of
+# (workflow, queue, priority DESC, due_at): each step one seek, to the next queue (the seed is '':
+# queue names are never empty), whatever the priorities and the rows within a queue. Each seek
+# orders by the index's own leading columns, the workflow's included although it is fixed: so
+# PostgreSQL's planner takes the index whose order it is even without statistics, rather than
+# the index of (workflow, ready_at) and a sort of all the workflow's rows.
+_PAIRS_OF = f"""pairs (workflow, queue) AS (
+    SELECT workflow, CAST('' AS TEXT) FROM served WHERE workflow IS NOT NULL
     UNION ALL
-    SELECT pairs.workflow, {_next("queue", "executions_claimable_by_workflow", _OF)},
-        {_next("priority", "executions_claimable_by_workflow", _OF)}
-    FROM pairs WHERE pairs.queue IS NOT NULL)
-SELECT pairs.workflow, pairs.queue, pairs.priority, q.concurrency, q.per_key, q.rate_count, q.rate_ms
+    SELECT pairs.workflow, (
+        SELECT queue FROM executions $by_executions_claimable_by_workflow
+        WHERE workflow = pairs.workflow AND {_CLAIMABLE} AND queue > pairs.queue ORDER BY workflow, queue LIMIT 1)
+    FROM pairs WHERE pairs.queue IS NOT NULL)"""
+# The (workflow, queue) pairs of every workflow, by one loose scan of the same index: each step
+# finds the next pair's row (the next queue of the same workflow, else the first of the next
+# workflow: a scalar subquery returns one column, so it names the row, read by its key). A
+# comparison of the pair as a row value would let SQLite range on the workflow alone and read
+# every row of it.
+_PAIRS = f"""pairs (workflow, queue) AS (
+    SELECT workflow, queue FROM executions WHERE execution_id = (
+        SELECT execution_id FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
+        ORDER BY workflow, queue LIMIT 1)
+    UNION ALL
+    SELECT found.workflow, found.queue FROM pairs, executions found WHERE found.execution_id = coalesce(
+        (SELECT execution_id FROM executions $by_executions_claimable_by_workflow
+         WHERE workflow = pairs.workflow AND queue > pairs.queue AND {_CLAIMABLE} ORDER BY workflow, queue LIMIT 1),
+        (SELECT execution_id FROM executions $by_executions_claimable_by_workflow
+         WHERE workflow > pairs.workflow AND {_CLAIMABLE} ORDER BY workflow, queue LIMIT 1)))"""
+_WITH_LIMITS = """
+SELECT pairs.workflow, pairs.queue, q.concurrency, q.per_key, q.rate_count, q.rate_ms,
+    CASE WHEN q.concurrency IS NOT NULL THEN (
+        SELECT count(*) FROM executions $by_executions_running_by_queue
+        WHERE queue = pairs.queue AND status = 'running' AND lease_expires_at > $p) END,
+    CASE WHEN q.rate_count IS NOT NULL THEN (
+        SELECT count(*) FROM queue_claims WHERE queue = pairs.queue AND claimed_at > $p - q.rate_ms) END
 FROM pairs LEFT JOIN queues q ON q.name = pairs.queue WHERE pairs.queue IS NOT NULL AND pairs.queue <> ''"""
-# Each group with its queue's limits (NULLs: none), in one statement: the common claim (no limits)
-# pays no statement more for them. Of the workflows served (`{names}`: a "(CAST($p AS TEXT))" per
-# workflow), or of any: the workflows that have claimable rows, found by a loose scan of the same
-# index first (a seek per workflow).
+# Each group (a workflow's claimable rows in one queue) with its queue's limits (NULLs: none) and,
+# for the limits a count decides, the count read without a lock (`$p`, `$p`: now): a queue these
+# show saturated is passed over without a statement more (`saturated`), and the claim stays as
+# cheap as if its backlog were not there. Only the queues with room are locked and counted again.
+# In one statement: the common claim (no limits) pays no statement more for them. Of the
+# workflows served (`{names}`: a "(CAST($p AS TEXT))" per workflow), or of any.
 GROUPS_OF = f"""
 WITH RECURSIVE served (workflow) AS (VALUES {{names}}),
-{_PAIRS}"""
+{_PAIRS_OF}{_WITH_LIMITS}"""
 GROUPS = f"""
-WITH RECURSIVE served (workflow) AS (
-    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow WHERE {_CLAIMABLE}
-            ORDER BY workflow LIMIT 1)
-    UNION ALL
-    SELECT (SELECT workflow FROM executions $by_executions_claimable_by_workflow
-            WHERE {_CLAIMABLE} AND workflow > served.workflow ORDER BY workflow LIMIT 1)
-    FROM served WHERE served.workflow IS NOT NULL),
-{_PAIRS}"""
+WITH RECURSIVE {_PAIRS}{_WITH_LIMITS}"""
 GROUPS_WORKFLOWS = 200  # workflows per GROUPS_OF statement
+
+# The keys of a queue's claimable rows (of any workflow), by a loose scan of the index of (queue,
+# queue_key, ...): a seek per key, however many rows each holds; at most `$p` keys (the last
+# `$p`), so that a queue of many keys is not walked key by key at every claim (`KEYS_AT_MOST`).
+KEYS = f"""
+WITH RECURSIVE keys (queue_key, n) AS (
+    SELECT CAST('' AS TEXT), 0
+    UNION ALL
+    SELECT (SELECT queue_key FROM executions $by_executions_claimable_by_key
+            WHERE queue = $p AND queue_key > keys.queue_key AND {_CLAIMABLE} ORDER BY queue, queue_key LIMIT 1), keys.n + 1
+    FROM keys WHERE keys.queue_key IS NOT NULL AND keys.n < $p)
+SELECT queue_key FROM keys WHERE queue_key IS NOT NULL AND n > 0"""
+KEYS_AT_MOST = 32
 
 # `{names}`: a "$p" per queue. Locked in name order, the order every claim takes them in.
 LIMITS = """
@@ -165,6 +192,14 @@ def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], prio
 @functools.lru_cache(maxsize=64)
 def groups_of(count: int) -> str:
     return GROUPS_OF.format(names=", ".join(["(CAST($p AS TEXT))"] * count))
+
+
+def saturated(concurrency: Optional[int], rate_count: Optional[int], live: Optional[int],
+              recent: Optional[int]) -> bool:
+    """Whether a group's counts (GROUPS) leave its queue no room. Read without the queue's lock
+    on PostgreSQL, they may be a moment old: a queue seen saturated waits for the next claim; one
+    seen with room is counted again under the lock (`capacities`) before anything is taken."""
+    return (concurrency is not None and live >= concurrency) or (rate_count is not None and recent >= rate_count)
 
 
 @functools.lru_cache(maxsize=64)
