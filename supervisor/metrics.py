@@ -40,7 +40,8 @@ def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:
          "Executions parked after a diverged replay (suspended, waiting for new code), by workflow.",
          [({"workflow": workflow}, count) for workflow, count in sorted(stats.parked.items())]),
         ("yieldstar_oldest_due_seconds", "gauge",
-         "How long the longest-waiting claimable execution has been due; 0 when none is.",
+         "How long the longest-waiting due execution (whatever its priority, held back by its queue or not) has"
+         " been due; 0 when none is.",
          [({}, _seconds(stats.now - stats.oldest_due.due_at) if stats.oldest_due is not None else 0)]),
         ("yieldstar_queue_executions", "gauge",
          "Executions of each queue by state: due (claimable, or held back by the queue's limits), running (live"

@@ -44,7 +44,8 @@ from .values import TERMINAL_STATUSES
 # PostgreSQL, while SQLite, which keeps no statistics unless ANALYZE ran, may scan the table.
 HINTED_INDEXES = ("executions_claimable", "executions_expiring", "executions_by_update",
                   "executions_claimable_by_workflow", "executions_ready_by_workflow",
-                  "executions_running_by_queue", "executions_deadline", "executions_claimable_by_key")
+                  "executions_running_by_queue", "executions_deadline", "executions_claimable_by_key",
+                  "executions_ready")
 # `$terminal`: the terminal statuses as a list of SQL strings, for `status [NOT] IN (...)`.
 TERMINAL_SQL = ", ".join(f"'{status}'" for status in TERMINAL_STATUSES)
 

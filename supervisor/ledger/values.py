@@ -349,8 +349,8 @@ class LedgerStats:
     """A summary of a ledger as of `now` (`executions.stats`), for `stats`, `metrics` and `top`.
 
     `by_status` has every status, zeros included; `by_workflow` maps each workflow to its
-    non-zero counts by status. `oldest_due` is the claimable execution that has waited longest
-    (None when nothing is due); `unacknowledged` the executions whose last deliveries went
+    non-zero counts by status. `oldest_due` is the due execution that has waited longest, whatever
+    its priority and whether its queue's limits hold it back now (None when nothing is due); `unacknowledged` the executions whose last deliveries went
     unacknowledged, most first (at most `limit`); `live_leases` every live lease, soonest
     expiry first. `deliveries` counts every claim ever made (the lease history's rows), so two
     readings give deliveries per second. `parked` maps each workflow that has parked executions

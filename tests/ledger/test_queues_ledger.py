@@ -378,3 +378,19 @@ def max_overlap(deliveries) -> int:
         live += change
         most = max(most, live)
     return most
+
+
+@pytest.mark.timeout(60)
+def test_stats_oldest_due_is_the_longest_waiting_whatever_its_priority_or_its_queues_limit(backend, clock):
+    backend.queues.declare("narrow", concurrency=1)
+    backend.executions.admit("held", "wf", queue="narrow", now=1_000)
+    backend.executions.admit("blocked", "wf", queue="narrow", now=2_000)
+    backend.executions.admit("urgent", "wf", priority=9, now=3_000)
+    assert [lease.execution_id for lease in backend.executions.claim_due(limit=1, duration=LEASE_MS, now=4_000)] == [
+        "urgent"]
+    [held] = backend.executions.claim_due(limit=1, duration=LEASE_MS, now=4_000)
+    assert held.execution_id == "held"
+    backend.executions.admit("late", "wf", priority=9, now=5_000)
+    stats = backend.executions.stats(now=6_000)
+    assert stats.oldest_due.execution_id == "blocked"  # held back by its queue, waiting since 2,000
+    assert claim_ids(backend, now=6_000) == ["late"]  # what a claim takes is another

@@ -20,6 +20,14 @@ APP = str(TESTS / "apps" / "queues_app.py")
 EXECUTIONS = 16
 
 
+def three_supervisors(supervisors, backend) -> None:
+    """Three supervisors of the app, each ready and its queues' limits recorded."""
+    fleet = [supervisors.start(backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
+    for process in fleet:
+        process.wait_ready()
+        process.wait_log("recorded the limits of 3 queues")
+
+
 def max_overlap(deliveries, slack_ms: int = 0) -> int:
     """The most deliveries live at one instant, each from its claim (`slack_ms` later) to its end
     (an end at the instant of another's claim comes first)."""
@@ -33,10 +41,7 @@ def max_overlap(deliveries, slack_ms: int = 0) -> int:
 
 def test_three_supervisors_sharing_a_queue_of_concurrency_2_never_overlap_more_than_2_deliveries(
         each_backend, each_ledger, supervisors):
-    fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
-    for process in fleet:
-        process.wait_ready()
-        process.wait_log("recorded the limits of 3 queues")
+    three_supervisors(supervisors, each_backend)
     ids = [f"narrow-{i:02d}" for i in range(EXECUTIONS)]
     for execution_id in ids:
         each_ledger.executions.admit(execution_id, "q.narrow", queue="narrow")
@@ -108,10 +113,7 @@ def slack_of(backend) -> int:
 
 def test_three_supervisors_never_run_two_deliveries_of_one_key_at_once_but_run_keys_side_by_side(
         each_backend, each_ledger, supervisors):
-    fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
-    for process in fleet:
-        process.wait_ready()
-        process.wait_log("recorded the limits of 3 queues")
+    three_supervisors(supervisors, each_backend)
     ids = {f"keyed-{key}-{i}": f"tenant-{key}" for key in range(3) for i in range(4)}
     for execution_id, key in ids.items():
         each_ledger.executions.admit(execution_id, "q.keyed", queue="keyed", key=key)
@@ -125,10 +127,7 @@ def test_three_supervisors_never_run_two_deliveries_of_one_key_at_once_but_run_k
 
 
 def test_three_supervisors_sharing_a_rate_claim_at_most_4_in_any_second(each_backend, each_ledger, supervisors):
-    fleet = [supervisors.start(each_backend, app=APP, concurrency=3, ready=False) for _ in range(3)]
-    for process in fleet:
-        process.wait_ready()
-        process.wait_log("recorded the limits of 3 queues")
+    three_supervisors(supervisors, each_backend)
     ids = [f"rated-{i:02d}" for i in range(14)]
     for execution_id in ids:
         each_ledger.executions.admit(execution_id, "q.rated", queue="rated")

@@ -87,6 +87,14 @@ AWAITED = """
 SELECT 1 FROM starts s JOIN executions p ON p.execution_id = s.parent
 WHERE s.execution_id = $p AND p.status NOT IN ($terminal) LIMIT 1"""
 
+# The due execution that has waited longest, whichever its priority and whether or not its
+# queue's limits hold it back now (what `stats`' oldest due and the metric of its age report: how
+# long work waits, not what the next claim takes). Read by the index of ready times: its cost
+# grows with the due backlog, as the counts beside it do.
+OLDEST_DUE = f"""
+SELECT {COLUMNS} FROM executions $by_executions_ready
+WHERE ready_at IS NOT NULL AND ready_at <= $p AND due_at <= $p ORDER BY due_at LIMIT 1"""
+
 # Stored statuses read as of now: a running row whose lease ran out reads admitted or suspended.
 STATUS_AS_OF = """CASE WHEN status = 'running' AND lease_expires_at <= $p
     THEN CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END ELSE status END"""
@@ -323,7 +331,7 @@ class ExecutionOperators(ExecutionRows):
             for workflow, status, count in db.execute(self._sql[COUNTS], (now,)).fetchall():
                 by_status[status] = by_status.get(status, 0) + count
                 by_workflow.setdefault(workflow, {})[status] = count
-            due = self._claimable(db, now, 1)
+            due = db.execute(self._sql[OLDEST_DUE], (now, now)).fetchall()
             unacked = [self._as_of(Row(found), now) for found in db.execute(self._sql[UNACKNOWLEDGED], (now,)).fetchall()]
             unacked.sort(key=lambda r: (-r.unacknowledged_deliveries, r.execution_id))
             live = [LiveLease(*found) for found in db.execute(self._sql[LIVE], (now,)).fetchall()]
@@ -333,7 +341,7 @@ class ExecutionOperators(ExecutionRows):
         # Workflows and each one's statuses by name, whatever order the backend's grouping gave.
         by_workflow = {workflow: dict(sorted(counts.items())) for workflow, counts in sorted(by_workflow.items())}
         return LedgerStats(now=now, by_status=by_status, by_workflow=by_workflow,
-                           oldest_due=self._as_of(due[0], now) if due else None, unacknowledged=unacked[:limit],
+                           oldest_due=self._as_of(Row(due[0]), now) if due else None, unacknowledged=unacked[:limit],
                            live_leases=live, deliveries=deliveries, parked=parked, queues=by_queue)
 
 
