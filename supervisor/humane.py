@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone, tzinfo
 
+from .ledger.arguments import MAX_TIME_MS, MIN_TIME_MS, TIME_RANGE
+
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _EPOCH_MS = re.compile(r"-?\d+")
@@ -38,17 +40,18 @@ def parse_time(text: str, *, now: int, future: bool = False, option: str = "time
     taken as epoch ms as it stands (for scripts).
 
     Raises:
-        ValueError: none of these; the message names `option` and quotes the text.
+        ValueError: none of these, or a time the ledger cannot hold; the message names `option` and
+            quotes the text.
     """
     spelled = text.strip() if isinstance(text, str) else ""
     if _EPOCH_MS.fullmatch(spelled):
-        return int(spelled)
+        return _held(int(spelled), text, option)
     try:
         offset = parse_duration(spelled)
     except ValueError:
         pass
     else:
-        return now + offset if future else now - offset
+        return _held(now + offset if future else now - offset, text, option)
     try:
         # Python 3.10's fromisoformat does not read a trailing `Z`.
         moment = datetime.fromisoformat(re.sub(r"[zZ]$", "+00:00", spelled))
@@ -57,9 +60,21 @@ def parse_time(text: str, *, now: int, future: bool = False, option: str = "time
             f"{option} {text!r} is not a time: write an ISO-8601 time (2026-12-02T19:40:03+00:00), a duration"
             f" {'from now' if future else 'back from now'} (30s, 15m, 7d) or ms since the epoch"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.astimezone()  # a naive time is the local time of this machine
-    return round(moment.timestamp() * 1000)
+    try:
+        if moment.tzinfo is None:
+            moment = moment.astimezone()  # a naive time is the local time of this machine
+        ms = round(moment.timestamp() * 1000)
+    except (ValueError, OverflowError):  # a time at the edge of what datetime holds
+        ms = MIN_TIME_MS - 1
+    return _held(ms, text, option)
+
+
+def _held(ms: int, text: str, option: str) -> int:
+    """`ms`, if the ledger can hold that time; else a ValueError naming `option` and the range."""
+    if not MIN_TIME_MS <= ms <= MAX_TIME_MS:
+        raise ValueError(f"{option} {text!r} is outside the times the ledger holds: {TIME_RANGE}, in ms since the"
+                         " epoch")
+    return ms
 
 
 def format_time(ms: int | None, *, now: int | None = None, tz: tzinfo | None = None) -> str:

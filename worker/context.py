@@ -41,7 +41,7 @@ import traceback
 from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
-from supervisor.ledger.arguments import finite, identifier
+from supervisor.ledger.arguments import MAX_TIME_MS, MIN_TIME_MS, TIME_RANGE, finite, identifier
 from supervisor.ledger.errors import InvalidArgument, StepFailed, StepTimeout, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
@@ -180,7 +180,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         """A durable timer: the workflow continues `seconds` after this step first ran."""
         if not finite(seconds) or seconds < 0:
             raise InvalidArgument(f"seconds must be a finite number >= 0, got {seconds!r}")
-        self._timer(self._named_key(key), lambda now: now + int(seconds * 1000))
+        if seconds * 1000 > MAX_TIME_MS:
+            raise InvalidArgument(f"seconds {seconds!r} is longer than the ledger can wait: its times end at"
+                                  f" {TIME_RANGE.split(' to ')[1]}")
+        self._timer(self._named_key(key), lambda now: min(now + int(seconds * 1000), MAX_TIME_MS))
 
     def sleep_until(self, key: str, when: Any) -> None:
         """A durable timer until `when`: an aware `datetime`, or seconds since the epoch."""
@@ -192,6 +195,9 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             target = int(when * 1000)
         else:
             raise InvalidArgument(f"when must be an aware datetime or seconds since the epoch, got {when!r}")
+        if not MIN_TIME_MS <= target <= MAX_TIME_MS:
+            raise InvalidArgument(f"when {when!r} is outside the times the ledger holds: {TIME_RANGE}, in ms since"
+                                  " the epoch")
         self._timer(self._named_key(key), lambda now: target)
 
     # -- deploys -----------------------------------------------------------------------------

@@ -22,12 +22,20 @@ MAX_ID_LENGTH = 255
 MAX_DETAIL_LENGTH = 2000
 
 
+# The times the ledger holds, in ms since the epoch: from the epoch to the end of year 9999 (what
+# an ISO-8601 time, a datetime and every reader of the ledger can show).
+MIN_TIME_MS, MAX_TIME_MS = 0, 253_402_300_799_999
+TIME_RANGE = "0 (1970-01-01T00:00:00Z) to 253402300799999 (9999-12-31T23:59:59.999Z)"
+
+
 def identifier(name: str, value: Any) -> str:
-    """A non-empty str of at most 255 characters with no control characters."""
+    """A str of at most 255 characters, not blank (only spaces), with no control characters."""
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be a str, not {type(value).__name__}")
     if not value:
         raise InvalidArgument(f"{name} must not be empty")
+    if not value.strip():
+        raise InvalidArgument(f"{name} {value!r} is blank: it needs a character other than a space")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidArgument(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed")
     if _CONTROL.search(value):
@@ -81,6 +89,15 @@ def seconds_to_ms(name: str, seconds: Any) -> Optional[int]:
     if ms > MAX_TIMEOUT_MS:
         raise InvalidArgument(f"{name} must be at most {MAX_TIMEOUT_MS // 1000} seconds, got {seconds!r}")
     return ms
+
+
+def time_ms(name: str, value: Any) -> int:
+    """A time in ms since the epoch that the ledger can hold (MIN_TIME_MS to MAX_TIME_MS)."""
+    integer(name, value)
+    if not MIN_TIME_MS <= value <= MAX_TIME_MS:
+        raise InvalidArgument(f"{name} {value} is outside the times the ledger holds: {TIME_RANGE}, in ms since the"
+                              " epoch")
+    return value
 
 
 def lease(name: str, value: Any) -> ExecutionLease:

@@ -133,3 +133,22 @@ def test_steps_shows_a_failed_steps_traceback_as_lines_and_json_keeps_it_whole(t
     boom = json.loads(cli(db, "steps", "f1", "--json").stdout)[1]["step_response"]["error"]
     assert boom["traceback"].startswith("Traceback (most recent call last):\n")
     assert boom["traceback"].endswith("ValueError: bad value\n")
+
+
+# -- ids that mean nothing, times the ledger cannot hold ----------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_blank_id_and_a_time_the_ledger_cannot_hold_are_refused_naming_them_and_change_nothing(tmp_path):
+    db = tmp_path / "ledger.db"
+    with open_backend(db) as backend:
+        backend.executions.admit("known", "shop.order")
+    assert one_line_error(cli(db, "start", "shop.order", "--id", " "), 2) == (
+        "execution_id ' ' is blank: it needs a character other than a space")
+    for at in ("99999999999d", "253402300800000", "0001-01-01"):
+        message = one_line_error(cli(db, "wake", "known", "--at", at), 2)
+        assert message.startswith(f"--at {at!r} is outside the times the ledger holds: 0 (1970-01-01T00:00:00Z) to"
+                                  " 253402300799999 (9999-12-31T23:59:59.999Z)"), message
+    assert one_line_error(cli(db, "ls", "--since", "99999999999d"), 2).startswith("--since '99999999999d' is outside")
+    with open_backend(db) as backend:
+        assert [r.execution_id for r in backend.executions.list()] == ["known"]
+        assert backend.executions.get("known").due_at is not None  # due as admitted, not moved by a wake

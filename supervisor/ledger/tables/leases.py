@@ -183,7 +183,7 @@ class ExecutionLeases(ExecutionRows):
 
     def request_wake(self, execution_id, at, *, now=None) -> None:
         arguments.identifier("execution_id", execution_id)
-        arguments.integer("at", at)
+        arguments.time_ms("at", at)
         now = self._now(now)
         with self._conn.write() as db:
             woken = self.wake_in(db, execution_id, at, now)

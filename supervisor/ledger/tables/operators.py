@@ -137,7 +137,7 @@ class ExecutionOperators(ExecutionRows):
             arguments.identifier("workflow", workflow)
         for name, value in (("since", since), ("until", until)):
             if value is not None:
-                arguments.integer(name, value)
+                arguments.time_ms(name, value)
         if id_prefix is not None:
             arguments.identifier("id_prefix", id_prefix)
         if limit is not None:
