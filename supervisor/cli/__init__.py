@@ -40,6 +40,7 @@ from typing import Any
 
 import click
 
+from ..ledger import arguments
 from ..ledger.backends import open_backend
 from ..ledger.errors import UnknownExecution, YieldstarError
 
@@ -113,11 +114,9 @@ def backend_of(ctx: click.Context, *, create: bool = True):
 
 
 def parse_json_option(name: str, text: str) -> str:
-    try:
-        json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{name} is not valid JSON: {exc}") from None
-    return text
+    """`text`, checked as the ledger checks JSON (no NaN or Infinity), the error naming the
+    option or argument `name` the user gave."""
+    return arguments.json_text(name, text)
 
 
 def read_json_option(name: str, text: str) -> str:
@@ -137,11 +136,7 @@ def read_json_option(name: str, text: str) -> str:
         source = path
     else:
         return parse_json_option(name, text)
-    try:
-        json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{name} (from {source}) is not valid JSON: {exc}") from None
-    return text
+    return parse_json_option(f"{name} (from {source})", text)
 
 
 class _Group(click.Group):

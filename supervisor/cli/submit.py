@@ -131,24 +131,24 @@ def store_get(ctx, name: str) -> None:
 
 @store.command(name="put")
 @click.argument("name")
-@click.argument("item_json", metavar="JSON")
+@click.argument("item_json", metavar="ITEM")
 @click.pass_context
 @handles_errors
 def store_put(ctx, name: str, item_json: str) -> None:
-    """Append an item to a list store (a mailbox), waking its waiters."""
-    parse_json_option("JSON", item_json)
+    """Append ITEM (JSON) to a list store (a mailbox), waking its waiters."""
+    parse_json_option("ITEM", item_json)
     with backend_of(ctx) as backend:
         click.echo(backend.stores.put(name, item_json).state_json)
 
 
 @store.command(name="set")
 @click.argument("name")
-@click.argument("state_json", metavar="JSON")
+@click.argument("state_json", metavar="STATE")
 @click.pass_context
 @handles_errors
 def store_set(ctx, name: str, state_json: str) -> None:
-    """Replace a store's whole state, waking its waiters."""
-    parse_json_option("JSON", state_json)
+    """Replace a store's whole state with STATE (JSON), waking its waiters."""
+    parse_json_option("STATE", state_json)
     with backend_of(ctx) as backend:
         click.echo(backend.stores.set(name, state_json).state_json)
 

@@ -133,7 +133,7 @@ def boolean(name: str, value: Any) -> bool:
 
 
 def _reject_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not valid JSON")
+    raise ValueError(f"{token} is not a JSON value (JSON has no NaN or Infinity)")
 
 
 # Built once: json.loads(..., parse_constant=...) would build a decoder on every call, and these

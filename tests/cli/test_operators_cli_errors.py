@@ -152,3 +152,17 @@ def test_a_blank_id_and_a_time_the_ledger_cannot_hold_are_refused_naming_them_an
     with open_backend(db) as backend:
         assert [r.execution_id for r in backend.executions.list()] == ["known"]
         assert backend.executions.get("known").due_at is not None  # due as admitted, not moved by a wake
+
+
+@pytest.mark.timeout(60)
+def test_json_the_ledger_would_refuse_is_refused_by_the_cli_naming_the_users_option_or_argument(tmp_path):
+    db = tmp_path / "ledger.db"
+    with open_backend(db):
+        pass
+    assert one_line_error(cli(db, "start", "shop.order", "--id", "o-1", "--input", "NaN"), 2) == (
+        "--input is not valid JSON: NaN is not a JSON value (JSON has no NaN or Infinity)")
+    assert one_line_error(cli(db, "store", "put", "mailbox", '{"a": Infinity}'), 2) == (
+        "ITEM is not valid JSON: Infinity is not a JSON value (JSON has no NaN or Infinity)")
+    assert one_line_error(cli(db, "store", "set", "counter", "{"), 2).startswith("STATE is not valid JSON: ")
+    with open_backend(db) as backend:
+        assert backend.executions.get("o-1") is None and backend.stores.list() == []
