@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from contextvars import ContextVar
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
@@ -225,8 +226,6 @@ class AsyncWorkflowContext(WorkflowContext):
         """What the step's function returned within `timeout` seconds: a coroutine function is
         cancelled then (`StepTimeout` is raised, and recorded as the attempt's error); a plain one
         runs on a thread of its own, abandoned then (see `worker.timeouts`)."""
-        import time
-
         expired = StepTimeout(key, attempt, timeout)
         if is_coroutine_function(fn):
             return await awaited_within(fn(*args, **kwargs), timeout, expired)

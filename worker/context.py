@@ -41,7 +41,7 @@ import traceback
 from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
-from supervisor.ledger.arguments import MAX_TIME_MS, MIN_TIME_MS, TIME_RANGE, finite, identifier
+from supervisor.ledger.arguments import LAST_TIME, MAX_TIME_MS, MIN_TIME_MS, TIME_RANGE, finite, identifier
 from supervisor.ledger.errors import InvalidArgument, StepFailed, StepTimeout, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
@@ -181,8 +181,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         if not finite(seconds) or seconds < 0:
             raise InvalidArgument(f"seconds must be a finite number >= 0, got {seconds!r}")
         if seconds * 1000 > MAX_TIME_MS:
-            raise InvalidArgument(f"seconds {seconds!r} is longer than the ledger can wait: its times end at"
-                                  f" {TIME_RANGE.split(' to ')[1]}")
+            raise InvalidArgument(f"seconds {seconds!r} is longer than the ledger can wait: its times end at {LAST_TIME}")
         self._timer(self._named_key(key), lambda now: min(now + int(seconds * 1000), MAX_TIME_MS))
 
     def sleep_until(self, key: str, when: Any) -> None:

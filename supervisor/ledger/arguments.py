@@ -25,7 +25,8 @@ MAX_DETAIL_LENGTH = 2000
 # The times the ledger holds, in ms since the epoch: from the epoch to the end of year 9999 (what
 # an ISO-8601 time, a datetime and every reader of the ledger can show).
 MIN_TIME_MS, MAX_TIME_MS = 0, 253_402_300_799_999
-TIME_RANGE = "0 (1970-01-01T00:00:00Z) to 253402300799999 (9999-12-31T23:59:59.999Z)"
+LAST_TIME = "253402300799999 (9999-12-31T23:59:59.999Z)"
+TIME_RANGE = f"0 (1970-01-01T00:00:00Z) to {LAST_TIME}"
 
 
 def identifier(name: str, value: Any) -> str:
