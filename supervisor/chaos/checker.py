@@ -96,7 +96,7 @@ from .ledger_reads import POSTGRES, LedgerReader, open_reader
 from .queue_limits import POSTGRES_END_SLACK_MS, QueueLimits, check_queue_limits
 from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
-from .takeovers import check_takeovers
+from .takeovers import TAKEN_OVER, check_takeovers
 
 # A step write samples its time before it waits for the write lock, and so does the claim that
 # ends the previous holder's delivery; either may wait out a held lock (up to the busy timeout,
@@ -463,7 +463,7 @@ class Checker(SharingChecks, FailureChecks):
         figures: dict = {kind: {"total": 0, "after_takeover": 0} for kind in kinds}
         for kind, eid, token, _ in refusals:
             history = self.history.get(eid, [])
-            superseded = 1 <= token <= len(history) and history[token - 1][6] == "superseded"
+            superseded = 1 <= token < len(history) and history[token - 1][6] in TAKEN_OVER
             figures[kind]["total"] += 1
             figures[kind]["after_takeover"] += superseded
         figures["total"] = sum(f["total"] for f in figures.values())

@@ -17,6 +17,12 @@ The history keeps a lease's last renewed expiry only: a lease that lapsed, was n
 and was then renewed by its holder (a frozen one, thawed) counts as live throughout, which a claim
 made while it had lapsed did not; such a claim, if it filled the queue, is reported.
 
+A claim of a queue with a concurrency or per_key limit ends the deliveries of the queue whose
+leases it counted free (run out by its clock: `tables.leases.END_LAPSED`), so none of them counts
+for a later claim, even one whose clock runs behind the first claimer's; the history records them
+`expired` at their expiry, which does not say when the claim ended them, so the replay ends them
+at that claim itself.
+
 Counts only grow at a claim, so the most live leases a queue ever had is the largest count seen
 at one of its claims. A claim whose count (itself included) passes a limit is a violation:
 `queue_concurrency`, `queue_per_key` or `queue_rate`.
@@ -181,8 +187,12 @@ def _check_live(found: QueueFigures, deliveries: list[Delivery], violate, end_sl
         active = [d for d in active if not (d.ended is not None and d.ended <= claim.claimed)
                   and d.expires_raw + 2 * max_skew_ms >= claim.claimed]
         active.append(claim)
-        live = _counted([d for d in active if d is claim or _live_at(d, claim)], claim, limits.concurrency,
-                        end_slack_ms)
+        at_claim = [d for d in active if d is claim or _live_at(d, claim)]
+        if limits.concurrency is not None or limits.per_key is not None:
+            # The claim ended the leases of its queue it counted free (`tables.leases.END_LAPSED`):
+            # no later claim counts them, whatever its clock says.
+            active = at_claim
+        live = _counted(at_claim, claim, limits.concurrency, end_slack_ms)
         if len(live) > found.max_live:
             found.max_live, found.max_live_at = len(live), claim.claimed_raw
         if limits.concurrency is not None and len(live) > limits.concurrency:
@@ -190,8 +200,7 @@ def _check_live(found: QueueFigures, deliveries: list[Delivery], violate, end_sl
                     _detail(limits.name, claim, len(live), f"concurrency {limits.concurrency}", live))
         if claim.key is None:
             continue
-        same_key = _counted([d for d in active if d.key == claim.key and (d is claim or _live_at(d, claim))], claim,
-                            limits.per_key, end_slack_ms)
+        same_key = _counted([d for d in at_claim if d.key == claim.key], claim, limits.per_key, end_slack_ms)
         found.max_live_per_key = max(found.max_live_per_key, len(same_key))
         if limits.per_key is not None and len(same_key) > limits.per_key:
             violate("queue_per_key", claim.execution_id,

@@ -8,6 +8,11 @@ not give the holder a CPU. Anything else is a live holder losing a lease it was 
 (a blocked heartbeat, a claim handed to a dead worker and never released, a renewer that fell
 behind) and is reported.
 
+A delivery of a queue whose limits count live leases may also end *expired* before the next
+claim of its execution: a claim of the same queue that counted its run-out lease free ends it
+(`tables.leases.END_LAPSED`). It is checked as a superseded one is: its holder stopped renewing
+for a whole lease all the same.
+
 For each superseded delivery, in true time (see `clocks`):
 
     claimed      its claim                               (holder's clock)
@@ -100,6 +105,8 @@ from .cpu_waits import CpuWaits
 from .evidence import WorkerEnds
 
 SLACK_MS = 500
+# How a delivery ends when another claim takes over from its holder (see the module docstring).
+TAKEN_OVER = ("superseded", "expired")
 STALL_SLACK_MS = 100
 REASONS = ("holder_ended", "holder_frozen", "worker_fault", "worker_replaced", "stall", "host_frozen", "holder_partitioned",
            "server_down", "claim_unanswered", "holder_starved")
@@ -280,7 +287,7 @@ def check_takeovers(history: dict, faults: list[dict], lock_holds: dict, clocks:
     for eid, rows in history.items():
         for h, following in zip(rows, rows[1:]):
             _, token, holder, claimed_at, expires_at, _, ended_by, _ = h
-            if ended_by != "superseded":
+            if ended_by not in TAKEN_OVER:
                 continue
             superseded += 1
             reason = takeovers.explain(eid, token, holder, claimed_at, expires_at, following[2],

@@ -193,3 +193,26 @@ def test_the_rate_window_is_shortened_by_ledger_clock_skews_only():
     check_queue_limits(limits, executions, history, {}, Clocks(fleet),
                        lambda kind, *_: found.append(kind))
     assert found == []  # e2's claimer runs 300 ms behind e0's: e0 may have pruned itself from its window
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_a_claim_counted_free_is_gone_for_later_claims_whose_clocks_run_behind():
+    """A claimer whose clock runs ahead counts a holder's lease run out, and the ledger ends it
+    (recorded `expired` at its expiry); a later claim whose clock runs behind would still read
+    that expiry as in its future, but the lease was no longer there to count. Without that
+    first claim, the same later claim breaches the limit."""
+    limits = {QUEUE: QueueLimits(QUEUE, None, 1, None, None)}
+    fleet = {10: [SupervisorLife(0, 10, 0)], 11: [SupervisorLife(1, 11, 0, skew_ms=200)],
+             12: [SupervisorLife(2, 12, 0, skew_ms=-200)]}
+    holder = [("e1", 1, "h:10", 1_000, 2_500, 2_500, "expired", None)]
+    ahead = [("e2", 1, "h:11", 2_550, 4_050, 2_700, "acknowledged", "completed")]  # true 2,350: e1 ran out by its clock
+    behind = [("e3", 1, "h:12", 2_300, 3_800, 2_400, "acknowledged", "completed")]  # true 2,500: after e2's claim
+
+    def breaches(history: dict) -> list:
+        executions = {eid: (QUEUE, "red") for eid in history}
+        found = []
+        check_queue_limits(limits, executions, history, {}, Clocks(fleet), lambda kind, *_: found.append(kind))
+        return found
+
+    assert breaches({"e1": holder, "e2": ahead, "e3": behind}) == []
+    assert breaches({"e1": holder, "e3": behind}) == ["queue_per_key"]

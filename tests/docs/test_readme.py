@@ -4,6 +4,7 @@ tests/docs/test_docs_operators.py replays docs/operators.md)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_docs_operators import assert_replayed, replay, with_outputs, yieldstar_args
+from test_docs_operators import assert_replayed, replay, session, with_outputs, yieldstar_args
 from test_docs_operators import code_block as block_of
 
 from supervisor import open_backend
@@ -78,6 +79,29 @@ def shop_supervisor(tmp_path):
         stop(process)
 
 
+def shown_output(command_line: str) -> str:
+    """What the README shows `$ command_line` printing."""
+    with open(README) as f:
+        (shown,) = [command.shown for command in session(f.read()) if command.line == command_line]
+    return shown
+
+
+@pytest.mark.timeout(90)
+def test_the_supervisors_first_line_is_the_one_the_readme_shows(shop_supervisor, tmp_path):
+    """The README shows the line `supervise` starts with, its time and process elided by `...`
+    and its pid made up."""
+    (shown,) = shown_output(".venv/bin/yieldstar supervise shop.py").splitlines()
+    assert shown.startswith("... ")
+    expected = re.sub(r"\(pid \d+\)", f"(pid {shop_supervisor.pid})", shown[len("... "):])
+    log = tmp_path / "supervisor.log"
+    deadline = time.monotonic() + 30
+    while not log.read_text():
+        assert time.monotonic() < deadline, "the supervisor printed nothing"
+        time.sleep(0.05)
+    first = log.read_text().splitlines()[0]
+    assert first.endswith(expected), (first, expected)
+
+
 def place_order(folder: Path) -> subprocess.CompletedProcess:
     (folder / "place_order.py").write_text(code_block("# place_order.py"))
     return subprocess.run([sys.executable, "place_order.py"], cwd=folder, capture_output=True, text=True, timeout=80)
@@ -114,9 +138,7 @@ def operator_session(folder: Path) -> list:
 def test_quickstart_application_starts_an_order_and_waits_for_its_result(tmp_path, shop_supervisor):
     result = place_order(tmp_path)
     assert result.returncode == 0, result.stderr
-    first, second = result.stdout.splitlines()
-    assert first in ("order-42 admitted", "order-42 running")  # the supervisor may claim it at once
-    assert second == "{'order': 42, 'charge': 'ch_order-42/charge'}"
+    assert result.stdout == shown_output(".venv/bin/python place_order.py")
 
     # Then the README's operator commands, in order, on the same ledger, with the same supervisor.
     done = operator_session(tmp_path)

@@ -14,7 +14,8 @@ import time
 import psutil
 import pytest
 
-from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Released, Renewed, open_backend
+from supervisor import (Completed, ExecutionConflict, ExecutionLease, InvalidArgument, LeaseLost, Released, Renewed,
+                        open_backend)
 
 LEASE_MS = 30_000
 
@@ -110,6 +111,38 @@ def test_an_expired_lease_of_a_limited_queue_is_not_revived_by_a_late_renewal(ba
     # In an unlimited queue, an expired lease nobody claimed since is still current.
     renewed = backend.executions.renew(leases["free"], duration=LEASE_MS, now=late)
     assert isinstance(renewed, Renewed)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("limit", [{"concurrency": 1}, {"per_key": 1}])
+def test_a_claim_that_counted_an_expired_lease_free_ends_it_whatever_the_holders_clock(backend, clock, limit):
+    """A claimer whose clock runs ahead counts a lease expired that its holder, whose clock runs
+    behind, still sees live: the claim ends it, so the holder's renewal, writes and
+    acknowledgement are refused, and the queue never holds two live leases."""
+    backend.queues.declare("q", **limit)
+    backend.executions.admit("first", "wf", queue="q", key="red")
+    backend.executions.admit("second", "wf", queue="q", key="red")
+    (first,) = claim_leases(backend, limit=1)
+    ahead = first.expires_at + 1  # the claimer's clock; the lease's redelivery delay not yet passed
+    assert claim_ids(backend, now=ahead) == ["second"]
+    behind = first.expires_at - 10  # the holder's clock: its lease has 10 ms left
+    assert backend.executions.renew(first, duration=LEASE_MS, now=behind) == LeaseLost()
+    assert backend.executions.renew_many([first], duration=LEASE_MS, now=behind) == [LeaseLost()]
+    clock.now = behind
+    written = backend.heap.write_step(first, step_key="late", step_attempt=1, done=True, step_response_json="1")
+    assert written == LeaseLost()
+    assert backend.executions.acknowledge(first, Completed('"done"'), now=behind) == LeaseLost()
+    record = backend.executions.get("first", now=ahead)
+    assert (record.status, record.token, record.unacknowledged_deliveries) == ("admitted", 1, 1)
+    (ended,) = backend.executions.history("first", now=ahead)
+    assert (ended.ended_by, ended.ended_at) == ("expired", first.expires_at)
+    assert backend.heap.steps("first") == []
+    # Claimed again once the slot is free, as an expired lease would have been, with the next token.
+    (second,) = backend.executions.history("second", now=ahead)
+    backend.executions.acknowledge(ExecutionLease("second", second.token, second.expires_at), Completed("null"),
+                                   now=ahead + 1)
+    (again,) = claim_leases(backend, now=ahead + 10 * LEASE_MS)
+    assert (again.execution_id, again.token) == ("first", 2)
 
 
 @pytest.mark.timeout(60)

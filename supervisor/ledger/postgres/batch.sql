@@ -4,7 +4,7 @@
 --
 -- Read by `executions.batch_function()`, which fills in the names in braces from the Python
 -- constants that are theirs (str.format): columns, the executions table's columns
--- (`tables.execution_rows.COLUMNS`); acknowledged and superseded, how a delivery ended
+-- (`tables.execution_rows.COLUMNS`); acknowledged, superseded and expired, how a delivery ended
 -- (`values.DeliveryEnd`); ended_channel and max_payload, the notification of ended executions
 -- (`notify`); terminal, the terminal statuses as SQL strings (`dialect.TERMINAL_SQL`, what the
 -- shared tables' `$terminal` stands for). So the text holds no other brace.
@@ -42,6 +42,8 @@ DECLARE
     lq_slots bigint[] := ARRAY[]::bigint[];
     lq_per_key bigint[] := ARRAY[]::bigint[];
     lq_rated boolean[] := ARRAY[]::boolean[];
+    lq_live boolean[] := ARRAY[]::boolean[];  -- a concurrency or per_key limit: live leases counted
+    fenced_queues text[] := ARRAY[]::text[];
     key_counts jsonb := '{{}}'::jsonb;
     candidate_ids text[] := ARRAY[]::text[];
     picked_ids text[] := ARRAY[]::text[];
@@ -193,6 +195,7 @@ BEGIN
                 lq_slots := lq_slots || 0::bigint;
                 lq_per_key := lq_per_key || NULL::bigint;
                 lq_rated := lq_rated || false;
+                lq_live := lq_live || false;  -- nothing is taken of it
             END IF;
         END LOOP;
         -- The others, their rows locked in name order (so that claimers of one queue take turns
@@ -231,6 +234,7 @@ BEGIN
             lq_slots := lq_slots || room;
             lq_per_key := lq_per_key || limited.per_key::bigint;
             lq_rated := lq_rated || (limited.rate_count IS NOT NULL);
+            lq_live := lq_live || (limited.concurrency IS NOT NULL OR limited.per_key IS NOT NULL);
         END LOOP;
         -- The due rows of each group whose queue has room, at most that room (keys at per_key
         -- left out), locked: a saturated queue's group is not read.
@@ -324,11 +328,37 @@ BEGIN
                 IF lq_rated[i] THEN
                     rated_queues := rated_queues || candidate.q;
                 END IF;
+                IF lq_live[i] AND NOT (candidate.q = ANY(fenced_queues)) THEN
+                    fenced_queues := fenced_queues || candidate.q;
+                END IF;
             END IF;
             picked_ids := picked_ids || candidate.id;
         END LOOP;
         IF cardinality(rated_queues) > 0 THEN
             INSERT INTO queue_claims (queue, claimed_at) SELECT unnest(rated_queues), p_now;
+        END IF;
+        -- The run-out deliveries of the queues whose live leases were counted and a slot taken
+        -- (`tables.leases.END_LAPSED`): they were counted free, so they end, expired at their
+        -- lease's expiry, and are never renewed again. A row another transaction holds is passed
+        -- over (its holder's renewal, which refuses a run-out lease of such a queue itself).
+        IF cardinality(fenced_queues) > 0 THEN
+            WITH lapsed AS (
+                SELECT e.execution_id FROM executions e
+                WHERE e.queue = ANY(fenced_queues) AND e.status = 'running' AND e.lease_expires_at <= p_now
+                    AND NOT (e.execution_id = ANY(picked_ids))
+                FOR UPDATE SKIP LOCKED),
+            ended AS (
+                UPDATE executions e SET status = CASE e.ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
+                    lease_expires_at = NULL, unacknowledged_deliveries = e.unacknowledged_deliveries + 1,
+                    delivery_ended_at = e.lease_expires_at, wake_during_lease = NULL,
+                    ready_at = pg_temp.yieldstar_max(e.due_at,
+                        e.lease_expires_at + pg_temp.yieldstar_delay(e.unacknowledged_deliveries + 1)),
+                    updated_at = p_now
+                FROM lapsed l WHERE e.execution_id = l.execution_id
+                RETURNING e.execution_id, e.token, e.delivery_ended_at)
+            UPDATE lease_history h SET ended_at = x.delivery_ended_at, ended_by = '{expired}', outcome = NULL,
+                expires_at = x.delivery_ended_at
+            FROM ended x WHERE h.execution_id = x.execution_id AND h.token = x.token;
         END IF;
         -- A superseded delivery counts as unacknowledged and ends when its lease expired.
         RETURN QUERY

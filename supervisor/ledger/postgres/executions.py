@@ -48,7 +48,8 @@ def batch_function() -> str:
     `batch.sql`, beside this module (package data), with the constants it names filled in."""
     text = resources.files(__package__).joinpath(BATCH_FILE).read_text(encoding="utf-8")
     return text.format(columns=COLUMNS, acknowledged=DeliveryEnd.ACKNOWLEDGED.value,
-                       superseded=DeliveryEnd.SUPERSEDED.value, ended_channel=notify.ENDED,
+                       superseded=DeliveryEnd.SUPERSEDED.value, expired=DeliveryEnd.EXPIRED.value,
+                       ended_channel=notify.ENDED,
                        max_payload=notify.MAX_PAYLOAD,
                        terminal=TERMINAL_SQL)
 

@@ -83,6 +83,21 @@ UPDATE executions SET lease_expires_at = $p, ready_at = $p + $yieldstar_delay(un
     updated_at = $p
 WHERE execution_id = $p AND token = $p AND status = 'running' AND {NOT_REVIVED}"""
 
+# A claim that takes a slot of a queue whose limits count live leases ends, in its transaction,
+# every delivery of that queue whose lease had run out by the claim's clock (`$p`: now), as if
+# the lease had expired and been released then: it counted those leases free, so they must never
+# be renewed again. NOT_REVIVED refuses that too, but by the renewer's clock: on SQLite each
+# process reads its own, and one behind the claimer's still sees the lease unexpired. The end is
+# a fence, by the delivery's status, whatever either clock says (`_fence_lapsed`).
+END_LAPSED = """
+UPDATE executions SET status = CASE ever_suspended WHEN 1 THEN 'suspended' ELSE 'admitted' END,
+    lease_expires_at = NULL, unacknowledged_deliveries = unacknowledged_deliveries + 1,
+    delivery_ended_at = lease_expires_at, wake_during_lease = NULL,
+    ready_at = $yieldstar_max(due_at, lease_expires_at + $yieldstar_delay(unacknowledged_deliveries + 1)),
+    updated_at = $p
+WHERE queue = $p AND status = 'running' AND lease_expires_at <= $p
+RETURNING execution_id, token, delivery_ended_at"""
+
 # A batch of renewals (`renew_many`), each fenced by its own token as RENEW is: `{leases}` is
 # "($p, $p)" (execution id, token) once per lease (`renew_many_statement`), at most
 # RENEW_MANY_LEASES. The inner SELECT locks the rows it renews, skipping (on PostgreSQL) those
@@ -249,10 +264,21 @@ class ExecutionLeases(ExecutionRows):
                                    row.input_json if token == 1 else None))
             if row.queue in capacity and capacity[row.queue].rate_limited:
                 db.execute(self._sql[queues.RATE_CLAIMED], (row.queue, now))
+        self._fence_lapsed(db, now, {row.queue for row in rows if row.queue in capacity
+                                     and capacity[row.queue].counts_live})
         for start in range(0, len(opened), HISTORY_OPEN_ROWS):
             rows = opened[start:start + HISTORY_OPEN_ROWS]
             db.execute(self._sql[history_open(len(rows))], [value for row in rows for value in row])
         return claimed
+
+    def _fence_lapsed(self, db: Transaction, now: int, limited: set[str]) -> None:
+        """End the run-out deliveries of the `limited` queues this claim took slots of (END_LAPSED):
+        each ends expired, at its lease's expiry, and its holder's later writes are refused. (The
+        claim's own rows hold fresh leases by now.)"""
+        for queue in sorted(limited):
+            for eid, token, ended_at in db.execute(self._sql[END_LAPSED], (now, queue, now)).fetchall():
+                db.execute(self._sql[HISTORY_CLOSE],
+                           (ended_at, DeliveryEnd.EXPIRED.value, None, ended_at, eid, token))
 
     def renew(self, lease, *, duration, now=None) -> Renewed | LeaseLost:
         lease = self._lease(lease)

@@ -216,6 +216,7 @@ class Capacity:
     per_key: Optional[int]
     live_by_key: dict[str, int] = field(default_factory=dict)
     rate_limited: bool = False
+    counts_live: bool = False  # a concurrency or per_key limit: its live leases are counted
 
     def saturated_keys(self) -> list[str]:
         if self.per_key is None:
@@ -250,6 +251,7 @@ def capacities(db: Transaction, sql, limited: dict[str, tuple], now: int, *, wri
         concurrency, per_key, rate_count, rate_ms = limited[name]
         room = found[name] = Capacity(name, None, per_key)
         if concurrency is not None or per_key is not None:
+            room.counts_live = True
             room.live_by_key = {key: count for key, count in db.execute(sql[LIVE_BY_KEY], (name, now)).fetchall()}
         if concurrency is not None:
             room.slots = concurrency - sum(room.live_by_key.values())
