@@ -186,7 +186,9 @@ class ExecutionClient(abc.ABC):
         """Fenced: extend the lease to `now + duration` if its token is current and its delivery
         has not ended by a release, an acknowledgement or a later claim. (An expired lease that
         nobody claimed since is still current, except in a queue with a `concurrency` or
-        `per_key` limit: its slot may have gone to another claim since it expired.)"""
+        `per_key` limit: its slot may have gone to another claim since it expired. A claim that
+        takes a slot of such a queue ends the deliveries of the queue whose leases it counted run
+        out, recorded `expired`, whatever the holder's clock says.)"""
 
     @abc.abstractmethod
     def renew_many(self, leases: Sequence[ExecutionLease], *, duration: int, now: Optional[int] = None
