@@ -141,7 +141,7 @@ def check_queue_limits(limits: dict[str, QueueLimits], executions: dict[str, tup
             figures[queue].keys.add(key)
         by_queue[queue].extend(_deliveries(eid, key, history.get(eid, []), live_expiry.get(eid), clocks))
     for name, found in figures.items():
-        deliveries = sorted(by_queue[name], key=lambda d: (d.claimed, d.execution_id, d.token))
+        deliveries = sorted(by_queue[name], key=_claim_order)
         found.deliveries = len(deliveries)
         _check_live(found, deliveries, violate, end_slack_ms, max(abs(s) for s in skews))
         if found.limits.rate_count is not None:
@@ -158,6 +158,13 @@ def _deliveries(eid: str, key: Optional[str], rows: list, live: Optional[tuple],
         found.append(Delivery(eid, token, holder, key, claimed_at, clocks.true_ms(holder, claimed_at), expires_at,
                               ended))
     return found
+
+
+def _claim_order(d: Delivery) -> tuple:
+    """The claims in true order; of those recorded in the same ms, one that ended in that ms first:
+    a delivery claimed and acknowledged within one ms (a replay with nothing left to run) was
+    claimed before a claim it did not hold back in that ms, whatever their ids say."""
+    return d.claimed, d.ended if d.ended is not None else float("inf"), d.execution_id, d.token
 
 
 def _live_at(d: Delivery, claim: Delivery) -> bool:

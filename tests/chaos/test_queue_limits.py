@@ -216,3 +216,19 @@ def test_a_lease_a_claim_counted_free_is_gone_for_later_claims_whose_clocks_run_
 
     assert breaches({"e1": holder, "e2": ahead, "e3": behind}) == []
     assert breaches({"e1": holder, "e3": behind}) == ["queue_per_key"]
+
+
+@pytest.mark.timeout(60)
+def test_a_delivery_claimed_and_acknowledged_within_one_ms_came_before_a_claim_in_that_ms():
+    """One supervisor claims e9, which ends at once (a replay with nothing left to run), and in the
+    same ms its acknowledgement's batch claims e1 of the same key: the ids sort the other way."""
+    limits = {QUEUE: QueueLimits(QUEUE, None, 1, None, None)}
+    executions = {"e1": (QUEUE, "green"), "e9": (QUEUE, "green")}
+    history = {"e9": [("e9", 1, "h:1", 2_000, 3_500, 2_000, "acknowledged", "completed")],
+               "e1": [("e1", 1, "h:1", 2_000, 3_500, 2_013, "acknowledged", "completed")]}
+    found = []
+    figures = check_queue_limits(limits, executions, history, {}, Clocks(None), lambda kind, *_: found.append(kind))
+    assert found == [] and figures[QUEUE]["max_live_per_key"] == 1
+    history["e9"][0] = ("e9", 1, "h:1", 2_000, 3_500, 2_001, "acknowledged", "completed")  # overlapping
+    check_queue_limits(limits, executions, history, {}, Clocks(None), lambda kind, *_: found.append(kind))
+    assert found == ["queue_per_key"]
