@@ -58,7 +58,10 @@ def render() -> str:
     sys.path.insert(0, str(ROOT))
     from supervisor.cli import main
 
-    top = click.Context(main, info_name="yieldstar", terminal_width=WIDTH, max_content_width=WIDTH)
+    # The group's context settings (its `-h`), as `yieldstar` itself applies them; the commands'
+    # contexts inherit them.
+    top = click.Context(main, info_name="yieldstar", terminal_width=WIDTH, max_content_width=WIDTH,
+                        **main.context_settings)
     pairs = list(commands(main, top))
     db = os.environ.pop("YIELDSTAR_DB", None)  # the page shows the default of a machine without it
     try:
