@@ -156,6 +156,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def now_ms(self) -> int:
         """The ledger's time in ms since the epoch: the backend's clock, but never earlier than
         the claim that started this delivery (see `_now`)."""
+        self._alive()
         return self._now()
 
     # -- steps -------------------------------------------------------------------------------
@@ -250,8 +251,16 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         return key, fn, args
 
+    def _alive(self) -> None:
+        """Raise `DeliveryEnded` if this context's delivery ended: the context of an earlier
+        delivery, kept by a later one or by a thread or task that outlived it, changes nothing."""
+        if self._writer.ended:
+            raise self._writer.ended_error()
+
     def _guard(self) -> None:
-        """Once the workflow unwound, nothing may carry on, however the unwinding was caught."""
+        """Once the workflow unwound, nothing may carry on, however the unwinding was caught;
+        once its delivery ended, nothing may be done with its context at all."""
+        self._alive()
         if self._unwound is not None:
             raise type(self._unwound)(*self._unwound.args)
         if self._writer.stopped:
