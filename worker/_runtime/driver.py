@@ -29,9 +29,10 @@ because of it ends as `LeaseLost` too.
 A delivery's context serves that delivery alone: once its outcome is decided, the context,
 wherever it was kept (a module global a later delivery reads, a thread or task that outlived the
 step or the workflow function), raises `DeliveryEnded` naming the execution and the token at
-every call, and writes nothing. Without that, such a call would write under a lease that is no
-longer held (refused, or under a token reused by nobody), make unfenced calls (a child start, an
-effect, a store change) for an execution that moved on, or fail on a connection closed since.
+every call, and writes nothing. Without that, such a call would run its step function and make
+unfenced calls (a child start, an effect, a store change) for an execution that moved on, then
+raise its stale token's refusal into whatever code made it, where a later delivery would take
+it for its own lost lease.
 
 A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
 `StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
