@@ -113,7 +113,9 @@ def error_info(exc: BaseException) -> dict:
 
 
 class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
-    """What a workflow function sees of its execution. One instance per delivery."""
+    """What a workflow function sees of its execution. One instance per delivery: once the
+    delivery ended, every operation raises `DeliveryEnded` and writes nothing, wherever the
+    instance was kept (see `worker._runtime.driver`)."""
 
     def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
                  clock: Callable[[], int], claimed_at: Optional[int] = None):
