@@ -36,43 +36,45 @@ async def late_async(*args):
 
 @registry.workflow("keeps-ctx")
 def keeps_ctx(ctx, input):
-    kept["sync"], kept["sync store"] = ctx, ctx.store("books")
+    kept["sync"], kept["sync stores"] = ctx, {"books": ctx.store("books"), "box": ctx.store("box")}
     ctx.run("first", lambda: 1)
-    kept["sync store"].get_or_create("books", {})
+    kept["sync stores"]["books"].get_or_create("books", {})
+    kept["sync stores"]["box"].get_or_create("box", ["item"])
     return "done"
 
 
 @registry.workflow("keeps-async-ctx")
 async def keeps_async_ctx(ctx, input):
-    kept["async"], kept["async store"] = ctx, ctx.store("books")
+    kept["async"], kept["async stores"] = ctx, {"books": ctx.store("books"), "box": ctx.store("box")}
     await ctx.run("first", lambda: 1)
-    await kept["async store"].get_or_create("books", {})
+    await kept["async stores"]["books"].get_or_create("books", {})
+    await kept["async stores"]["box"].get_or_create("box", ["item"])
     return "done"
 
 
-# Every operation of the context (and of a store handle), each given what it needs to write if
+# Every operation of the context (and of its store handles), each given what it needs to write if
 # it were let: a step new to the execution, or, for `run` of "first", one recorded (a replay).
 # Before `DeliveryEnded`, a start made its child, an effect began, a step function ran, and a
 # refused write raised `StopDelivery` into whatever code made the call.
 OPERATIONS = {
-    "run": lambda ctx, store, fn: ctx.run("late", fn),
-    "run unnamed": lambda ctx, store, fn: ctx.run(fn),
-    "run of a recorded step": lambda ctx, store, fn: ctx.run("first", fn),
-    "sleep": lambda ctx, store, fn: ctx.sleep("nap", 1),
-    "sleep_until": lambda ctx, store, fn: ctx.sleep_until("nap", 2_000_000_000),
-    "start": lambda ctx, store, fn: ctx.start("child", "keeps-ctx"),
-    "wait_for": lambda ctx, store, fn: ctx.wait_for("keeps-ctx"),
-    "effect": lambda ctx, store, fn: ctx.effect("charge", fn),
-    "external effect": lambda ctx, store, fn: ctx.effect("ask", late, external=True),
-    "parallel": lambda ctx, store, fn: ctx.parallel("fan", fn, [1, 2]),
-    "patched": lambda ctx, store, fn: ctx.patched("fix-1"),
-    "now_ms": lambda ctx, store, fn: ctx.now_ms(),
-    "store": lambda ctx, store, fn: ctx.store("books"),
-    "store get_or_create": lambda ctx, store, fn: store.get_or_create("reopen", {}),
-    "store update": lambda ctx, store, fn: store.update("add", lambda state: {**state, "n": 1}),
-    "store update_from": lambda ctx, store, fn: store.update_from("merge", {"n": 1}),
-    "store delete_from": lambda ctx, store, fn: store.delete_from("drop", ["n"]),
-    "store take": lambda ctx, store, fn: store.take("take", wait=False),
+    "run": lambda ctx, stores, fn: ctx.run("late", fn),
+    "run unnamed": lambda ctx, stores, fn: ctx.run(fn),
+    "run of a recorded step": lambda ctx, stores, fn: ctx.run("first", fn),
+    "sleep": lambda ctx, stores, fn: ctx.sleep("nap", 1),
+    "sleep_until": lambda ctx, stores, fn: ctx.sleep_until("nap", 2_000_000_000),
+    "start": lambda ctx, stores, fn: ctx.start("child", "keeps-ctx"),
+    "wait_for": lambda ctx, stores, fn: ctx.wait_for("keeps-ctx"),
+    "effect": lambda ctx, stores, fn: ctx.effect("charge", fn),
+    "external effect": lambda ctx, stores, fn: ctx.effect("ask", late, external=True),
+    "parallel": lambda ctx, stores, fn: ctx.parallel("fan", fn, [1, 2]),
+    "patched": lambda ctx, stores, fn: ctx.patched("fix-1"),
+    "now_ms": lambda ctx, stores, fn: ctx.now_ms(),
+    "store": lambda ctx, stores, fn: ctx.store("books"),
+    "store get_or_create": lambda ctx, stores, fn: stores["books"].get_or_create("reopen", {}),
+    "store update": lambda ctx, stores, fn: stores["books"].update("add", lambda state: {**state, "n": 1}),
+    "store update_from": lambda ctx, stores, fn: stores["books"].update_from("merge", {"n": 1}),
+    "store delete_from": lambda ctx, stores, fn: stores["books"].delete_from("drop", ["n"]),
+    "store take": lambda ctx, stores, fn: stores["box"].take("take", wait=False),
 }
 
 
@@ -94,11 +96,11 @@ def ended_ledger(sqlite_path, clock):
 def test_every_operation_of_a_context_whose_delivery_ended_raises_delivery_ended_and_writes_nothing(
         ended_ledger, sqlite_path, db_snapshot, operation, asynchronous):
     which = "async" if asynchronous else "sync"
-    ctx, store = kept[which], kept[f"{which} store"]
+    ctx, stores = kept[which], kept[f"{which} stores"]
     before = db_snapshot(sqlite_path)
 
     with pytest.raises(DeliveryEnded) as raised:
-        called = OPERATIONS[operation](ctx, store, late_async if asynchronous else late)
+        called = OPERATIONS[operation](ctx, stores, late_async if asynchronous else late)
         if inspect.isawaitable(called):
             asyncio.run(called)
 
@@ -110,7 +112,7 @@ def test_every_operation_of_a_context_whose_delivery_ended_raises_delivery_ended
     assert (raised.value.execution_id, raised.value.token) == (execution_id, 1)
     assert ran == []
     assert db_snapshot(sqlite_path) == before
-    assert [step.step_key for step in ended_ledger.heap.steps(execution_id)] == ["first", "books"]
+    assert [step.step_key for step in ended_ledger.heap.steps(execution_id)] == ["first", "books", "box"]
 
 
 @pytest.mark.timeout(10)
