@@ -122,3 +122,15 @@ def test_delivery_ended_is_a_yieldstar_runtime_error_and_no_step_failure():
     assert not isinstance(error, ValueError)  # no argument was wrong
     assert "execution 'order-42' under token 7" in str(error)
     assert (error.execution_id, error.token) == ("order-42", 7)
+
+
+@pytest.mark.timeout(30)
+def test_a_ctx_kept_from_an_in_process_run_whose_ledger_is_closed_says_its_delivery_ended():
+    # `run_workflow` without a backend removes its temporary ledger: the kept context used to
+    # fail with sqlite3's "Cannot operate on a closed database".
+    kept.clear()
+    ran.clear()
+    assert run_workflow(registry, "keeps-ctx", execution_id="order-1").status == "completed"
+    with pytest.raises(DeliveryEnded, match="execution 'order-1' under token 1 has ended"):
+        kept["sync"].run("late", late)
+    assert ran == []
