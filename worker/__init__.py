@@ -23,6 +23,7 @@ sides import; the ones users catch are re-exported here.
 
 from supervisor.ledger.errors import (
     AppNotFound,
+    DeliveryEnded,
     ExecutionConflict,
     InvalidArgument,
     StepFailed,
@@ -54,5 +55,6 @@ __all__ = [
     "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
     # the errors users catch
     "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect",
-    "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout", "ReplayDiverged", "AppNotFound",
+    "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout", "ReplayDiverged",
+    "DeliveryEnded", "AppNotFound",
 ]

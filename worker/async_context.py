@@ -90,7 +90,8 @@ async def _awaited(awaitable: Awaitable) -> Any:
 
 
 class AsyncWorkflowContext(WorkflowContext):
-    """What an `async def` workflow sees of its execution. One instance per delivery."""
+    """What an `async def` workflow sees of its execution. One instance per delivery, of no use
+    once it ended (`DeliveryEnded`), to a task left running on the worker's loop too."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -113,7 +113,9 @@ def error_info(exc: BaseException) -> dict:
 
 
 class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
-    """What a workflow function sees of its execution. One instance per delivery."""
+    """What a workflow function sees of its execution. One instance per delivery: once the
+    delivery ended, every operation raises `DeliveryEnded` and writes nothing, wherever the
+    instance was kept (see `worker._runtime.driver`)."""
 
     def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
                  clock: Callable[[], int], claimed_at: Optional[int] = None):
@@ -156,6 +158,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     def now_ms(self) -> int:
         """The ledger's time in ms since the epoch: the backend's clock, but never earlier than
         the claim that started this delivery (see `_now`)."""
+        self._alive()
         return self._now()
 
     # -- steps -------------------------------------------------------------------------------
@@ -250,8 +253,16 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         return key, fn, args
 
+    def _alive(self) -> None:
+        """Raise `DeliveryEnded` if this context's delivery ended: the context of an earlier
+        delivery, kept by a later one or by a thread or task that outlived it, changes nothing."""
+        if self._writer.ended:
+            raise self._writer.ended_error()
+
     def _guard(self) -> None:
-        """Once the workflow unwound, nothing may carry on, however the unwinding was caught."""
+        """Once the workflow unwound, nothing may carry on, however the unwinding was caught;
+        once its delivery ended, nothing may be done with its context at all."""
+        self._alive()
         if self._unwound is not None:
             raise type(self._unwound)(*self._unwound.args)
         if self._writer.stopped:

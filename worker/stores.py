@@ -118,4 +118,5 @@ class StoreHandle:
 class StoresMixin:
     def store(self, name: str) -> StoreHandle:
         """The named durable JSON store `name`, shared by every execution."""
+        self._alive()  # type: ignore[attr-defined]  # of the WorkflowContext this mixes into
         return StoreHandle(self, name)  # type: ignore[arg-type]  # self: the WorkflowContext this mixes into

@@ -43,6 +43,7 @@ import click
 from ..ledger import arguments
 from ..ledger.backends import open_backend
 from ..ledger.errors import UnknownExecution, YieldstarError
+from . import params
 
 EXIT_UNKNOWN = 1
 EXIT_BAD_INPUT = 2
@@ -247,7 +248,7 @@ class _DbOption(click.Option):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", cls=_DbOption, envvar="YIELDSTAR_DB", default=DEFAULT_DB,
+@click.option("--db", cls=_DbOption, envvar="YIELDSTAR_DB", default=DEFAULT_DB, callback=params.not_empty,
               help="The ledger file ($YIELDSTAR_DB when set, else ./yieldstar.db).")
 @click.version_option(package_name="yieldstar", prog_name="yieldstar", message="%(prog)s %(version)s")
 @click.pass_context

@@ -23,13 +23,13 @@ from collections import Counter
 import click
 
 from ..ledger.values import ExecutionStatus
-from . import EXIT_UNKNOWN, backend_of, handles_errors, main
+from . import EXIT_UNKNOWN, backend_of, handles_errors, main, params
 
 WAITING = (ExecutionStatus.ADMITTED, ExecutionStatus.RUNNING, ExecutionStatus.SUSPENDED)
 
 
 @main.command()
-@click.argument("app")
+@click.argument("app", callback=params.not_empty)
 @click.option("--json", "as_json_", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handles_errors

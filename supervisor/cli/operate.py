@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import click
 
+from ..ledger.arguments import MAX_TIME_MS
 from ..ledger.values import TERMINAL_STATUSES
-from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, main
+from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, main, params
 
 
 @main.command()
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
 @click.option("--reason", default=None, help="Why: recorded as the message of the execution's error.")
 @click.pass_context
 @handles_errors
@@ -28,7 +29,7 @@ def cancel(ctx, execution_id: str, reason: str | None) -> None:
 
 
 @main.command()
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
 @click.pass_context
 @handles_errors
 def resume(ctx, execution_id: str) -> None:
@@ -53,7 +54,12 @@ def purge(ctx, older_than: str, statuses: tuple[str, ...], dry_run: bool) -> Non
     """Delete old terminal executions with their steps and lease history, in short batches."""
     from ..humane import parse_duration
 
-    age_ms = parse_duration(older_than)
+    try:
+        age_ms = parse_duration(older_than)
+    except ValueError as exc:
+        fail(f"--older-than: {exc}")
+    if age_ms > MAX_TIME_MS:  # before 1970: nothing is that old, and the ledger holds no such time
+        fail(f"--older-than {older_than!r} reaches back before 1970; the ledger's times begin there")
     with backend_of(ctx, create=False) as backend:
         count = backend.executions.purge(before=backend.clock() - age_ms, statuses=statuses or TERMINAL_STATUSES,
                                          dry_run=dry_run)
@@ -62,7 +68,7 @@ def purge(ctx, older_than: str, statuses: tuple[str, ...], dry_run: bool) -> Non
 
 
 @main.command()
-@click.argument("dest", metavar="DEST", type=click.Path(dir_okay=False))
+@click.argument("dest", metavar="DEST", type=click.Path(dir_okay=False), callback=params.not_empty)
 @click.pass_context
 @handles_errors
 def backup(ctx, dest: str) -> None:
@@ -75,7 +81,7 @@ def backup(ctx, dest: str) -> None:
 
 
 @main.command()
-@click.argument("src", metavar="SRC", type=click.Path(dir_okay=False))
+@click.argument("src", metavar="SRC", type=click.Path(dir_okay=False), callback=params.not_empty)
 @click.pass_context
 @handles_errors
 def restore(ctx, src: str) -> None:

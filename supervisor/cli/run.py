@@ -14,34 +14,36 @@ from . import (
     fail,
     handles_errors,
     main,
+    params,
 )
 
 
 @main.command()
-@click.argument("app")
+@click.argument("app", callback=params.not_empty)
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
               help="Deliveries running at once (at most 10,000; at most 256 without --workers).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (at most 256), each running up to ceil(concurrency / workers) deliveries:"
                    " async workflows as tasks of one event loop, sync ones on threads. Default: one process per"
                    " delivery, the strongest isolation.")
-@click.option("--lease-ms", type=click.IntRange(min=1), default=30_000, show_default=True)
-@click.option("--renew-ms", type=click.IntRange(min=1), default=None, help="Default: a third of --lease-ms.")
-@click.option("--heartbeat-ms", type=click.IntRange(min=1), default=None,
+@click.option("--lease-ms", type=params.timing_ms, default=30_000, show_default=True)
+@click.option("--renew-ms", type=params.timing_ms, default=None, help="Default: a third of --lease-ms.")
+@click.option("--heartbeat-ms", type=params.timing_ms, default=None,
               help="Default: 1000, or a tenth of --lease-ms when that is shorter.")
-@click.option("--heartbeat-misses", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--heartbeat-misses", type=click.IntRange(min=1, max=1000), default=3, show_default=True,
               help="Silent heartbeat intervals before a worker gives up on the supervisor, or it on them.")
-@click.option("--poll-ms", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--poll-ms", type=params.timing_ms, default=500, show_default=True)
 @click.option("--poll-only", is_flag=True,
               help="Find new work by polling every --poll-ms only, without listening for nudges (LISTEN on"
                    " PostgreSQL): for a connection pooler that cannot LISTEN.")
-@click.option("--grace-ms", type=click.IntRange(min=0), default=10_000, show_default=True)
+@click.option("--grace-ms", type=click.IntRange(min=0, max=params.MAX_TIMING_MS), default=10_000,
+              show_default=True)
 @click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
 @click.option("--until-idle", is_flag=True,
               help="Exit once nothing is running and nothing of the workflows APP registers is due (executions of"
                    " other workflows, which this supervisor never claims, are not waited for).")
-@click.option("--summary", "summary_s", type=click.FloatRange(min=0.1), default=None,
-              help="Print a summary line every this many seconds.")
+@click.option("--summary", "summary_s", type=params.Seconds(0.1, 86_400), default=None,
+              help="Print a summary line every this many seconds (0.1 to 86400).")
 @click.option("--quiet", is_flag=True, help="No line per delivery.")
 @click.option("--verbose", is_flag=True, help="When the app cannot be loaded, print the whole traceback too.")
 @click.pass_context
@@ -55,6 +57,8 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
     from ..dispatcher import Supervisor, SupervisorConfig
     from ..ledger.errors import AppLoadFailed
 
+    if renew_ms is not None and renew_ms >= lease_ms:
+        fail(f"--renew-ms ({renew_ms}) must be less than --lease-ms ({lease_ms}): a lease must outlast its renewals")
     config = SupervisorConfig(
         concurrency=concurrency, workers=workers, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
         heartbeat_misses=heartbeat_misses,

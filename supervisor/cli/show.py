@@ -21,6 +21,7 @@ from . import (
     fail,
     handles_errors,
     main,
+    params,
 )
 
 TIME_FIELDS = ("due_at", "lease_expires_at", "created_at", "updated_at", "deadline_at")
@@ -28,7 +29,7 @@ LABEL = 27  # wide enough for `unacknowledged_deliveries`
 
 
 @main.command()
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
 @click.option("--json", "as_json_", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 @handles_errors
@@ -121,13 +122,13 @@ def describe_wait(reason: WaitReason, now: int) -> str:
 
 
 @main.command(name="ls")
-@click.option("--workflow", default=None, help="Only executions of this workflow.")
+@click.option("--workflow", default=None, callback=params.identifier, help="Only executions of this workflow.")
 @click.option("--status", type=click.Choice([s.value for s in ExecutionStatus]), help="Only executions in this status.")
 @click.option("--since", default=None, metavar="TIME",
               help="Only those created at or after TIME: ISO-8601 (local unless it has an offset), a duration ago"
                    " (30s, 15m, 7d) or epoch ms.")
 @click.option("--until", default=None, metavar="TIME", help="Only those created before TIME (as --since).")
-@click.option("--id-prefix", default=None, metavar="PREFIX", help="Only those whose id starts with PREFIX.")
+@click.option("--id-prefix", default=None, metavar="PREFIX", callback=params.identifier, help="Only those whose id starts with PREFIX.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="At most this many (0: print nothing).")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True,
               help="Skip this many matches first.")
@@ -164,7 +165,7 @@ def aligned(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[st
 
 
 @main.command()
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
 @click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
 @click.pass_context
 @handles_errors
@@ -197,7 +198,7 @@ def without_traceback(response_json: str | None) -> tuple[str | None, list[str]]
 
 
 @main.command()
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
 @click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
 @click.pass_context
 @handles_errors
@@ -219,7 +220,7 @@ def history(ctx, execution_id: str, as_json_: bool) -> None:
 
 
 @main.command()
-@click.argument("execution_id", metavar="ID")
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
 @click.option("--at", default=None, metavar="TIME",
               help="When: ISO-8601 (local unless it has an offset), a duration from now (30s, 15m) or epoch ms"
                    " (default: now).")

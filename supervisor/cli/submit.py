@@ -9,6 +9,7 @@ import click
 from worker.client import Client
 
 from ..humane import parse_duration
+from ..ledger.arguments import MAX_TIMEOUT_MS
 from ..ledger.errors import StorageError, UnknownEffect
 from ..ledger.values import SettleConflict
 from . import (
@@ -19,19 +20,20 @@ from . import (
     handles_errors,
     ledger_of,
     main,
+    params,
     parse_json_option,
     read_json_option,
 )
 
 
 @main.command()
-@click.argument("workflow")
-@click.option("--id", "execution_id", help="The execution id; repeating a start with the same id starts nothing.")
+@click.argument("workflow", callback=params.identifier)
+@click.option("--id", "execution_id", callback=params.identifier, help="The execution id; repeating a start with the same id starts nothing.")
 @click.option("--input", "input_json", default="null", show_default=True,
               help="The workflow's input: JSON, @FILE to read it from a file, or - to read it from stdin.")
-@click.option("--queue", help="The queue whose limits its claims obey (default: the workflow's).")
-@click.option("--key", help="The key the queue's per_key limit counts it by.")
-@click.option("--priority", type=int, help="Higher first (default: the workflow's, else 0).")
+@click.option("--queue", callback=params.identifier, help="The queue whose limits its claims obey (default: the workflow's).")
+@click.option("--key", callback=params.identifier, help="The key the queue's per_key limit counts it by.")
+@click.option("--priority", type=params.priority, help="Higher first (default: the workflow's, else 0).")
 @click.option("--timeout", metavar="DURATION",
               help="Fail it as WorkflowTimedOut if not finished this long after now (30s, 5m, 2h; default: the"
                    " workflow's, else none).")
@@ -58,6 +60,8 @@ def timeout_seconds(text: str) -> float:
         fail(f"--timeout: {exc}")
     if ms <= 0:
         fail(f"--timeout must be longer than 0, got {text!r}")
+    if ms > MAX_TIMEOUT_MS:
+        fail(f"--timeout must be at most {MAX_TIMEOUT_MS // 86_400_000:,}d, got {text!r}")
     return ms / 1000
 
 
@@ -76,7 +80,7 @@ def note_unserved(ctx, workflow: str) -> None:
 
 
 @main.command()
-@click.argument("effect_id")
+@click.argument("effect_id", callback=params.identifier)
 @click.option("--result", "result_json", required=True,
               help="The effect's result: JSON, @FILE to read it from a file, or - to read it from stdin.")
 @click.option("--create", is_flag=True,
@@ -117,7 +121,7 @@ def store_list(ctx) -> None:
 
 
 @store.command(name="get")
-@click.argument("name")
+@click.argument("name", callback=params.identifier)
 @click.pass_context
 @handles_errors
 def store_get(ctx, name: str) -> None:
@@ -130,7 +134,7 @@ def store_get(ctx, name: str) -> None:
 
 
 @store.command(name="put")
-@click.argument("name")
+@click.argument("name", callback=params.identifier)
 @click.argument("item_json", metavar="ITEM")
 @click.pass_context
 @handles_errors
@@ -142,7 +146,7 @@ def store_put(ctx, name: str, item_json: str) -> None:
 
 
 @store.command(name="set")
-@click.argument("name")
+@click.argument("name", callback=params.identifier)
 @click.argument("state_json", metavar="STATE")
 @click.pass_context
 @handles_errors

@@ -16,7 +16,7 @@ import click
 from ..humane import format_duration, format_time, queue_cells
 from ..ledger.values import LedgerStats
 from ..metrics import exposition
-from . import as_json, backend_of, handles_errors, main
+from . import as_json, backend_of, handles_errors, main, params
 from .queues import queue_json
 
 # `metrics` counts every execution with unacknowledged deliveries, so it reads them all.
@@ -128,8 +128,8 @@ def metrics(ctx) -> None:
 
 
 @main.command()
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S",
-              help="Seconds between refreshes.")
+@click.option("--interval", type=params.Seconds(0.1, 3600), default=1.0, show_default=True, metavar="S",
+              help="Seconds between refreshes (0.1 to 3600).")
 @click.pass_context
 @handles_errors
 def top(ctx, interval: float) -> None:

@@ -11,6 +11,7 @@
     |   +-- StepFailed                  raised into a workflow: a step failed for good
     |   +-- StepTimeout                 a step attempt ran past its `timeout=` (recorded, then retried)
     |   +-- WorkflowStuck               an in-process test run can make no progress
+    +-- DeliveryEnded (a RuntimeError)  a workflow's ctx used after its delivery ended; nothing was written
     +-- AppError                        the user's app cannot be found or loaded
     |   +-- AppNotFound                 the APP module or file cannot be imported
     |   +-- AppLoadFailed               a worker process cannot import the app
@@ -128,6 +129,24 @@ class StepTimeout(WorkflowError):
 class WorkflowStuck(WorkflowError):
     """Raised when an in-process run (`worker.testing`) can make no progress: the execution waits
     for nothing due, or the ledger is unusable."""
+
+
+class DeliveryEnded(YieldstarError, RuntimeError):
+    """Raised when a workflow's `ctx` is used after its delivery ended: kept in a global and used by
+    a later delivery, or used from a thread or task that outlived its step or its workflow
+    function. Nothing was written, and nothing of the context changed.
+
+    A misuse of an object past its life, like a closed file's, and not a step's outcome: it is
+    neither a `WorkflowError` (no workflow or step ended by it) nor an `InvalidArgument` (every
+    argument may be right). A `RuntimeError`, as asyncio's "Event loop is closed" is.
+    """
+
+    def __init__(self, execution_id: str, token: int):
+        super().__init__(f"the delivery of execution {execution_id!r} under token {token} has ended, so its ctx can"
+                         " no longer be used (nothing was written): don't keep a ctx beyond its workflow function,"
+                         " or use it from threads or tasks that outlive the step")
+        self.execution_id = execution_id
+        self.token = token
 
 
 class AppError(YieldstarError):

@@ -143,7 +143,7 @@ def test_a_blank_id_and_a_time_the_ledger_cannot_hold_are_refused_naming_them_an
     with open_backend(db) as backend:
         backend.executions.admit("known", "shop.order")
     assert one_line_error(cli(db, "start", "shop.order", "--id", " "), 2) == (
-        "execution_id ' ' is blank: it needs a character other than a space")
+        "--id ' ' is blank: it needs a character other than a space (see yieldstar start --help)")
     for at in ("99999999999d", "253402300800000", "0001-01-01"):
         message = one_line_error(cli(db, "wake", "known", "--at", at), 2)
         assert message.startswith(f"--at {at!r} is outside the times the ledger holds: 0 (1970-01-01T00:00:00Z) to"

@@ -26,6 +26,14 @@ worker's one event loop, with the same outcomes. `stop` ends one delivery early 
 lost, its execution cancelled): its writes are refused from then on, and a task cancelled
 because of it ends as `LeaseLost` too.
 
+A delivery's context serves that delivery alone: once its outcome is decided, the context,
+wherever it was kept (a module global a later delivery reads, a thread or task that outlived the
+step or the workflow function), raises `DeliveryEnded` naming the execution and the token at
+every call, and writes nothing. Without that, such a call would run its step function and make
+unfenced calls (a child start, an effect, a store change) for an execution that moved on, then
+raise its stale token's refusal into whatever code made it, where a later delivery would take
+it for its own lost lease.
+
 A storage error (a busy database, a full disk, an I/O error, a corrupt file: any
 `StorageError`) may come from a step's write, a start, an effect or store call, the delivery's
 own reads, the clock of a backend that asks its server, or a step function that called the
@@ -163,7 +171,13 @@ class WorkflowRun:
 
     def run(self) -> DeliveryOutcome:
         """Run the prepared workflow on this thread: a sync one, or an async one on an event loop
-        of its own (`run_to_end`)."""
+        of its own (`run_to_end`). Its context is of no use once this returns (`FencedWriter.end`)."""
+        try:
+            return self._run()
+        finally:
+            self.writer.end()
+
+    def _run(self) -> DeliveryOutcome:
         ctx = self._context(self.asynchronous)
         try:
             if self.asynchronous:  # on an event loop of its own, closed with the delivery
@@ -184,7 +198,15 @@ class WorkflowRun:
 
     async def run_async(self) -> DeliveryOutcome:
         """Run the prepared async workflow as a task of the running event loop. Cancelled after
-        `stop`, it ends as `LeaseLost`; cancelled otherwise, the cancellation goes on up."""
+        `stop`, it ends as `LeaseLost`; cancelled otherwise, the cancellation goes on up. Its
+        context is of no use once this returns: tasks the workflow left running on the loop
+        get `DeliveryEnded` from it."""
+        try:
+            return await self._run_async()
+        finally:
+            self.writer.end()
+
+    async def _run_async(self) -> DeliveryOutcome:
         import asyncio  # imported by the first async workflow: see `run_to_end`
 
         ctx = self._context(True)

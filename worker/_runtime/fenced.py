@@ -4,7 +4,9 @@ A delivery writes with its lease's fencing token; the ledger refuses a stale tok
 asking the ledger at all, the door checks `may_write()`: in a child process that is the parent
 watch, which turns false the moment the supervisor stops being heard, so an orphaned or frozen
 child stops writing at once instead of waiting to be refused. After the first refusal the door
-stays shut: a holder whose lease is lost makes no further writes (RFC 002). A call that fails in
+stays shut: a holder whose lease is lost makes no further writes (RFC 002). Once the delivery
+ended (`end`), the door is shut for good to whatever still holds its context, a global or a
+thread or task that outlived the workflow function: every call raises `DeliveryEnded`. A call that fails in
 the ledger's storage (a busy database, a full disk, a corrupt file) shuts it too, and the
 delivery ends as `Retry` naming the kind of failure: a storage error is never a workflow's
 outcome.
@@ -25,7 +27,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Callable, Optional
 
-from supervisor.ledger.errors import StorageError
+from supervisor.ledger.errors import DeliveryEnded, StorageError
 from supervisor.ledger.values import ExecutionLease, HeapRecord, LeaseLost, StepWrite
 
 from .unwinding import RetryLater, StopDelivery
@@ -51,6 +53,7 @@ class FencedWriter:
         self.storage_failure: Optional[RetryLater] = None  # set by the first storage error
         # Set once the delivery ended for a step it could not stop (`end_abandoned`): why.
         self.abandoned: Optional[str] = None
+        self.ended = False  # set once the delivery's outcome is decided (`end`)
         self._lock = threading.Lock()
 
     @property
@@ -64,8 +67,18 @@ class FencedWriter:
             if self.stopped_because is None:
                 self.stopped_because = why
 
+    def end(self) -> None:
+        """The delivery ended: from now on every call raises `DeliveryEnded` (safe from any thread)."""
+        self.ended = True
+
+    def ended_error(self) -> DeliveryEnded:
+        return DeliveryEnded(self.lease.execution_id, self.lease.token)
+
     def check(self) -> None:
-        """Raise what unwinds the workflow if this delivery may write no more (safe from any thread)."""
+        """Raise what unwinds the workflow if this delivery may write no more, or `DeliveryEnded`
+        if it ended (safe from any thread)."""
+        if self.ended:
+            raise self.ended_error()
         if self.stopped_because is None and not self._may_write():
             self.stopped_because = "the supervisor is no longer heard from"
         if self.stopped_because is not None:
@@ -127,7 +140,7 @@ class FencedWriter:
     def _may_send(self) -> bool:
         """Asked by the writer thread just before a queued write goes: a delivery stopped (or
         no longer heard from) while its write waited for a batch sends nothing."""
-        return self.stopped_because is None and self._may_write()
+        return self.stopped_because is None and not self.ended and self._may_write()
 
     def _recorded(self, reply, step_key: str) -> HeapRecord:
         if isinstance(reply, HeapRecord):
