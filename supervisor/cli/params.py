@@ -70,5 +70,5 @@ class Seconds(click.ParamType):
             self.fail(f"{value} is not a number of seconds from {self.low:g} to {self.high:g}", param, ctx)
         return seconds
 
-    def get_metavar(self, param, *args) -> str:  # click 8.1 and 8.2 call it with different arguments
+    def get_metavar(self, param, *args, **kwargs) -> str:  # click 8.1 passes param; 8.2 and later ctx too, by keyword
         return "SECONDS"
