@@ -89,9 +89,12 @@ def configure(handler: logging.Handler, log_format: LogFormat | str, level: int,
         logging.captureWarnings(True)
 
 
-def delivery_error(error_json: Optional[str]) -> Optional[dict]:
-    """A failed delivery's error as its log line carries it: `{"type", "message"}`, read from
-    `Failed.error_json` (its traceback stays in the ledger)."""
+def delivery_error(outcome: object) -> Optional[dict]:
+    """The error a delivery's log line carries, None if it has none: a failed delivery's
+    (`Failed.error_json`) as `{"type", "message"}`, its traceback left in the ledger; or, for a
+    delivery suspended to retry a step, that step's failed attempt (`Suspended.step_error_json`)
+    as `{"type", "message", "step", "attempt"}`."""
+    error_json = getattr(outcome, "error_json", None) or getattr(outcome, "step_error_json", None)
     if not error_json:
         return None
     try:
@@ -100,7 +103,9 @@ def delivery_error(error_json: Optional[str]) -> Optional[dict]:
         return {"type": "Error", "message": error_json}
     if not isinstance(error, dict):
         return {"type": "Error", "message": str(error)}
-    return {"type": str(error.get("type") or "Error"), "message": str(error.get("message") or "")}
+    out = {"type": str(error.get("type") or "Error"), "message": str(error.get("message") or "")}
+    out.update((key, error[key]) for key in ("step", "attempt") if key in error)
+    return out
 
 
 def error_text(error: dict) -> str:

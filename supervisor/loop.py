@@ -46,7 +46,7 @@ from worker._runtime.protocol import Run
 from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE, LeaseKeeping
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
-from .ledger.values import Failed, LeaseLost, Renewed, Retry, Suspended
+from .ledger.values import LeaseLost, Renewed, Retry, Suspended
 from .ledger_calls import (Acknowledge, AdmitTicks, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt,
                            RecordQueues, Register, Release, Renew, Reply, Seen, TimeOut, Unpark, Wakeup)
 from .log_format import delivery_error, error_text
@@ -508,10 +508,11 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
 
     def settled(self, delivery: Delivery, status: str) -> None:
         lease = delivery.lease
-        # A failed delivery's line says why: its error's type and message (`log_format`).
-        error = delivery_error(delivery.outcome.error_json) if isinstance(delivery.outcome, Failed) else None
+        # A failed delivery's line says why: its error's type and message (`log_format`); as JSON,
+        # so does a delivery suspended to retry a failed step.
+        error = delivery_error(delivery.outcome)
         log.info("delivery execution=%s token=%d outcome=%s duration_ms=%d%s", lease.execution_id, lease.token,
-                 status, delivery.ms, f" error={error_text(error)}" if error else "",
+                 status, delivery.ms, f" error={error_text(error)}" if error and status == "failed" else "",
                  extra={"event": "delivery_ended", **delivery.log_fields, "outcome": status,
                         "duration_ms": delivery.ms, "error": error})
         if self.on_delivery is not None:

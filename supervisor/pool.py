@@ -303,7 +303,8 @@ class Pool:
                                             f" (last: {describe_exit(child.process)})")
                 log.warning("worker pid %d %s while loading the app; replacing it", child.pid,
                             describe_exit(child.process),
-                            extra={"event": "worker_died", "worker_pid": child.pid, "exit": describe_exit(child.process)})
+                            extra={"event": "worker_died", "worker_pid": child.pid,
+                                   "exit": describe_exit(child.process)})
                 self.replace(child)
         return None
 

@@ -87,7 +87,8 @@ class Scheduling:
                 self.claim_wanted = True
                 execution_id = tick_id(record.name, record.last_tick)
                 log.info("schedule %s: admitted execution %s", record.name, execution_id,
-                         extra={"event": "schedule_tick_admitted", "schedule": record.name, "execution_id": execution_id})
+                         extra={"event": "schedule_tick_admitted", "schedule": record.name,
+                                "execution_id": execution_id})
         wait_s = TICK_WAIT_MAX_S
         if upcoming:
             wait_s = min(wait_s, max(TICK_WAIT_MIN_S, (min(upcoming) - reply.clock_ms) / 1000))

@@ -67,8 +67,8 @@ class Serving:
         if self.workflows is None:
             self.workflows = served
             if served:
-                log.info("serving %d workflow%s: %s", len(served), "" if len(served) == 1 else "s", ", ".join(sorted(served)),
-                         extra={"event": "serving", "workflows": sorted(served)})
+                log.info("serving %d workflow%s: %s", len(served), "" if len(served) == 1 else "s",
+                         ", ".join(sorted(served)), extra={"event": "serving", "workflows": sorted(served)})
             else:
                 log.warning("the app registers no workflow: nothing will be claimed",
                             extra={"event": "serving", "workflows": []})

@@ -84,7 +84,8 @@ class WorkerWatch:
                                 extra={"event": "worker_silent", "worker_pid": child.pid, **delivery.log_fields})
                 else:
                     log.warning("idle worker pid %d silent for %.1f s; killing and replacing it",
-                                child.pid, now - child.last_answer, extra={"event": "worker_silent", "worker_pid": child.pid})
+                                child.pid, now - child.last_answer,
+                                extra={"event": "worker_silent", "worker_pid": child.pid})
                 self.stats.children_killed += 1
                 child.delivery = None
                 self.replace(child)

@@ -57,7 +57,7 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
-    place twice a second below the log lines."""
+    place twice a second below the log lines (not with --log-format json)."""
     from ..dispatcher import Supervisor, SupervisorConfig
     from ..ledger.errors import AppLoadFailed
     from ..log_format import LogFormat, configure
@@ -265,6 +265,9 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, execu
     sys.exit(0 if report["ok"] else 1)
 
 def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> None:
+    summaries = logging.getLogger("yieldstar.summary")
+    summaries.setLevel(logging.INFO)  # asked for: shown under --quiet too
+
     def loop() -> None:
         stop = threading.Event()
         while not stop.wait(every_s):
@@ -273,13 +276,8 @@ def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> N
                     f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}")
             if status:
                 status.line(line)
-            elif supervisor.config.log_format == "json":
-                # A log line like the others, whatever the level (`--quiet` keeps the summaries).
-                record = logging.makeLogRecord({"name": "yieldstar.supervisor", "levelno": logging.INFO,
-                                                "levelname": "INFO", "msg": line, "event": "summary",
-                                                **dataclasses.asdict(s)})
-                for handler in logging.getLogger().handlers:
-                    handler.handle(record)
+            elif supervisor.config.log_format == "json":  # a log line like the others, its counts as fields
+                summaries.info("%s", line, extra={"event": "summary", **dataclasses.asdict(s)})
             else:
                 click.echo(line, err=True)
 

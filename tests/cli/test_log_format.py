@@ -109,9 +109,13 @@ def test_json_logs_are_one_object_a_line_and_a_failed_delivery_carries_its_error
     completed = ended[("ok-1", 1)]
     assert (completed["workflow"], completed["outcome"]) == ("charge", "completed") and "error" not in completed
     assert isinstance(completed["duration_ms"], int) and completed["duration_ms"] >= 500
-    # Retried: its step failed once, the delivery suspended for the backoff, and the next one completed.
+    # Retried: its step failed once, the delivery suspended for the backoff, carrying the step's
+    # error, and the next one completed.
     assert [(ended[("flaky-1", token)]["workflow"], ended[("flaky-1", token)]["outcome"]) for token in (1, 2)] \
         == [("flaky", "suspended"), ("flaky", "completed")]
+    assert ended[("flaky-1", 1)]["error"] == {"type": "ConnectionError", "message": "bank unreachable",
+                                              "step": "call bank", "attempt": 1}
+    assert "error" not in ended[("flaky-1", 2)] and "error=" not in ended[("flaky-1", 1)]["message"]
 
     # The workers' lines are JSON too (they share the stderr): here the app's own warning.
     (app_line,) = [line for line in lines if line["logger"] == "shop"]
