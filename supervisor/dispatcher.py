@@ -68,6 +68,7 @@ from .ledger import arguments
 from .ledger.backends import open_backend, shown
 from .ledger.errors import AppLoadFailed, AppNotFound, InvalidArgument, LedgerUnusable, StorageError
 from .ledger_calls import INLINE_SLOW_S, LedgerCalls, Wakeup
+from .log_format import LogFormat
 from .loop import EXIT_KILLED, EXIT_LEDGER_UNUSABLE, EXIT_STOPPED, DispatchLoop
 from .pool import MAX_CONCURRENCY, MAX_WORKERS, Pool
 
@@ -93,6 +94,7 @@ class SupervisorConfig:
     grace_ms: int = 10_000
     durability: str = "normal"
     listen: bool = True  # False: no nudges (a pooler that cannot LISTEN); new work is found by polling
+    log_format: LogFormat = LogFormat.TEXT  # the workers' log lines: as the supervisor's (`log_format`)
 
     def __post_init__(self) -> None:
         lease = self.lease_ms
@@ -117,6 +119,11 @@ class SupervisorConfig:
             if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
                 raise InvalidArgument(f"workers must be an int from 1 to {MAX_WORKERS}, got {self.workers!r}")
         arguments.boolean("listen", self.listen)
+        try:
+            object.__setattr__(self, "log_format", LogFormat(self.log_format))
+        except ValueError:
+            raise InvalidArgument(f"log_format must be one of {', '.join(f.value for f in LogFormat)},"
+                                  f" got {self.log_format!r}") from None
         if not isinstance(self.grace_ms, int) or isinstance(self.grace_ms, bool) or self.grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be an int >= 0, got {self.grace_ms!r}")
         if self.renew_ms >= self.lease_ms:
@@ -200,7 +207,8 @@ class Supervisor:
             raise AppLoadFailed(f"cannot load app {self.app}: {exc}") from None
         previous_handlers = self._install_signal_handlers()
         pool = Pool(cfg.processes, app=self.app, db_path=self.db_path, durability=cfg.durability,
-                    heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses, slots=cfg.slots)
+                    heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses, slots=cfg.slots,
+                    log_format=cfg.log_format)
         self._pool = pool
         calls = renewals = nudges = loop = None
         try:
@@ -209,7 +217,7 @@ class Supervisor:
             # loaded leaves no ledger file behind (a mistyped path must not create a database).
             first = pool.wait_for_the_app(self._signals, lambda: self._stop_requests > 0)
             if self._stop_requests:
-                log.info("stopped while the workers were loading the app")
+                log.info("stopped while the workers were loading the app", extra={"event": "supervisor_stopped"})
                 return EXIT_STOPPED
             try:
                 # A call made on the spot holds up the heartbeats: one that takes a tenth of
@@ -219,24 +227,29 @@ class Supervisor:
                 if calls is not None:
                     renewals = self._ledger_calls("lease-renewals")
             except LedgerUnusable as exc:
-                log.error("%s", exc)
+                log.error("%s", exc, extra={"event": "ledger_unusable"})
                 return EXIT_LEDGER_UNUSABLE
             if calls is None or renewals is None:
-                log.info("stopped while waiting for the ledger")
+                log.info("stopped while waiting for the ledger", extra={"event": "supervisor_stopped"})
                 return EXIT_STOPPED
             if not cfg.listen:
-                log.info("not listening for nudges: new work is found by polling every %d ms", cfg.poll_ms)
+                log.info("not listening for nudges: new work is found by polling every %d ms", cfg.poll_ms,
+                         extra={"event": "polling_only", "poll_ms": cfg.poll_ms})
             else:
                 try:
                     nudges = calls.backend.listen_for_due()
                 except (OSError, StorageError) as exc:
-                    log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms)
+                    log.warning("no nudge socket (%s): new work is found by polling every %d ms", exc, cfg.poll_ms,
+                                extra={"event": "no_nudge_socket", "poll_ms": cfg.poll_ms})
             loop = self._loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, signals=self._signals,
                                              stop_requests=lambda: self._stop_requests, nudges=nudges,
                                              until_idle=until_idle, on_delivery=self._on_delivery)
             shape = "" if cfg.slots == 1 else f" in {cfg.processes} workers of up to {cfg.slots} deliveries"
             log.info("supervising %s on %s: concurrency %d%s, lease %d ms, renew every %d ms (pid %d)",
-                     self.app, shown(self.db_path), cfg.concurrency, shape, cfg.lease_ms, cfg.renew_ms, os.getpid())
+                     self.app, shown(self.db_path), cfg.concurrency, shape, cfg.lease_ms, cfg.renew_ms, os.getpid(),
+                     extra={"event": "supervisor_started", "supervisor_id": loop.supervisor_id, "app": self.app,
+                            "concurrency": cfg.concurrency, "workers": cfg.processes, "slots": cfg.slots,
+                            "lease_ms": cfg.lease_ms, "renew_ms": cfg.renew_ms})
             if first is not None:
                 loop.started(*first)
             try:
@@ -277,7 +290,7 @@ class Supervisor:
                 if not exc.transient:
                     raise
                 if delay == 0.05:
-                    log.warning("cannot open the ledger yet, will retry: %s", exc)
+                    log.warning("cannot open the ledger yet, will retry: %s", exc, extra={"event": "ledger_retry"})
             if self._stop_requests:
                 return None
             time.sleep(delay)

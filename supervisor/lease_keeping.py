@@ -95,7 +95,8 @@ class LeaseKeeping:
             (delivery,) = due
             log.warning("execution %s token %d: %s (the database out of reach or too slow, or this supervisor paused);"
                         " another supervisor may hold it; killing worker pid %d and giving the lease back",
-                        delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+                        delivery.lease.execution_id, delivery.lease.token, why, child.pid,
+                        extra={"event": "lease_unconfirmed", "worker_pid": child.pid, **delivery.log_fields})
             child.delivery = None
             self.replace(child)  # killed and joined: it can do nothing more
             self.end(delivery, Retry(why), now)
@@ -107,7 +108,8 @@ class LeaseKeeping:
         on; its worker is replaced if it has not reported within the heartbeat tolerance."""
         delivery.lost = True
         delivery.stop_sent_at, delivery.stop_why, delivery.release_on_stop = now, why, release
-        log.warning(STOP_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+        log.warning(STOP_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid,
+                    extra={"event": "delivery_stopping", "reason": why, "worker_pid": child.pid, **delivery.log_fields})
         child.send(Stop(delivery.lease.execution_id, delivery.lease.token))  # a dead one shows on its sentinel
 
     def lose(self, delivery: Delivery, why: str, now: float) -> None:
@@ -129,7 +131,8 @@ class LeaseKeeping:
             return
         delivery.lost = True
         self.stats.lost += 1
-        log.warning(LOST_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid)
+        log.warning(LOST_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid,
+                    extra={"event": "lease_lost", "reason": why, "worker_pid": child.pid, **delivery.log_fields})
         child.delivery = None
         self.replace(child)
 

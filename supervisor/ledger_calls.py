@@ -369,7 +369,7 @@ class LedgerCalls:
                 calls = self._make_inline(calls)
                 if time.monotonic() - now > self.inline_slow_s:
                     log.warning("a ledger call took %.1f s: the next ones go to the ledger thread for %.0f s",
-                                time.monotonic() - now, INLINE_PAUSE_S)
+                                time.monotonic() - now, INLINE_PAUSE_S, extra={"event": "ledger_call_slow"})
                     self.inline_paused_until = time.monotonic() + INLINE_PAUSE_S
         if calls:
             self._requests.put(calls)
@@ -460,7 +460,8 @@ class LedgerCalls:
             self.inline.close()  # used by this thread alone: no statement of it is running
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("%s is still waiting for the database; leaving it", self._thread.name)
+            log.warning("%s is still waiting for the database; leaving it", self._thread.name,
+                        extra={"event": "ledger_thread_left"})
             return False
         self.backend.close()
         self._wakeup.close()

@@ -49,6 +49,7 @@ from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
 from .ledger.values import LeaseLost, Renewed, Retry, Suspended
 from .ledger_calls import (Acknowledge, AdmitTicks, Call, Claim, Deregister, Ended, LedgerCalls, NextReadyAt,
                            RecordQueues, Register, Release, Renew, Reply, Seen, TimeOut, Unpark, Wakeup)
+from .log_format import delivery_error, error_text
 from .pool import Child, Delivery, Pool
 from .scheduling import Scheduling
 from .serving import Serving, new_supervisor_id
@@ -175,10 +176,10 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             self.take_replies(now)
             self.check_files(now)
             if self.fatal is not None:
-                log.error("stopping: %s", self.fatal)
+                log.error("stopping: %s", self.fatal, extra={"event": "ledger_unusable"})
                 return EXIT_LEDGER_UNUSABLE
             if self.idle_checked:
-                log.info("idle: nothing running and nothing due")
+                log.info("idle: nothing running and nothing due", extra={"event": "supervisor_idle"})
                 return EXIT_STOPPED
             self.stop_unconfirmed(now)
             self.admit_ticks(now)
@@ -196,7 +197,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         """The exit code once the loop should end, else None."""
         requests = self.stop_requests()
         if requests > 1:
-            log.warning("second stop request: killing %d running deliveries", self.running())
+            log.warning("second stop request: killing %d running deliveries", self.running(),
+                        extra={"event": "supervisor_killing", "running": self.running()})
             return EXIT_KILLED
         if requests and self.grace_deadline is None:
             self.grace_deadline = now + self.cfg.grace_ms / 1000
@@ -204,8 +206,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             # is bounded by a lease past the grace period, after which they are moot (the leases
             # expired).
             self.settle_deadline = self.grace_deadline + max(self.cfg.lease_ms / 1000, 1.0)
-            log.info("stopping: no new claims; %d deliveries have %d ms to finish",
-                     self.running(), self.cfg.grace_ms)
+            log.info("stopping: no new claims; %d deliveries have %d ms to finish", self.running(), self.cfg.grace_ms,
+                     extra={"event": "supervisor_stopping", "running": self.running(), "grace_ms": self.cfg.grace_ms})
         if self.grace_deadline is None:
             return None
         if now >= self.grace_deadline and self.pool.busy():
@@ -214,7 +216,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             return EXIT_STOPPED
         if self.settle_deadline is not None and now >= self.settle_deadline:
             log.warning("stopping with %d deliveries not yet settled: the database is not answering;"
-                        " their leases are left to expire", len(self.ending))
+                        " their leases are left to expire", len(self.ending),
+                        extra={"event": "settling_abandoned", "unsettled": len(self.ending)})
             return EXIT_STOPPED
         return None
 
@@ -224,8 +227,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             deliveries = list(child.deliveries.values())
             self.pool.remove(child)  # killed and joined: it can write nothing more
             for delivery in deliveries:
-                log.info("execution %s token %d: grace period over; releasing it",
-                         delivery.lease.execution_id, delivery.lease.token)
+                log.info("execution %s token %d: grace period over; releasing it", delivery.lease.execution_id,
+                         delivery.lease.token, extra={"event": "grace_over", **delivery.log_fields})
                 self.end(delivery, Retry("the supervisor stopped"), now)
 
     # -- ledger replies ----------------------------------------------------------------------
@@ -242,7 +245,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         failing = self.failing.get(kind, 0)
         if error is None:
             if failing:
-                log.warning("%s succeeded again after %d failed attempts", kind.name, failing)
+                log.warning("%s succeeded again after %d failed attempts", kind.name, failing,
+                            extra={"event": "storage_recovered", "call": kind.name, "attempts": failing})
                 del self.failing[kind]
             return
         self.stats.storage_errors += 1
@@ -250,7 +254,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         if not error.transient:
             self.fatal = self.fatal or error
         elif not failing:
-            log.warning("%s failed, will retry: %s", kind.name, error)
+            log.warning("%s failed, will retry: %s", kind.name, error,
+                        extra={"event": "storage_error", "call": kind.name, "storage_error": error.kind})
 
     # -- claims ------------------------------------------------------------------------------
 
@@ -291,7 +296,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             self.next_unconfirmed = min(self.next_unconfirmed, sent_at + self.cfg.lease_ms / 1000)
         for each in claimed:
             lease = each.lease
-            delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms,
+            delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms, workflow=each.workflow,
                                 held_until=sent_at + self.cfg.lease_ms / 1000)
             child = idle.pop(0) if idle else None
             start = None if each.input_json is None else (each.workflow, each.input_json)
@@ -348,7 +353,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         child.take(delivery)
         if child.send(Run(lease, delivery.claimed_at, start)):
             return True
-        log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id)
+        log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id,
+                    extra={"event": "worker_died", "worker_pid": child.pid, **delivery.log_fields})
         child.drop(delivery)
         self.stats.child_deaths += 1
         self.replace_and_release(child, f"worker pid {child.pid} was gone", now)  # its others, if any
@@ -416,7 +422,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         self.registering = False
         if reply.error is None and reply.value is False:
             log.info("this supervisor's registration was gone (not seen for three renewal intervals): registering"
-                     " again")
+                     " again", extra={"event": "registration_lost", "supervisor_id": self.supervisor_id})
             self.registered = False
 
     def on_unparked(self, reply: Reply, now: float) -> None:
@@ -426,7 +432,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         elif reply.value:
             self.claim_wanted = True
             log.info("unparked %d execution%s: parked when their replay diverged under earlier code, due again for"
-                     " this code to replay", reply.value, "" if reply.value == 1 else "s")
+                     " this code to replay", reply.value, "" if reply.value == 1 else "s",
+                     extra={"event": "executions_unparked", "count": reply.value})
 
     def on_ticks_admitted(self, reply: Reply, now: float) -> None:
         self.ticks_admitted(reply, now)  # `scheduling`
@@ -438,7 +445,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         if reply.error is not None:
             self.queues_pending = True  # made again at the next renewal round
         elif reply.value:
-            log.info("recorded the limits of %d queue%s", reply.value, "" if reply.value == 1 else "s")
+            log.info("recorded the limits of %d queue%s", reply.value, "" if reply.value == 1 else "s",
+                     extra={"event": "queues_recorded", "count": reply.value})
 
     def on_deregistered(self, reply: Reply, now: float) -> None:
         pass  # made as the supervisor exits: nobody waits for it
@@ -486,20 +494,27 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             status = "released"
             reason = outcome.reason.strip()
             log.info("execution %s token %d asked to retry: %s", delivery.lease.execution_id, delivery.lease.token,
-                     reason.splitlines()[-1] if reason else "")
+                     reason.splitlines()[-1] if reason else "",
+                     extra={"event": "delivery_retry", "reason": reason, **delivery.log_fields})
         else:
             setattr(self.stats, outcome.status, getattr(self.stats, outcome.status) + 1)
             status = outcome.status
             if isinstance(outcome, Suspended) and outcome.diverged is not None:
                 log.warning("execution %s token %d diverged from its recorded steps and is parked: %s",
-                            delivery.lease.execution_id, delivery.lease.token, outcome.diverged)
+                            delivery.lease.execution_id, delivery.lease.token, outcome.diverged,
+                            extra={"event": "replay_diverged", "detail": outcome.diverged, **delivery.log_fields})
         self.settled(delivery, status)
         self.claim_wanted = True
 
     def settled(self, delivery: Delivery, status: str) -> None:
         lease = delivery.lease
-        log.info("delivery execution=%s token=%d outcome=%s duration_ms=%d",
-                 lease.execution_id, lease.token, status, delivery.ms)
+        # A failed delivery's line says why: its error's type and message (`log_format`); as JSON,
+        # so does a delivery suspended to retry a failed step.
+        error = delivery_error(delivery.outcome)
+        log.info("delivery execution=%s token=%d outcome=%s duration_ms=%d%s", lease.execution_id, lease.token,
+                 status, delivery.ms, f" error={error_text(error)}" if error and status == "failed" else "",
+                 extra={"event": "delivery_ended", **delivery.log_fields, "outcome": status,
+                        "duration_ms": delivery.ms, "error": error})
         if self.on_delivery is not None:
             self.on_delivery(lease.execution_id, lease.token, status, delivery.ms)
 

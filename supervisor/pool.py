@@ -112,6 +112,7 @@ class Delivery:
 
     lease: ExecutionLease
     claimed_at: int  # the ledger time of the claim (ms)
+    workflow: str = ""  # as the claim found it ("" for a placeholder: tests of the loop by hand)
     # Until when (monotonic s) the ledger has confirmed the lease: the claim or the last renewal
     # that succeeded was sent at T, so the lease it set lasts at least until T + the lease length
     # by the ledger's clock. Past it, another holder may have the execution
@@ -135,6 +136,11 @@ class Delivery:
         if self.lease is None:  # a placeholder (tests of the loop by hand)
             return (None, id(self))
         return (self.lease.execution_id, self.lease.token)
+
+    @property
+    def log_fields(self) -> dict:
+        """What a log line about it carries (`log_format`): its execution, token and workflow."""
+        return {"execution_id": self.lease.execution_id, "token": self.lease.token, "workflow": self.workflow or None}
 
 
 @dataclass
@@ -200,10 +206,12 @@ def describe_exit(process) -> str:
 
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
-                 start_timeout_s: float = 60.0, slots: int = 1):
-        """`size` worker processes, each running up to `slots` deliveries at once."""
+                 start_timeout_s: float = 60.0, slots: int = 1, log_format: str = "text"):
+        """`size` worker processes, each running up to `slots` deliveries at once, logging in
+        `log_format` (`log_format.LogFormat`) on the stderr they share with the supervisor."""
         self.size = size
         self.slots = slots
+        self.log_format = log_format
         self._args = (app, db_path, durability)
         self._heartbeat_s = heartbeat_s
         self._misses = misses
@@ -242,6 +250,7 @@ class Pool:
             "fd": theirs.fileno(), "app": app, "db_path": anywhere(db_path), "durability": durability,
             "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses, "slots": self.slots,
+            "log_format": self.log_format,
             # The child imports what the supervisor could import, as multiprocessing would arrange.
             "sys_path": [p for p in sys.path if p],
         }
@@ -293,7 +302,9 @@ class Pool:
                                             f" loading it, {deaths} times in a row"
                                             f" (last: {describe_exit(child.process)})")
                 log.warning("worker pid %d %s while loading the app; replacing it", child.pid,
-                            describe_exit(child.process))
+                            describe_exit(child.process),
+                            extra={"event": "worker_died", "worker_pid": child.pid,
+                                   "exit": describe_exit(child.process)})
                 self.replace(child)
         return None
 

@@ -57,9 +57,11 @@ class Scheduling:
             return
         if self.schedules is not None:
             log.warning("worker pid %d declares the schedules %s, where the workers before it declared %s (was the app"
-                        " changed on disk?); following the new ones", child.pid, _specs(mine), _specs(self.schedules))
+                        " changed on disk?); following the new ones", child.pid, _specs(mine), _specs(self.schedules),
+                        extra={"event": "schedules_changed", "worker_pid": child.pid})
         elif mine:
-            log.info("keeping %d schedule%s: %s", len(mine), "" if len(mine) == 1 else "s", _specs(mine))
+            log.info("keeping %d schedule%s: %s", len(mine), "" if len(mine) == 1 else "s", _specs(mine),
+                     extra={"event": "schedules_kept"})
         self.schedules = mine
         self.next_ticks_at = now
 
@@ -83,7 +85,10 @@ class Scheduling:
         for record in reply.value:
             if record.admitted:
                 self.claim_wanted = True
-                log.info("schedule %s: admitted execution %s", record.name, tick_id(record.name, record.last_tick))
+                execution_id = tick_id(record.name, record.last_tick)
+                log.info("schedule %s: admitted execution %s", record.name, execution_id,
+                         extra={"event": "schedule_tick_admitted", "schedule": record.name,
+                                "execution_id": execution_id})
         wait_s = TICK_WAIT_MAX_S
         if upcoming:
             wait_s = min(wait_s, max(TICK_WAIT_MIN_S, (min(upcoming) - reply.clock_ms) / 1000))

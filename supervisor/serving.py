@@ -67,9 +67,11 @@ class Serving:
         if self.workflows is None:
             self.workflows = served
             if served:
-                log.info("serving %d workflow%s: %s", len(served), "" if len(served) == 1 else "s", ", ".join(sorted(served)))
+                log.info("serving %d workflow%s: %s", len(served), "" if len(served) == 1 else "s",
+                         ", ".join(sorted(served)), extra={"event": "serving", "workflows": sorted(served)})
             else:
-                log.warning("the app registers no workflow: nothing will be claimed")
+                log.warning("the app registers no workflow: nothing will be claimed",
+                            extra={"event": "serving", "workflows": []})
             self.began_serving(served)
             return
         if served == self.workflows:
@@ -77,9 +79,11 @@ class Serving:
         if child.workflows != self.workflows:
             log.warning("worker pid %d registers %s, where the workers before it registered %s (was the app changed"
                         " on disk?); claiming only what every worker runs: %s", child.pid, _names(child.workflows),
-                        _names(self.workflows), _names(served))
+                        _names(self.workflows), _names(served),
+                        extra={"event": "workflows_changed", "worker_pid": child.pid, "workflows": sorted(served)})
         else:
-            log.info("every worker now registers %s: claiming them", _names(served))
+            log.info("every worker now registers %s: claiming them", _names(served),
+                     extra={"event": "workflows_changed", "workflows": sorted(served)})
         self.workflows = served
         self.register()
         self.unpark()

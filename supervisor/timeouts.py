@@ -49,7 +49,9 @@ class WorkflowTimeouts:
         if reply.error is not None or not reply.value:
             return  # an error: the next round asks again
         for execution_id in reply.value:
-            log.info("execution %s: failed as WorkflowTimedOut (not finished within its timeout)", execution_id)
+            log.info("execution %s: failed as WorkflowTimedOut (not finished within its timeout)", execution_id,
+                     extra={"event": "workflow_timed_out", "execution_id": execution_id, "outcome": "failed",
+                            "error": {"type": "WorkflowTimedOut", "message": "not finished within its timeout"}})
         self.next_ended_check = min(self.next_ended_check, now)
         self.check_ended(now)  # `lease_keeping`: a timed-out delivery running here is stopped now
         self.claim_wanted = True

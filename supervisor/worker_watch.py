@@ -43,7 +43,8 @@ class WorkerWatch:
         if self.last_beat_at is not None and now - self.last_beat_at > limit:
             # This process itself was paused (SIGSTOP, an overloaded host): the children's
             # silence is ours. Judge them from now on; renewals and the fence sort out leases.
-            log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at)
+            log.warning("the supervisor was paused for %.1f s", now - self.last_beat_at,
+                        extra={"event": "supervisor_paused", "paused_ms": int((now - self.last_beat_at) * 1000)})
             for child in self.pool.children:
                 child.last_answer = now
                 for delivery in child.deliveries.values():  # told to stop before the pause: from now on too
@@ -58,7 +59,8 @@ class WorkerWatch:
             if not child.ready:
                 if now > child.start_deadline:
                     log.error("worker pid %d did not load the app within %.0f s; replacing it",
-                              child.pid, self.pool.start_timeout_s)
+                              child.pid, self.pool.start_timeout_s,
+                              extra={"event": "worker_start_timeout", "worker_pid": child.pid})
                     self.replace(child)
                 continue
             delivery = child.delivery
@@ -78,10 +80,12 @@ class WorkerWatch:
                 if delivery is not None:
                     log.warning("execution %s token %d: worker pid %d silent for %.1f s; killing and replacing it",
                                 delivery.lease.execution_id, delivery.lease.token, child.pid,
-                                now - child.last_answer)
+                                now - child.last_answer,
+                                extra={"event": "worker_silent", "worker_pid": child.pid, **delivery.log_fields})
                 else:
                     log.warning("idle worker pid %d silent for %.1f s; killing and replacing it",
-                                child.pid, now - child.last_answer)
+                                child.pid, now - child.last_answer,
+                                extra={"event": "worker_silent", "worker_pid": child.pid})
                 self.stats.children_killed += 1
                 child.delivery = None
                 self.replace(child)
@@ -99,7 +103,8 @@ class WorkerWatch:
             return
         log.warning("execution %s token %d: not stopped %.1f s after worker pid %d was told to stop it; killing"
                     " and replacing the worker, and releasing its %d other deliveries", stuck.lease.execution_id,
-                    stuck.lease.token, now - stuck.stop_sent_at, child.pid, len(child.deliveries) - 1)
+                    stuck.lease.token, now - stuck.stop_sent_at, child.pid, len(child.deliveries) - 1,
+                    extra={"event": "worker_not_stopping", "worker_pid": child.pid, **stuck.log_fields})
         self.stats.children_killed += 1
         self.replace_and_release(child, f"worker pid {child.pid} replaced: a delivery of it did not stop", now)
 
@@ -121,7 +126,8 @@ class WorkerWatch:
                 if message.replace is not None:  # after its delivery is handled (a dead one is replaced anyway)
                     self.replace_asked(child, message.replace, now)
             case _:
-                log.error("unexpected message from worker pid %d: %r", child.pid, message)
+                log.error("unexpected message from worker pid %d: %r", child.pid, message,
+                          extra={"event": "unexpected_message", "worker_pid": child.pid})
 
     def done(self, child: Child, report: Done, now: float) -> None:
         """A child's report that it finished its delivery."""
@@ -129,7 +135,8 @@ class WorkerWatch:
         delivery = child.deliveries.pop((report.execution_id, report.token), None)
         if delivery is None:
             log.error("worker pid %d reported %s token %s, which it was not running", child.pid, report.execution_id,
-                      report.token)
+                      report.token, extra={"event": "unexpected_report", "worker_pid": child.pid,
+                                           "execution_id": report.execution_id, "token": report.token})
             return
         delivery.ms = report.ms
         outcome = report.outcome
@@ -141,7 +148,8 @@ class WorkerWatch:
         """A worker that reported a step thread it could not stop (a sync step past its timeout):
         it is replaced, and its other deliveries are given back at once."""
         log.warning("worker pid %d asked to be replaced: %s; killing and replacing it, and releasing its %d other"
-                    " deliveries", child.pid, why, len(child.deliveries))
+                    " deliveries", child.pid, why, len(child.deliveries),
+                    extra={"event": "worker_replace_asked", "worker_pid": child.pid, "reason": why})
         self.stats.children_killed += 1
         self.replace_and_release(child, f"worker pid {child.pid} replaced: {why}", now)
 
@@ -149,8 +157,9 @@ class WorkerWatch:
         """A child's first message: it loaded the app and may take deliveries, or it could not."""
         match message:
             case Ready():
-                log.info("worker %d is ready: it loaded the app in %.1f s", child.pid,
-                         time.monotonic() - child.launched)
+                loaded_s = time.monotonic() - child.launched
+                log.info("worker %d is ready: it loaded the app in %.1f s", child.pid, loaded_s,
+                         extra={"event": "worker_ready", "worker_pid": child.pid, "load_ms": int(loaded_s * 1000)})
                 child.ready, child.start_deadline = True, None
                 self.ever_ready = True
                 self.start_deaths = 0
@@ -169,7 +178,8 @@ class WorkerWatch:
             raise AppLoadFailed(error)
         # The app no longer loads (edited on disk?). A replacement would fail alike: run on with
         # the children that remain, and stop only when none does.
-        log.error("%s\nrunning with 1 worker fewer", error)
+        log.error("%s\nrunning with 1 worker fewer", error, extra={"event": "worker_app_not_loaded",
+                                                                    "worker_pid": child.pid})
         self.pool.size -= 1
         self.pool.remove(child)
         if not self.pool.children:
@@ -193,15 +203,19 @@ class WorkerWatch:
             return
         if delivery is not None:
             log.warning("execution %s token %d: worker pid %d %s mid-delivery; its lease is left to expire",
-                        delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process))
+                        delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process),
+                        extra={"event": "worker_died", "worker_pid": child.pid, "exit": describe_exit(child.process),
+                               **delivery.log_fields})
         elif not child.ready:
-            log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process))
+            log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process),
+                        extra={"event": "worker_died", "worker_pid": child.pid, "exit": describe_exit(child.process)})
             self.start_deaths += 1
             if not self.ever_ready and self.start_deaths >= START_ATTEMPTS * self.pool.size:
                 raise DiedWhileStarting(f"a worker process died while starting, {self.start_deaths} times in a row"
                                         f" (last: {describe_exit(child.process)})")
         else:
-            log.warning("idle worker pid %d %s; replacing it", child.pid, describe_exit(child.process))
+            log.warning("idle worker pid %d %s; replacing it", child.pid, describe_exit(child.process),
+                        extra={"event": "worker_died", "worker_pid": child.pid, "exit": describe_exit(child.process)})
         child.delivery = None
         self.replace(child)
 
@@ -214,7 +228,7 @@ class WorkerWatch:
         try:
             self.pool.replace(child)
         except OSError as exc:
-            log.error("could not replace a worker: %s", exc)
+            log.error("could not replace a worker: %s", exc, extra={"event": "worker_start_failed"})
             if child in self.pool.children:
                 self.pool.children.remove(child)
 
@@ -227,7 +241,8 @@ class WorkerWatch:
         child.deliveries = {}
         self.replace(child)  # killed and joined: it can write nothing more
         for delivery in deliveries:
-            log.warning(RELEASE_LINE, delivery.lease.execution_id, delivery.lease.token, why)
+            log.warning(RELEASE_LINE, delivery.lease.execution_id, delivery.lease.token, why,
+                        extra={"event": "delivery_released", "reason": why, **delivery.log_fields})
             self.end(delivery, Retry(why), now)
 
     def top_up(self, now: float) -> None:
@@ -237,5 +252,6 @@ class WorkerWatch:
         try:
             self.pool.top_up()
         except OSError as exc:
-            log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc)
+            log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc,
+                      extra={"event": "worker_start_failed"})
             self.next_top_up = now + TOP_UP_RETRY_S

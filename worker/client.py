@@ -172,7 +172,8 @@ def _polling(exc: OSError, poll_s: float) -> None:
     global _told_polling
     if not _told_polling:
         _told_polling = True
-        log.warning("no outcome socket (%s): result() finds outcomes by polling every %g s", exc, poll_s)
+        log.warning("no outcome socket (%s): result() finds outcomes by polling every %g s", exc, poll_s,
+                    extra={"event": "no_outcome_socket"})
 
 
 class _Base:

@@ -434,9 +434,12 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         self._recorded[write.key] = record
         return record
 
-    def _suspend_until(self, at: int) -> None:
+    def _suspend_until(self, at: int, step_error: Optional[str] = None) -> None:
+        """Suspend until `at`; `step_error`: see `Suspend.step_error`."""
         self._writer.request_wake(at)
-        raise self._unwind(Suspend(f"waiting until {at}"))
+        suspend = Suspend(f"waiting until {at}")
+        suspend.step_error = step_error
+        raise self._unwind(suspend)
 
     def _suspend_waiting(self, what: str) -> None:
         """Suspend with no wake of our own: a registered waiter will be woken by `what`."""
@@ -498,7 +501,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         write = self._raised_write(key, attempt, error, policy, step.stack())
         wake_at = self._now() if write.done else json.loads(write.response_json)["retry_at"]
         self._recorded[key] = self._writer.end_abandoned(f"{error}: its thread was abandoned", *write, wake_at)
-        raise self._unwind(Suspend(f"step {key!r} timed out; waiting until {wake_at}"))
+        suspend = Suspend(f"step {key!r} timed out; waiting until {wake_at}")
+        if not write.done:  # a retry waits: the timeout is this attempt's error
+            suspend.step_error = json.dumps({"type": type(error).__name__, "message": str(error), "step": key,
+                                             "attempt": attempt})
+        raise self._unwind(suspend)
 
     def _step_start(self, key: str) -> tuple[Optional[int], Any]:
         """`(None, value)` for a step whose recorded value replays, else `(attempt, None)` for a
@@ -570,7 +577,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             return None
         error = response["error"]
         if not record.done:
-            self._suspend_until(response["retry_at"])
+            self._suspend_until(response["retry_at"], json.dumps(
+                {"type": error["type"], "message": error["message"], "step": key, "attempt": record.attempt}))
         raise StepFailed(key, error["type"], error["message"], record.attempt, error.get("traceback"))
 
     def _timer(self, key: str, target: Callable[[int], int]) -> None:

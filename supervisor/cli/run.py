@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -10,6 +11,7 @@ import threading
 import click
 
 from . import (
+    EXIT_BAD_INPUT,
     closed_down,
     fail,
     handles_errors,
@@ -46,28 +48,33 @@ from . import (
               help="Print a summary line every this many seconds (0.1 to 86400).")
 @click.option("--quiet", is_flag=True, help="No line per delivery.")
 @click.option("--verbose", is_flag=True, help="When the app cannot be loaded, print the whole traceback too.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="The log lines of the supervisor and its workers on stderr: text, or one JSON object a line"
+                   " (ts, level, event, message, and execution_id, workflow, token, outcome, duration_ms, error"
+                   " where they apply); json draws no status line.")
 @click.pass_context
 @handles_errors
 def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, poll_only,
-              grace_ms, durability, until_idle, summary_s, quiet, verbose) -> None:
+              grace_ms, durability, until_idle, summary_s, quiet, verbose, log_format) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
-    place twice a second below the log lines."""
+    place twice a second below the log lines (not with --log-format json)."""
     from ..dispatcher import Supervisor, SupervisorConfig
     from ..ledger.errors import AppLoadFailed
+    from ..log_format import LogFormat, configure
 
     if renew_ms is not None and renew_ms >= lease_ms:
         fail(f"--renew-ms ({renew_ms}) must be less than --lease-ms ({lease_ms}): a lease must outlast its renewals")
     config = SupervisorConfig(
         concurrency=concurrency, workers=workers, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
         heartbeat_misses=heartbeat_misses,
-        poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability)
+        poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability, log_format=log_format)
     supervisor = Supervisor(ctx.obj["db"], app, config)
-    status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() else None
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        handlers=[status.log_handler() if status else logging.StreamHandler(sys.stderr)],
-                        format="%(asctime)s yieldstar[%(process)d] %(message)s")
+    as_json = config.log_format is LogFormat.JSON  # for a machine: every line an object, no status redrawn
+    status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() and not as_json else None
+    configure(status.log_handler() if status else logging.StreamHandler(sys.stderr), log_format,
+              logging.WARNING if quiet else logging.INFO)
     if summary_s:
         _print_summaries(supervisor, summary_s, status)
     if status:
@@ -77,6 +84,10 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
     except AppLoadFailed as exc:
         if status:
             status.stop(keep=False)
+        if as_json:  # one object, whose message is the line `fail` prints, with the traceback
+            logging.getLogger("yieldstar.supervisor").error(
+                "%s", exc, extra={"event": "app_not_loaded", "traceback": exc.details or None})
+            sys.exit(EXIT_BAD_INPUT)
         if verbose and exc.details:
             click.echo(exc.details.rstrip("\n"), err=True)
         fail(str(exc))
@@ -258,6 +269,9 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, execu
     sys.exit(0 if report["ok"] else 1)
 
 def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> None:
+    summaries = logging.getLogger("yieldstar.summary")
+    summaries.setLevel(logging.INFO)  # asked for: shown under --quiet too
+
     def loop() -> None:
         stop = threading.Event()
         while not stop.wait(every_s):
@@ -266,6 +280,8 @@ def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> N
                     f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}")
             if status:
                 status.line(line)
+            elif supervisor.config.log_format == "json":  # a log line like the others, its counts as fields
+                summaries.info("%s", line, extra={"event": "summary", **dataclasses.asdict(s)})
             else:
                 click.echo(line, err=True)
 

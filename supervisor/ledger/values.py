@@ -167,6 +167,10 @@ class Suspended:
     # Set when the replay diverged from the recorded steps (SPEC section 11): one line naming the
     # recorded step and the step the code reached; the acknowledgement parks the execution.
     diverged: Optional[str] = None
+    # Set when it waits to retry a step whose attempt failed: that error as JSON `{"type",
+    # "message", "step", "attempt"}`, for the supervisor's log line. Not compared: the ledger
+    # records the attempt's error with the step, not with the acknowledgement.
+    step_error_json: Optional[str] = field(default=None, compare=False)
     status: ClassVar[str] = "suspended"
 
 

@@ -217,6 +217,19 @@ def test_retry_policy_backs_off_then_raises_step_failed_into_the_workflow(sqlite
         "error_type": "ValueError", "error_message": "card declined", "attempts": 4}
 
 
+def test_a_delivery_suspended_to_retry_a_step_carries_the_failed_attempts_error_for_the_log(sqlite_backend, clock):
+    admit(sqlite_backend, "retry_policy", {"policy": {"max_attempts": 3, "interval": 1}, "catch": True})
+    first = deliver(sqlite_backend)
+    assert json.loads(first.step_error_json) == {"type": "ValueError", "message": "card declined", "step": "charge",
+                                                 "attempt": 1}
+    clock.advance(1_000)
+    assert json.loads(deliver(sqlite_backend).step_error_json)["attempt"] == 2
+
+    # Suspended on a timer, with no step failed: no error to report.
+    admit(sqlite_backend, "timer_between_steps", {"x": 1}, execution_id="e2")
+    assert deliver(sqlite_backend, "e2").step_error_json is None
+
+
 def test_exhausted_retryable_error_carries_the_original_type_and_message(sqlite_backend, clock):
     admit(sqlite_backend, "retrying", {"failures": 10, "max_attempts": 2, "interval": 1, "catch": True})
     assert deliver(sqlite_backend) == Suspended()

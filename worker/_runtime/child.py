@@ -27,6 +27,7 @@ import traceback
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
 from supervisor.ledger.sqlite import socket_folder
+from supervisor.log_format import configure
 
 from .abandoned import replace_reason
 from .driver import raised_outside, run_delivery
@@ -37,11 +38,11 @@ from .loading import describe_load_failure, load_app
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
-               misses: int, slots: int = 1) -> None:
+               misses: int, slots: int = 1, log_format: str = "text") -> None:
     """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
     die_with_parent(parent_pid)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s yieldstar-worker[%(process)d] %(message)s")
+    # In its supervisor's format: they share a stderr, whose lines must all be JSON or none.
+    configure(logging.StreamHandler(sys.stderr), log_format, logging.WARNING, "yieldstar-worker")
     # A worker sends its nudges (ctx.start) from its supervisor's user and environment, so to the
     # same socket folder: when there is none, the supervisor says so once for all its workers,
     # which would each repeat it, and again every time one is replaced.
@@ -117,6 +118,7 @@ def main(argv: list[str]) -> None:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     child_main(Pipe(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
-               settings["parent_pid"], settings["heartbeat_s"], settings["misses"], settings.get("slots", 1))
+               settings["parent_pid"], settings["heartbeat_s"], settings["misses"], settings.get("slots", 1),
+               settings.get("log_format", "text"))
 
 

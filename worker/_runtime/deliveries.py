@@ -192,7 +192,7 @@ class Deliveries:
             loop.run_forever()
         except BaseException:
             log.error("the worker's event loop ended with an error; ending every delivery of this worker:\n%s",
-                      traceback.format_exc())
+                      traceback.format_exc(), extra={"event": "worker_loop_failed"})
             os._exit(EXIT_LOOP_DIED)
         if not self._closing:  # pragma: no cover - only `serve` stops the loop
             os._exit(EXIT_LOOP_DIED)

@@ -92,7 +92,7 @@ def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | Non
     One that abandoned a step's thread (`worker.timeouts`) recorded the step's attempt and asked
     for its wake before it shut its door: it is suspended."""
     if writer.abandoned is not None:
-        return Suspended()
+        return suspended(ctx._unwound)
     if writer.stopped:
         return LeaseLost()
     if writer.storage_failure is not None:
@@ -100,8 +100,14 @@ def unwound(writer: FencedWriter, ctx: WorkflowContext) -> DeliveryOutcome | Non
     if isinstance(ctx._unwound, ReplayDiverged):
         return Suspended(diverged=ctx._unwound.detail)
     if ctx._unwound is not None:
-        return Suspended()
+        return suspended(ctx._unwound)
     return None
+
+
+def suspended(unwinding: Optional[BaseException]) -> Suspended:
+    """How a delivery ends that `unwinding` (a `Suspend`, if it is one) suspended: with the error
+    of the step attempt it waits to retry, if that is why."""
+    return Suspended(step_error_json=getattr(unwinding, "step_error", None))
 
 
 class Start(NamedTuple):
@@ -226,7 +232,7 @@ class WorkflowRun:
         if isinstance(exc, ReplayDiverged):
             return Suspended(diverged=exc.detail)
         if isinstance(exc, Suspend):
-            return Suspended()
+            return suspended(exc)
         if isinstance(exc, StopDelivery):  # a refused write, or one of the door shut on abandoning a step
             return unwound(self.writer, ctx) or LeaseLost()
         if isinstance(exc, RetryLater):

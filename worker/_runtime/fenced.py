@@ -103,7 +103,9 @@ class FencedWriter:
             if self.stopped_because is None:
                 self.stopped_because = f"lease lost (token {self.lease.token} is no longer current) at {what}"
         log.warning("execution %s token %d: write of %s refused: the token is no longer current; stopping",
-                    self.lease.execution_id, self.lease.token, what)
+                    self.lease.execution_id, self.lease.token, what,
+                    extra={"event": "write_refused", "execution_id": self.lease.execution_id,
+                           "token": self.lease.token})
         return StopDelivery(self.stopped_because)
 
     def write_step(self, step_key: str, attempt: int, done: bool, response_json: str) -> HeapRecord:

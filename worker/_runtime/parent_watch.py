@@ -143,7 +143,8 @@ class ParentWatch:
 
     def _leave(self, why: str) -> NoReturn:
         self._gone = True
-        log.warning("supervisor pid %d is gone (%s): no more writes, exiting", self._parent_pid, why)
+        log.warning("supervisor pid %d is gone (%s): no more writes, exiting", self._parent_pid, why,
+                    extra={"event": "supervisor_gone", "reason": why})
         # Exit from here, whatever the main thread is doing: it may be blocked in a step that
         # would otherwise go on to write. SQLite rolls back a transaction cut short.
         os._exit(EXIT_PARENT_GONE)

@@ -96,7 +96,8 @@ class StepCommits:
             self._ready.notify()
         self._thread.join()
         if self.writes:
-            log.info("step writes: %d in %d transactions", self.writes, self.transactions)
+            log.info("step writes: %d in %d transactions", self.writes, self.transactions,
+                     extra={"event": "step_commits", "writes": self.writes, "transactions": self.transactions})
 
     def _run(self) -> None:
         while True:

@@ -13,6 +13,11 @@ from supervisor.ledger.arguments import MAX_DETAIL_LENGTH
 class Suspend(BaseException):
     """Raised inside a workflow to end the delivery as `Suspended`; a wake is already requested."""
 
+    # Set when it waits to retry a step whose attempt failed in this delivery: the attempt's error
+    # as JSON `{"type", "message", "step", "attempt"}`, which `Suspended.step_error_json` carries to
+    # the supervisor's log line.
+    step_error: "str | None" = None
+
 
 class StopDelivery(BaseException):
     """Raised inside a workflow when its lease is lost or the parent is gone: no further writes."""

@@ -64,7 +64,7 @@ def read(conn, where: str) -> Optional[str]:
             _unchecked_logged = True
             log.warning("cannot tell which server the ledger database %s runs on (%s): a failover to a replica that"
                         " lost commits would not be noticed; see docs/postgres.md", where,
-                        str(exc).strip().splitlines()[0])
+                        str(exc).strip().splitlines()[0], extra={"event": "failover_unchecked"})
         in_recovery = conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]
         if in_recovery:
             raise LedgerGone(standby(where)) from None
@@ -94,4 +94,4 @@ def settle(conn: Connection, incarnation: str, clock: Callable[[], int], where: 
     log.warning("the ledger database %s now runs on another server than before (%s, was %s): a promoted replica or"
                 " a restore, which may have lost commits. Its epoch is now %d: every delivery open before is fenced"
                 " off (its holder's calls are refused) and will be delivered again", where, incarnation, recorded,
-                raised)
+                raised, extra={"event": "ledger_failover", "epoch": raised})

@@ -93,7 +93,8 @@ def _not_sent(exc: OSError) -> None:
         return
     _told_not_sent = True
     log.warning("cannot send a nudge or an outcome announcement (%s): until one is sent, supervisors and waiting"
-                " clients on this host find new work and outcomes at their next poll (logged once)", exc)
+                " clients on this host find new work and outcomes at their next poll (logged once)", exc,
+                extra={"event": "nudge_not_sent"})
 
 
 def _send_to_all(folder: str, message: bytes) -> None:

@@ -138,7 +138,7 @@ def _chosen() -> Choice:
         home = None
     choice = choose(uid, os.environ, home)
     if choice.folder is None:
-        log.warning("%s", describe(choice))
+        log.warning("%s", describe(choice), extra={"event": "no_socket_folder"})
     return choice
 
 
