@@ -200,11 +200,13 @@ def describe_exit(process) -> str:
 
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
-                 start_timeout_s: float = 60.0, slots: int = 1):
-        """`size` worker processes, each running up to `slots` deliveries at once."""
+                 start_timeout_s: float = 60.0, slots: int = 1, max_payload_bytes: Optional[int] = None):
+        """`size` worker processes, each running up to `slots` deliveries at once, each opening
+        the ledger as the supervisor does (`durability`, `max_payload_bytes`)."""
         self.size = size
         self.slots = slots
         self._args = (app, db_path, durability)
+        self._max_payload_bytes = max_payload_bytes
         self._heartbeat_s = heartbeat_s
         self._misses = misses
         self.start_timeout_s = start_timeout_s
@@ -240,6 +242,7 @@ class Pool:
         app, db_path, durability = self._args
         settings = {
             "fd": theirs.fileno(), "app": app, "db_path": anywhere(db_path), "durability": durability,
+            "max_payload_bytes": self._max_payload_bytes,
             "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses, "slots": self.slots,
             # The child imports what the supervisor could import, as multiprocessing would arrange.

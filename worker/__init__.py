@@ -25,6 +25,7 @@ from supervisor.ledger.errors import (
     AppNotFound,
     ExecutionConflict,
     InvalidArgument,
+    PayloadTooLarge,
     StepFailed,
     StepTimeout,
     UnknownEffect,
@@ -53,6 +54,6 @@ __all__ = [
     # the client, and the values its calls return
     "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
     # the errors users catch
-    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect", "PayloadTooLarge",
     "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout", "ReplayDiverged", "AppNotFound",
 ]

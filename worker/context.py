@@ -42,7 +42,8 @@ from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import LAST_TIME, MAX_TIME_MS, MIN_TIME_MS, TIME_RANGE, finite, identifier
-from supervisor.ledger.errors import InvalidArgument, StepFailed, StepTimeout, StorageError
+from supervisor.ledger import arguments
+from supervisor.ledger.errors import InvalidArgument, PayloadTooLarge, StepFailed, StepTimeout, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
 from ._runtime.derived_ids import derived_id
@@ -419,9 +420,24 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         return self._record(Write(key, attempt, done, _to_json(self._grouped(key, response))))
 
     def _record(self, write: Write) -> HeapRecord:
+        write = self._within_limit(write)
         record = self._writer.write_step(write.key, write.attempt, write.done, write.response_json)
         self._recorded[write.key] = record
         return record
+
+    def _within_limit(self, write: Write) -> Write:
+        """`write`, or, if its record is above the ledger's payload limit (which would refuse
+        it), the step's last attempt failed with `PayloadTooLarge` in its place: not retried, as
+        the same step would most likely return as much again, and raised into the workflow as
+        `StepFailed` like any failed step, so that the workflow may catch it and go on."""
+        what = "result" if write.response_json.startswith('{"value"') else "record"
+        try:
+            arguments.payload(f"step {write.key!r} {what}", write.response_json, self._backend.max_payload_bytes)
+        except PayloadTooLarge as exc:
+            info = {"type": type(exc).__name__, "message": str(exc), "traceback": None}
+            response = _to_json(self._grouped(write.key, {"error": info, "retry_at": None}))
+            return Write(write.key, write.attempt, True, response)
+        return write
 
     def _suspend_until(self, at: int) -> None:
         self._writer.request_wake(at)
@@ -484,7 +500,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         next delivery replays the failure)."""
         error = StepTimeout(key, attempt, timeout)
         abandoned.abandon(step.thread, str(error))
-        write = self._raised_write(key, attempt, error, policy, step.stack())
+        write = self._within_limit(self._raised_write(key, attempt, error, policy, step.stack()))
         wake_at = self._now() if write.done else json.loads(write.response_json)["retry_at"]
         self._recorded[key] = self._writer.end_abandoned(f"{error}: its thread was abandoned", *write, wake_at)
         raise self._unwind(Suspend(f"step {key!r} timed out; waiting until {wake_at}"))

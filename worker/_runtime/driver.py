@@ -47,7 +47,8 @@ import json
 import traceback
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from supervisor.ledger.errors import StorageError
+from supervisor.ledger import arguments
+from supervisor.ledger.errors import PayloadTooLarge, StorageError
 from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
 from ..async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
@@ -215,7 +216,9 @@ class WorkflowRun:
         if ended is not None:
             return ended
         detail = ctx._left_behind("raised")  # a path the records do not know: parked, not failed
-        return Suspended(diverged=detail) if detail is not None else Failed(json.dumps(error_info(exc)))
+        if detail is not None:
+            return Suspended(diverged=detail)
+        return self._within_limit(Failed(json.dumps(error_info(exc))))
 
     def _returned(self, ctx: WorkflowContext, result) -> DeliveryOutcome:
         ended = unwound(self.writer, ctx)
@@ -225,10 +228,29 @@ class WorkflowRun:
         if detail is not None:
             return Suspended(diverged=detail)
         try:
-            return Completed(json.dumps(result, allow_nan=False))
+            return self._within_limit(Completed(json.dumps(result, allow_nan=False)))
         except (TypeError, ValueError) as exc:
             return failure("NonSerialisableResult", f"workflow {self.execution.workflow!r} returned a value that is"
                            f" not JSON-serialisable: {exc}")
+
+
+    def _within_limit(self, outcome: Completed | Failed) -> Completed | Failed:
+        """`outcome`, or, if its result or error is above the ledger's payload limit (which would
+        refuse to acknowledge it), a failure with `PayloadTooLarge` in its place."""
+        name, text = ("result", outcome.result_json) if isinstance(outcome, Completed) else ("error", outcome.error_json)
+        try:
+            arguments.payload(name, text, self.backend.max_payload_bytes)
+        except PayloadTooLarge as exc:
+            message = str(exc)
+            if isinstance(outcome, Failed):  # what it raised, cut short: the operator still learns why it failed
+                raised = json.loads(text)
+                message += f"; the workflow raised {raised['type']}: {raised['message'][:MESSAGE_KEPT]}"
+            return failure(type(exc).__name__, message)
+        return outcome
+
+
+# How much of the message of a workflow's error too large to record is kept (`_within_limit`).
+MESSAGE_KEPT = 2000
 
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
