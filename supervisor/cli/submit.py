@@ -24,6 +24,7 @@ from . import (
     parse_json_option,
     read_json_option,
 )
+from .payloads import cut_short, is_long
 
 
 @main.command()
@@ -113,13 +114,15 @@ def store() -> None:
 
 
 @store.command(name="ls")
+@click.option("--full", is_flag=True, help="Print long states whole, not cut short.")
 @click.pass_context
 @handles_errors
-def store_list(ctx) -> None:
-    """List every store with its version."""
+def store_list(ctx, full: bool) -> None:
+    """List every store with its version and its state (a long one cut short)."""
     with backend_of(ctx, create=False) as backend:
         for state in backend.stores.list():
-            click.echo(f"{state.name}\tversion={state.version}\t{state.state_json}")
+            text = state.state_json if full or not is_long(state.state_json) else cut_short(state.state_json)
+            click.echo(f"{state.name}\tversion={state.version}\t{text}")
 
 
 @store.command(name="get")
