@@ -113,6 +113,28 @@ def error_info(exc: BaseException) -> dict:
     }
 
 
+CUT_SHORT = "... (the start of this traceback is cut: the whole error is above the payload limit)\n"
+
+
+def error_within(error: dict, fits: Callable[[dict], bool]) -> Optional[dict]:
+    """`error` (as `error_info` makes it) with its traceback cut to its end, as little as will
+    make `fits(error)` true; None if it does not fit even without its traceback.
+
+    An error is a step's or a workflow's only record of why it failed, so one above the payload
+    limit keeps its type and message, and as much of its traceback as fits (the innermost frames,
+    nearest the raise), instead of being replaced. Only on that error path is anything encoded
+    more than once: each try halves what is kept of the traceback."""
+    traceback_ = error.get("traceback")
+    keep = len(traceback_) if isinstance(traceback_, str) else 0
+    while keep > 0:
+        keep //= 2
+        cut = {**error, "traceback": CUT_SHORT + traceback_[len(traceback_) - keep:]}
+        if fits(cut):
+            return cut
+    cut = {**error, "traceback": None}
+    return cut if fits(cut) else None
+
+
 class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     """What a workflow function sees of its execution. One instance per delivery."""
 
@@ -427,17 +449,31 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
 
     def _within_limit(self, write: Write) -> Write:
         """`write`, or, if its record is above the ledger's payload limit (which would refuse
-        it), the step's last attempt failed with `PayloadTooLarge` in its place: not retried, as
-        the same step would most likely return as much again, and raised into the workflow as
-        `StepFailed` like any failed step, so that the workflow may catch it and go on."""
-        what = "result" if write.response_json.startswith('{"value"') else "record"
-        try:
-            arguments.payload(f"step {write.key!r} {what}", write.response_json, self._backend.max_payload_bytes)
-        except PayloadTooLarge as exc:
-            info = {"type": type(exc).__name__, "message": str(exc), "traceback": None}
-            response = _to_json(self._grouped(write.key, {"error": info, "retry_at": None}))
-            return Write(write.key, write.attempt, True, response)
-        return write
+        it), what is recorded in its place:
+
+        - a failed attempt's error with its traceback cut short (`error_within`), retried or
+          not as the attempt would have been;
+        - for a result, or an error too large even so, the step's last attempt failed with
+          `PayloadTooLarge`: not retried, as the same step would most likely return as much
+          again, and raised into the workflow as `StepFailed` like any failed step, so that the
+          workflow may catch it and go on.
+        """
+        limit = self._backend.max_payload_bytes
+        if arguments.within_limit(write.response_json, limit):
+            return write
+        is_error = write.response_json.startswith('{"error"')
+        what = "result" if write.response_json.startswith('{"value"') else "error" if is_error else "record"
+        too_large = PayloadTooLarge(f"step {write.key!r} {what}", arguments.utf8_size(write.response_json), limit)
+        info = {"type": type(too_large).__name__, "message": str(too_large), "traceback": None}
+        if is_error:
+            response = json.loads(write.response_json)
+            cut = error_within(response["error"], lambda error: arguments.within_limit(
+                _to_json({**response, "error": error}), limit))
+            if cut is not None:
+                return Write(write.key, write.attempt, write.done, _to_json({**response, "error": cut}))
+            info["message"] += f"; the step raised {response['error'].get('type')}"
+        response = _to_json(self._grouped(write.key, {"error": info, "retry_at": None}))
+        return Write(write.key, write.attempt, True, response)
 
     def _suspend_until(self, at: int) -> None:
         self._writer.request_wake(at)

@@ -162,17 +162,20 @@ def utf8_size(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def payload(name: str, text: str, limit: Optional[int], *, setting: str = "max_payload_bytes") -> str:
-    """`text` if its UTF-8 form is at most `limit` bytes (None: no limit), else `PayloadTooLarge`
-    naming `name`.
+def within_limit(text: str, limit: Optional[int]) -> bool:
+    """Whether `text` is at most `limit` bytes of UTF-8 (None: no limit).
 
     The one place the limit is checked. A code point takes 1 to 4 bytes of UTF-8, so `len(text)`
     is a lower bound of the size and `4 * len(text)` an upper one: the text is encoded only when
     those two disagree about the answer, which no payload under a quarter of the limit does.
     """
-    if limit is None or 4 * len(text) <= limit:
-        return text
-    if len(text) <= limit and utf8_size(text) <= limit:
+    return limit is None or 4 * len(text) <= limit or (len(text) <= limit and utf8_size(text) <= limit)
+
+
+def payload(name: str, text: str, limit: Optional[int], *, setting: str = "max_payload_bytes") -> str:
+    """`text` if it is within `limit` bytes of UTF-8 (None: no limit), else `PayloadTooLarge`
+    naming `name`, and `setting` as what sets the limit."""
+    if within_limit(text, limit):
         return text
     raise PayloadTooLarge(name, utf8_size(text), limit, setting)
 

@@ -52,7 +52,7 @@ from supervisor.ledger.errors import PayloadTooLarge, StorageError
 from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
 from ..async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
-from ..context import WorkflowContext, error_info
+from ..context import WorkflowContext, error_info, error_within
 from ..registry import Registry
 from .fenced import FencedWriter, always
 from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
@@ -236,21 +236,21 @@ class WorkflowRun:
 
     def _within_limit(self, outcome: Completed | Failed) -> Completed | Failed:
         """`outcome`, or, if its result or error is above the ledger's payload limit (which would
-        refuse to acknowledge it), a failure with `PayloadTooLarge` in its place."""
+        refuse to acknowledge it), what is acknowledged in its place: the error with its
+        traceback cut short (`error_within`), else a failure with `PayloadTooLarge`."""
+        limit = self.backend.max_payload_bytes
         name, text = ("result", outcome.result_json) if isinstance(outcome, Completed) else ("error", outcome.error_json)
-        try:
-            arguments.payload(name, text, self.backend.max_payload_bytes)
-        except PayloadTooLarge as exc:
-            message = str(exc)
-            if isinstance(outcome, Failed):  # what it raised, cut short: the operator still learns why it failed
-                raised = json.loads(text)
-                message += f"; the workflow raised {raised['type']}: {raised['message'][:MESSAGE_KEPT]}"
-            return failure(type(exc).__name__, message)
-        return outcome
-
-
-# How much of the message of a workflow's error too large to record is kept (`_within_limit`).
-MESSAGE_KEPT = 2000
+        if arguments.within_limit(text, limit):
+            return outcome
+        too_large = PayloadTooLarge(name, arguments.utf8_size(text), limit)
+        message = str(too_large)
+        if isinstance(outcome, Failed):  # its traceback cut short, else at least what it raised
+            raised = json.loads(text)
+            cut = error_within(raised, lambda error: arguments.within_limit(json.dumps(error), limit))
+            if cut is not None:
+                return Failed(json.dumps(cut))
+            message += f"; the workflow raised {raised['type']}"
+        return failure(type(too_large).__name__, message)
 
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
