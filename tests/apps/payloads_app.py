@@ -47,3 +47,29 @@ async def async_step(ctx, input):
 def result(ctx, input):
     """A result as large as asked for."""
     return "x" * input["size"]
+
+
+def _deep(depth: int) -> None:
+    if depth:
+        _deeper(depth - 1)  # two functions in turn: a traceback does not fold their frames into one line
+    raise ValueError("boom")
+
+
+def _deeper(depth: int) -> None:
+    _deep(depth)
+
+
+def _fails_once_deeply(path: str) -> str:
+    """Fails its first call with a traceback of some 40 frames (far above 1,000 bytes), then works."""
+    with open(path, "a") as calls:
+        calls.write("x")
+    with open(path) as calls:
+        if len(calls.read()) == 1:
+            _deep(40)
+    return "ok"
+
+
+@workflow("pl.step_error")
+def step_error(ctx, input):
+    """A step whose first attempt raises with a traceback too large to record: retried all the same."""
+    return ctx.run("flaky", _fails_once_deeply, input["calls"], retry=RetryPolicy(max_attempts=2, interval=0.01))

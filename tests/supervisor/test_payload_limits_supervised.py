@@ -49,6 +49,7 @@ def test_a_step_or_result_above_the_supervisors_limit_fails_and_is_not_recorded(
               {"calls": str(tmp_path / name), "size": SIZE})
     admit(each_backend, "result", "pl.result", {"size": SIZE})
     admit(each_backend, "small", "pl.result", {"size": LIMIT - 2})  # exactly at the limit
+    admit(each_backend, "flaky", "pl.step_error", {"calls": str(tmp_path / "flaky")})
 
     run_until_idle(each_backend, SupervisorConfig(
         concurrency=3, workers=workers, lease_ms=1500, renew_ms=RENEW_MS, heartbeat_ms=HEARTBEAT_MS,
@@ -92,6 +93,16 @@ def test_a_step_or_result_above_the_supervisors_limit_fails_and_is_not_recorded(
 
     small = each_ledger.executions.get("small")
     assert small.status == "completed" and len(small.result_json) == LIMIT
+
+    # A failed attempt whose error is too large keeps its type and message, and its retry: its
+    # traceback is cut to the innermost frames that fit.
+    flaky = each_ledger.executions.get("flaky")
+    assert (flaky.status, flaky.result_json, calls(tmp_path / "flaky")) == ("completed", '"ok"', 2)
+    first = json.loads(each_ledger.heap.steps("flaky")[0].step_response_json)
+    assert first["retry_at"] is not None
+    assert (first["error"]["type"], first["error"]["message"]) == ("ValueError", "boom")
+    assert first["error"]["traceback"].startswith("... (the start of this traceback is cut")
+    assert first["error"]["traceback"].endswith("ValueError: boom\n")
 
 
 @pytest.mark.timeout(90)
