@@ -9,13 +9,12 @@ the default, so a worker that did not inherit it would record every one of these
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
-from faults import HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, wait_until
-from supervisor.dispatcher import Supervisor, SupervisorConfig
+from faults import HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, run_until_idle
+from supervisor.dispatcher import SupervisorConfig
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
 
@@ -24,16 +23,6 @@ LIMIT = 1000
 SIZE = 1500  # a result of 1,502 bytes of JSON
 # The step's record, `{"value": ...}`, is 11 bytes longer than its value.
 STEP_TOO_LARGE = "step 'charge' result is 1,513 bytes of JSON, above the payload limit of 1,000 bytes (max_payload_bytes)"
-
-
-def run_until_idle(db, config: SupervisorConfig) -> None:
-    supervisor = Supervisor(str(db), APP, config)
-    exit_code = []
-    thread = threading.Thread(target=lambda: exit_code.append(supervisor.run(until_idle=True)), daemon=True)
-    thread.start()
-    thread.join(50)
-    assert not thread.is_alive(), "the supervisor did not become idle"
-    assert exit_code == [0]
 
 
 def calls(path: Path) -> int:
@@ -51,7 +40,7 @@ def test_a_step_or_result_above_the_supervisors_limit_fails_and_is_not_recorded(
     admit(each_backend, "small", "pl.result", {"size": LIMIT - 2})  # exactly at the limit
     admit(each_backend, "flaky", "pl.step_error", {"calls": str(tmp_path / "flaky")})
 
-    run_until_idle(each_backend, SupervisorConfig(
+    run_until_idle(each_backend, APP, SupervisorConfig(
         concurrency=3, workers=workers, lease_ms=1500, renew_ms=RENEW_MS, heartbeat_ms=HEARTBEAT_MS,
         poll_ms=POLL_MS, max_payload_bytes=LIMIT))
 
