@@ -7,7 +7,7 @@ large to record was tried again.
 
 from __future__ import annotations
 
-from worker import RetryPolicy, StepFailed, workflow
+from worker import PayloadTooLarge, RetryPolicy, StepFailed, workflow
 
 
 def _counted(path: str, size: int) -> str:
@@ -41,6 +41,18 @@ async def async_step(ctx, input):
     except StepFailed as exc:
         return {"step": exc.step_key, "type": exc.error_type, "message": exc.error_message}
     return "recorded"
+
+
+@workflow("pl.store")
+def store_value(ctx, input):
+    """A store's new value too large: the ledger refuses the change, and the workflow catches it."""
+    box = ctx.store("box")
+    box.get_or_create("create", [])
+    try:
+        box.update("grow", lambda state: state + ["x" * input["size"]])
+    except PayloadTooLarge as exc:
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return "grown"
 
 
 @workflow("pl.result")

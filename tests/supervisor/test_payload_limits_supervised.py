@@ -39,6 +39,7 @@ def test_a_step_or_result_above_the_supervisors_limit_fails_and_is_not_recorded(
     admit(each_backend, "result", "pl.result", {"size": SIZE})
     admit(each_backend, "small", "pl.result", {"size": LIMIT - 2})  # exactly at the limit
     admit(each_backend, "flaky", "pl.step_error", {"calls": str(tmp_path / "flaky")})
+    admit(each_backend, "store", "pl.store", {"size": SIZE})
 
     run_until_idle(each_backend, APP, SupervisorConfig(
         concurrency=3, workers=workers, lease_ms=1500, renew_ms=RENEW_MS, heartbeat_ms=HEARTBEAT_MS,
@@ -82,6 +83,12 @@ def test_a_step_or_result_above_the_supervisors_limit_fails_and_is_not_recorded(
 
     small = each_ledger.executions.get("small")
     assert small.status == "completed" and len(small.result_json) == LIMIT
+
+    # A store's new value too large: refused, the store unchanged, and the workflow told why.
+    assert json.loads(each_ledger.executions.get("store").result_json) == {
+        "type": "PayloadTooLarge",
+        "message": "store 'box' value is 1,504 bytes of JSON, above the payload limit of 1,000 bytes (max_payload_bytes)"}
+    assert (each_ledger.stores.get("box").state_json, each_ledger.stores.get("box").version) == ("[]", 1)
 
     # A failed attempt whose error is too large keeps its type and message, and its retry: its
     # traceback is cut to the innermost frames that fit.
