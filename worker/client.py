@@ -211,8 +211,9 @@ class _Base:
                     key: Optional[str] = None, priority: Optional[int] = None,
                     timeout: Optional[float] = None) -> ExecutionRecord:
         # The ledger checks the text, the id, the queue, the key and the priority; the size is
-        # checked here, to name the input as the caller knows it.
-        arguments.payload("input", input_json if isinstance(input_json, str) else "", self._limit)
+        # checked here too, to name the input as the caller knows it.
+        if isinstance(input_json, str):
+            arguments.payload("input", input_json, self._limit)
         return self._admit(self._registered(workflow), input_json, id, queue, key, priority, timeout)
 
     def _admit(self, workflow: str, input_json: str, id: Optional[str], queue: Any = None, key: Optional[str] = None,
