@@ -19,10 +19,15 @@ from ..ledger.arguments import utf8_size
 
 # How much of a payload text output shows without --full: a screenful, enough to recognise it.
 SHOWN_CHARS = 2000
+# An error is shown as its lines (`Type: message`, then its traceback) up to this long: a deep
+# traceback is often longer than SHOWN_CHARS, and cutting it would hide where it was raised.
+ERROR_SHOWN_CHARS = 64 * 1024
 
 
-def is_long(text: str) -> bool:
-    return len(text) > SHOWN_CHARS
+def is_long(text: str, *, error: bool = False) -> bool:
+    """Whether text output cuts `text` short (without --full): an error's JSON above
+    ERROR_SHOWN_CHARS, any other payload above SHOWN_CHARS."""
+    return len(text) > (ERROR_SHOWN_CHARS if error else SHOWN_CHARS)
 
 
 def cut_short(text: str) -> str:

@@ -63,7 +63,7 @@ def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int, *
             continue  # no workflow timeout: nothing to say
         if key in TIME_FIELDS:
             text = format_time(value, now=now)
-        elif key == "error_json" and value is not None and (full or not is_long(value)):
+        elif key == "error_json" and value is not None and (full or not is_long(value, error=True)):
             error = json.loads(value)
             if isinstance(error, dict):
                 lines += labelled("error", error_lines(error))
@@ -192,7 +192,7 @@ def steps(ctx, execution_id: str, as_json_: bool, full: bool) -> None:
         click.echo(json_array(records))
         return
     for r in records:
-        if is_long(r.step_response_json) and not full:
+        if not full and is_long(r.step_response_json, error=r.step_response_json.startswith('{"error"')):
             response, traceback = cut_short(r.step_response_json), []
         else:
             response, traceback = without_traceback(r.step_response_json)

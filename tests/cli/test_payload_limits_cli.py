@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from faults import cli
-from supervisor import open_backend
+from supervisor import Failed, open_backend
 from supervisor.ledger.arguments import DEFAULT_MAX_PAYLOAD_BYTES
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -115,6 +115,27 @@ def test_get_steps_and_store_ls_cut_a_long_payload_short_unless_full(sqlite_path
 
     assert cli(sqlite_path, "store", "ls").stdout.endswith("… (2,504 bytes; --full shows all)\n")
     assert "z" * 2500 in cli(sqlite_path, "store", "ls", "--full").stdout
+
+
+@pytest.mark.timeout(60)
+def test_get_shows_an_errors_traceback_whole_up_to_64_kib(sqlite_path):
+    """A deep traceback is longer than 2,000 characters, and where it was raised is at its end:
+    `get` shows an error as its lines up to 64 KiB, and only a longer one cut short."""
+    deep = "".join(f'  File "app.py", line {n}, in f{n}\n    f{n + 1}()\n' for n in range(60)) + "ValueError: boom\n"
+    with open_backend(sqlite_path) as backend:
+        for execution_id, traceback in (("deep", deep), ("huge", deep * 30)):
+            backend.executions.admit(execution_id, "W")
+            [lease] = backend.executions.claim_due(limit=1, duration=30_000)
+            error = {"type": "ValueError", "message": "boom", "traceback": traceback}
+            backend.executions.acknowledge(lease, Failed(json.dumps(error)))
+    assert len(deep) > 2000 and len(deep) * 30 > 64 * 1024
+
+    shown = cli(sqlite_path, "get", "deep").stdout
+    assert f"{'error':<27} ValueError: boom\n" in shown
+    assert f"{'':<27} ValueError: boom\n" in shown  # the traceback's last line
+    huge = cli(sqlite_path, "get", "huge").stdout
+    assert "bytes; --full shows all)\n" in huge and len(huge) < 5000
+    assert f"{'':<27} ValueError: boom\n" in cli(sqlite_path, "get", "huge", "--full").stdout
 
 
 @pytest.mark.timeout(120)
