@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from faults import HEARTBEAT_MS, POLL_MS, RENEW_MS, admit, cli, run_until_idle
+from supervisor import InvalidArgument
 from supervisor.dispatcher import SupervisorConfig
 
 pytestmark = pytest.mark.usefixtures("dump_on_hang")
@@ -129,3 +130,10 @@ def test_supervise_refuses_a_bad_max_payload_naming_it(sqlite_path, size, messag
     assert done.stderr.startswith(f"yieldstar: --max-payload: {message}")
     assert "Traceback" not in done.stderr
     assert not sqlite_path.exists()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("bad", [0, -1, "8MB", 1.5, True])
+def test_supervisor_config_refuses_a_bad_max_payload_bytes_naming_it(bad):
+    with pytest.raises(InvalidArgument, match="^max_payload_bytes must be"):
+        SupervisorConfig(max_payload_bytes=bad)
