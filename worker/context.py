@@ -9,6 +9,11 @@ Step records are JSON objects: `{"value": v}` for a result, `{"error": {type, me
 traceback}, "retry_at": ms | null}` for a failed attempt (`done` is false while another attempt
 is scheduled), `{"until": ms}` for a timer.
 
+A record is never above the ledger's payload limit (`max_payload_bytes`, which would refuse it):
+a result too large is recorded as the step's last attempt failed with `PayloadTooLarge`, not
+retried, and raised into the workflow as `StepFailed` like any failed step; an error too large
+keeps its type and message and the end of its traceback (`WorkflowContext._within_limit`).
+
 A record written while other steps overlapped it carries `"group": <name>` as well (see
 `worker._runtime.order`, which also states the order rule every replay keeps: a replay that
 breaks it parks the execution, `ReplayDiverged`, before anything runs or is written).

@@ -7,6 +7,8 @@
 | -------------------------------------------------- | ----------- |
 | returns a JSON-serialisable value                  | `Completed` |
 | raises (or returns something JSON cannot hold)     | `Failed` with `{type, message, traceback}` |
+| returns a value above the ledger's payload limit   | `Failed` with `PayloadTooLarge` (`_within_limit`) |
+| raises an error above it (a deep traceback)        | `Failed`, its traceback cut to the end that fits |
 | suspends (timer, retry backoff, waiting)           | `Suspended` |
 | diverges from its records (`worker._runtime.order`: | `Suspended(diverged=detail)`: parked, never failed |
 |   an unrecorded step while recorded ones remain, a  |             |
@@ -239,12 +241,13 @@ class WorkflowRun:
         refuse to acknowledge it), what is acknowledged in its place: the error with its
         traceback cut short (`error_within`), else a failure with `PayloadTooLarge`."""
         limit = self.backend.max_payload_bytes
-        name, text = ("result", outcome.result_json) if isinstance(outcome, Completed) else ("error", outcome.error_json)
+        completed = isinstance(outcome, Completed)
+        name, text = ("result", outcome.result_json) if completed else ("error", outcome.error_json)
         if arguments.within_limit(text, limit):
             return outcome
         too_large = PayloadTooLarge(name, arguments.utf8_size(text), limit)
         message = str(too_large)
-        if isinstance(outcome, Failed):  # its traceback cut short, else at least what it raised
+        if not completed:  # its traceback cut short, else at least what it raised
             raised = json.loads(text)
             cut = error_within(raised, lambda error: arguments.within_limit(json.dumps(error), limit))
             if cut is not None:

@@ -74,8 +74,8 @@ def checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
 class LedgerTables(Backend):
     """The part of a `Backend` every backend shares: the ledger's table clients (the modules of this package) on the
     backend's connection, its checked clock, and closing. A backend sets `self.clock`,
-    `self.redelivery_delay`, `self.max_payload_bytes` and `self._conn`, then calls `_open_tables()`, and says how it
-    announces work that became due and executions that ended."""
+    `self.redelivery_delay`, `self.max_payload_bytes` and `self._conn`, then calls
+    `_open_tables()`, and says how it announces work that became due and executions that ended."""
 
     #: Every process's clock estimates one shared clock (the server's), a little behind it by an
     #: amount each process has its own of: see `ExecutionTable(one_clock=)`.
