@@ -3,7 +3,14 @@
 The ledger API (SPEC section 3) is importable from here.
 """
 
-from .ledger.errors import ExecutionConflict, InvalidArgument, StorageBusy, UnknownExecution, YieldstarError
+from .ledger.errors import (
+    ExecutionConflict,
+    InvalidArgument,
+    PayloadTooLarge,
+    StorageBusy,
+    UnknownExecution,
+    YieldstarError,
+)
 from .ledger.backends import open_backend
 from .ledger.contract import Backend
 from .ledger.sqlite.backend import SqliteBackend
@@ -30,5 +37,5 @@ __all__ = [
     "ExecutionLease", "ExecutionRecord", "HeapRecord", "LeaseRecord", "StepWrite", "SupervisorRecord",
     "Suspended", "Completed", "Failed", "Renewed", "Released", "LeaseLost", "Retry",
     "ExecutionStatus", "DeliveryEnd",
-    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "StorageBusy", "PayloadTooLarge",
 ]

@@ -95,6 +95,9 @@ class SupervisorConfig:
     durability: str = "normal"
     listen: bool = True  # False: no nudges (a pooler that cannot LISTEN); new work is found by polling
     log_format: LogFormat = LogFormat.TEXT  # the workers' log lines: as the supervisor's (`log_format`)
+    # The size limit of a payload the supervisor and its workers write (a step's result, a
+    # workflow's result or error), in bytes of UTF-8 JSON; None: the ledger's default (4 MiB).
+    max_payload_bytes: Optional[int] = None
 
     def __post_init__(self) -> None:
         lease = self.lease_ms
@@ -124,6 +127,8 @@ class SupervisorConfig:
         except ValueError:
             raise InvalidArgument(f"log_format must be one of {', '.join(f.value for f in LogFormat)},"
                                   f" got {self.log_format!r}") from None
+        if self.max_payload_bytes is not None:
+            arguments.max_payload_bytes("max_payload_bytes", self.max_payload_bytes)
         if not isinstance(self.grace_ms, int) or isinstance(self.grace_ms, bool) or self.grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be an int >= 0, got {self.grace_ms!r}")
         if self.renew_ms >= self.lease_ms:
@@ -207,6 +212,7 @@ class Supervisor:
             raise AppLoadFailed(f"cannot load app {self.app}: {exc}") from None
         previous_handlers = self._install_signal_handlers()
         pool = Pool(cfg.processes, app=self.app, db_path=self.db_path, durability=cfg.durability,
+                    max_payload_bytes=cfg.max_payload_bytes,
                     heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses, slots=cfg.slots,
                     log_format=cfg.log_format)
         self._pool = pool
@@ -279,7 +285,8 @@ class Supervisor:
         while True:
             backend = spot = None
             try:
-                backend = open_backend(self.db_path, durability=self.config.durability)
+                backend = open_backend(self.db_path, durability=self.config.durability,
+                                       max_payload_bytes=self.config.max_payload_bytes)
                 if inline:
                     spot = backend.spot_twin()
                 return LedgerCalls(backend, name, inline=spot, **options)

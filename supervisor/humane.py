@@ -31,6 +31,27 @@ def parse_duration(text: str) -> int:
     return int(sum(float(number) * _UNITS_MS[unit] for number, unit in parts))
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(b|kb|kib|mb|mib|gb|gib)?")
+_UNITS_BYTES = {None: 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3,
+                "gib": 1024 ** 3}
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes: a number of bytes (`4194304`), or a number and a unit (`8MB`, `512KiB`,
+    `1.5 MiB`): KB, MB and GB are powers of 1000, KiB, MiB and GiB powers of 1024.
+
+    Raises:
+        ValueError: `text` is no size, or not at least one byte (the message quotes it).
+    """
+    found = _SIZE.fullmatch(text.strip().lower()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{text!r} is not a size: write a number of bytes, or a number and a unit, like 8MB or 512KiB")
+    size = int(float(found[1]) * _UNITS_BYTES[found[2]])
+    if size < 1:
+        raise ValueError(f"{text!r} is less than one byte")
+    return size
+
+
 def parse_time(text: str, *, now: int, future: bool = False, option: str = "time") -> int:
     """An operator's time option, in epoch ms.
 

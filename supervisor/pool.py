@@ -206,13 +206,16 @@ def describe_exit(process) -> str:
 
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
-                 start_timeout_s: float = 60.0, slots: int = 1, log_format: str = "text"):
-        """`size` worker processes, each running up to `slots` deliveries at once, logging in
+                 start_timeout_s: float = 60.0, slots: int = 1, log_format: str = "text",
+                 max_payload_bytes: Optional[int] = None):
+        """`size` worker processes, each running up to `slots` deliveries at once, each opening
+        the ledger as the supervisor does (`durability`, `max_payload_bytes`), logging in
         `log_format` (`log_format.LogFormat`) on the stderr they share with the supervisor."""
         self.size = size
         self.slots = slots
         self.log_format = log_format
         self._args = (app, db_path, durability)
+        self._max_payload_bytes = max_payload_bytes
         self._heartbeat_s = heartbeat_s
         self._misses = misses
         self.start_timeout_s = start_timeout_s
@@ -248,6 +251,7 @@ class Pool:
         app, db_path, durability = self._args
         settings = {
             "fd": theirs.fileno(), "app": app, "db_path": anywhere(db_path), "durability": durability,
+            "max_payload_bytes": self._max_payload_bytes,
             "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses, "slots": self.slots,
             "log_format": self.log_format,

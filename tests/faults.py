@@ -27,6 +27,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -351,6 +352,20 @@ def max_overlap(intervals: Iterable[tuple[int, int]]) -> int:
         live += delta
         most = max(most, live)
     return most
+
+
+def run_until_idle(db, app: str, config, *, timeout: float = 50.0, **options) -> None:
+    """Run a supervisor (`supervisor.dispatcher.Supervisor(db, app, config, **options)`) in a
+    thread of this process until it is idle, and check that it exited 0 within `timeout` s."""
+    from supervisor.dispatcher import Supervisor
+
+    supervisor = Supervisor(str(db), app, config, **options)
+    exit_code = []
+    thread = threading.Thread(target=lambda: exit_code.append(supervisor.run(until_idle=True)), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), "the supervisor did not become idle"
+    assert exit_code == [0]
 
 
 # -- the test's own view of the ledger ----------------------------------------------------------

@@ -26,6 +26,7 @@ from supervisor.ledger.errors import (
     DeliveryEnded,
     ExecutionConflict,
     InvalidArgument,
+    PayloadTooLarge,
     StepFailed,
     StepTimeout,
     UnknownEffect,
@@ -54,7 +55,7 @@ __all__ = [
     # the client, and the values its calls return
     "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
     # the errors users catch
-    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect", "PayloadTooLarge",
     "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout", "ReplayDiverged",
     "DeliveryEnded", "AppNotFound",
 ]

@@ -241,6 +241,7 @@ class AsyncWorkflowContext(WorkflowContext):
 
     async def _record_async(self, write: Write) -> HeapRecord:
         """`_record`, awaited: the event loop runs on while the write waits for its commit."""
+        write = self._within_limit(write)
         record = await self._writer.write_step_async(write.key, write.attempt, write.done, write.response_json)
         self._recorded[write.key] = record
         return record

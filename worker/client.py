@@ -180,7 +180,7 @@ class _Base:
     """What `Client` and `AsyncClient` share: the backend, the registry check, the watch."""
 
     def __init__(self, target: Target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S,
-                 listen: bool = True, create: bool = True):
+                 listen: bool = True, create: bool = True, max_payload_bytes: Optional[int] = None):
         if registry is not None and not isinstance(registry, Registry):
             raise InvalidArgument(f"registry must be a worker.Registry, not {type(registry).__name__}")
         if not (arguments.finite(poll_s) and poll_s > 0):
@@ -188,7 +188,9 @@ class _Base:
         self._registry = registry
         self._poll_s = poll_s
         self._listen = arguments.boolean("listen", listen)
-        self.backend = open_backend(target, create=arguments.boolean("create", create))
+        self.backend = open_backend(target, create=arguments.boolean("create", create),
+                                    max_payload_bytes=max_payload_bytes)
+        self._limit = self.backend.max_payload_bytes
         self._watch: Optional[OutcomeWatch] = None
         self._watch_lock = threading.Lock()
 
@@ -202,14 +204,17 @@ class _Base:
     def _start(self, workflow: Any, input: Any, id: Optional[str], queue: Any = None, key: Optional[str] = None,
                priority: Optional[int] = None, timeout: Optional[float] = None) -> ExecutionRecord:
         name = self._registered(workflow)
-        input_json = arguments.to_json("input", input)
+        input_json = arguments.to_json("input", input, limit=self._limit)
         return self._admit(name, input_json, None if id is None else arguments.identifier("id", id), queue, key,
                            priority, timeout)
 
     def _start_json(self, workflow: Any, input_json: str, id: Optional[str], queue: Any = None,
                     key: Optional[str] = None, priority: Optional[int] = None,
                     timeout: Optional[float] = None) -> ExecutionRecord:
-        # The ledger checks the text, the id, the queue, the key and the priority.
+        # The ledger checks the text, the id, the queue, the key and the priority; the size is
+        # checked here too, to name the input as the caller knows it.
+        if isinstance(input_json, str):
+            arguments.payload("input", input_json, self._limit)
         return self._admit(self._registered(workflow), input_json, id, queue, key, priority, timeout)
 
     def _admit(self, workflow: str, input_json: str, id: Optional[str], queue: Any = None, key: Optional[str] = None,
@@ -240,7 +245,8 @@ class _Base:
         return self.backend.effects.settle(effect_id, result_json)
 
     def _put(self, store: str, item: Any) -> Any:
-        return json.loads(self.backend.stores.put(store, arguments.to_json("item", item)).state_json)
+        item_json = arguments.to_json(f"store {store!r} item", item, limit=self._limit)
+        return json.loads(self.backend.stores.put(store, item_json).state_json)
 
     def _watching(self) -> OutcomeWatch:
         with self._watch_lock:
@@ -332,6 +338,9 @@ class Client(_Base):
         listen: False to wait by that poll alone, without listening for announcements (LISTEN on
             PostgreSQL): for a connection pooler that cannot LISTEN.
         create: False to raise `NoLedger` for a SQLite path with no ledger, instead of creating one.
+        max_payload_bytes: the size limit of an input, an effect's result or a store item this
+            client writes, in bytes of UTF-8 JSON (None: 4 MiB); a larger one raises
+            `PayloadTooLarge` and writes nothing.
     """
 
     def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None, queue: Any = None,
@@ -364,7 +373,7 @@ class Client(_Base):
         settle` does: the first result is kept, and a later different one comes back as a
         `SettleConflict` naming the kept one. An effect no execution has begun is refused
         (`UnknownEffect`, a `ValueError`) unless `create`."""
-        return self._settle(effect_id, arguments.to_json("result", result), create)
+        return self._settle(effect_id, arguments.to_json("result", result, limit=self._limit), create)
 
     def settle_json(self, effect_id: str, result_json: str, *, create: bool = False) -> EffectState | SettleConflict:
         """As `settle`, with the result as JSON text, recorded as given (`yieldstar settle --result`)."""
@@ -441,8 +450,9 @@ class AsyncClient(_Base):
     blocks the event loop; waiting for results costs no thread per waiter."""
 
     def __init__(self, target: Target, *, registry: Optional[Registry] = None, poll_s: float = POLL_S,
-                 listen: bool = True, create: bool = True):
-        super().__init__(target, registry=registry, poll_s=poll_s, listen=listen, create=create)
+                 listen: bool = True, create: bool = True, max_payload_bytes: Optional[int] = None):
+        super().__init__(target, registry=registry, poll_s=poll_s, listen=listen, create=create,
+                         max_payload_bytes=max_payload_bytes)
         # Imported here, as asyncio is below: a worker imports this module too, and has no use for it.
         import concurrent.futures
 
@@ -475,7 +485,7 @@ class AsyncClient(_Base):
         return AsyncHandle(self, record.execution_id, record.workflow)
 
     async def settle(self, effect_id: str, result: Any, *, create: bool = False) -> EffectState | SettleConflict:
-        return await self._call(self._settle, effect_id, arguments.to_json("result", result), create)
+        return await self._call(self._settle, effect_id, arguments.to_json("result", result, limit=self._limit), create)
 
     async def settle_json(self, effect_id: str, result_json: str, *,
                           create: bool = False) -> EffectState | SettleConflict:

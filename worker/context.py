@@ -9,6 +9,11 @@ Step records are JSON objects: `{"value": v}` for a result, `{"error": {type, me
 traceback}, "retry_at": ms | null}` for a failed attempt (`done` is false while another attempt
 is scheduled), `{"until": ms}` for a timer.
 
+A record is never above the ledger's payload limit (`max_payload_bytes`, which would refuse it):
+a result too large is recorded as the step's last attempt failed with `PayloadTooLarge`, not
+retried, and raised into the workflow as `StepFailed` like any failed step; an error too large
+keeps its type and message and the end of its traceback (`WorkflowContext._within_limit`).
+
 A record written while other steps overlapped it carries `"group": <name>` as well (see
 `worker._runtime.order`, which also states the order rule every replay keeps: a replay that
 breaks it parks the execution, `ReplayDiverged`, before anything runs or is written).
@@ -42,7 +47,8 @@ from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
 
 from supervisor.ledger.arguments import LAST_TIME, MAX_TIME_MS, MIN_TIME_MS, TIME_RANGE, finite, identifier
-from supervisor.ledger.errors import InvalidArgument, StepFailed, StepTimeout, StorageError
+from supervisor.ledger import arguments
+from supervisor.ledger.errors import InvalidArgument, PayloadTooLarge, StepFailed, StepTimeout, StorageError
 from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
 from ._runtime.derived_ids import derived_id
@@ -110,6 +116,28 @@ def error_info(exc: BaseException) -> dict:
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
+
+
+CUT_SHORT = "... (the start of this traceback is cut: the whole error is above the payload limit)\n"
+
+
+def error_within(error: dict, fits: Callable[[dict], bool]) -> Optional[dict]:
+    """`error` (as `error_info` makes it) with its traceback cut to its end, as little as will
+    make `fits(error)` true; None if it does not fit even without its traceback.
+
+    An error is a step's or a workflow's only record of why it failed, so one above the payload
+    limit keeps its type and message, and as much of its traceback as fits (the innermost frames,
+    nearest the raise), instead of being replaced. Only on that error path is anything encoded
+    more than once: each try halves what is kept of the traceback."""
+    traceback_ = error.get("traceback")
+    keep = len(traceback_) if isinstance(traceback_, str) else 0
+    while keep > 0:
+        keep //= 2
+        cut = {**error, "traceback": CUT_SHORT + traceback_[len(traceback_) - keep:]}
+        if fits(cut):
+            return cut
+    cut = {**error, "traceback": None}
+    return cut if fits(cut) else None
 
 
 class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
@@ -430,9 +458,38 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         return self._record(Write(key, attempt, done, _to_json(self._grouped(key, response))))
 
     def _record(self, write: Write) -> HeapRecord:
+        write = self._within_limit(write)
         record = self._writer.write_step(write.key, write.attempt, write.done, write.response_json)
         self._recorded[write.key] = record
         return record
+
+    def _within_limit(self, write: Write) -> Write:
+        """`write`, or, if its record is above the ledger's payload limit (which would refuse
+        it), what is recorded in its place:
+
+        - a failed attempt's error with its traceback cut short (`error_within`), retried or
+          not as the attempt would have been;
+        - for a result, or an error too large even so, the step's last attempt failed with
+          `PayloadTooLarge`: not retried, as the same step would most likely return as much
+          again, and raised into the workflow as `StepFailed` like any failed step, so that the
+          workflow may catch it and go on.
+        """
+        limit = self._backend.max_payload_bytes
+        if arguments.within_limit(write.response_json, limit):
+            return write
+        is_error = write.response_json.startswith('{"error"')
+        what = "result" if write.response_json.startswith('{"value"') else "error" if is_error else "record"
+        too_large = PayloadTooLarge(f"step {write.key!r} {what}", arguments.utf8_size(write.response_json), limit)
+        info = {"type": type(too_large).__name__, "message": str(too_large), "traceback": None}
+        if is_error:
+            response = json.loads(write.response_json)
+            cut = error_within(response["error"], lambda error: arguments.within_limit(
+                _to_json({**response, "error": error}), limit))
+            if cut is not None:
+                return Write(write.key, write.attempt, write.done, _to_json({**response, "error": cut}))
+            info["message"] += f"; the step raised {response['error'].get('type')}"
+        response = _to_json(self._grouped(write.key, {"error": info, "retry_at": None}))
+        return Write(write.key, write.attempt, True, response)
 
     def _suspend_until(self, at: int, step_error: Optional[str] = None) -> None:
         """Suspend until `at`; `step_error`: see `Suspend.step_error`."""
@@ -498,7 +555,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         next delivery replays the failure)."""
         error = StepTimeout(key, attempt, timeout)
         abandoned.abandon(step.thread, str(error))
-        write = self._raised_write(key, attempt, error, policy, step.stack())
+        write = self._within_limit(self._raised_write(key, attempt, error, policy, step.stack()))
         wake_at = self._now() if write.done else json.loads(write.response_json)["retry_at"]
         self._recorded[key] = self._writer.end_abandoned(f"{error}: its thread was abandoned", *write, wake_at)
         suspend = Suspend(f"step {key!r} timed out; waiting until {wake_at}")

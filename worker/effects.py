@@ -50,7 +50,7 @@ class EffectsMixin:
 
     def _effect_settle(self, key: str, effect_id: str, result: Any) -> Any:
         """Settle the effect with `result`; returns the result kept (the first one settled)."""
-        result_json = to_json(f"the result of effect {key!r}", result)
+        result_json = to_json(f"the result of effect {key!r}", result, limit=self._backend.max_payload_bytes)
         reply = self._writer.call(self._backend.effects.settle, effect_id, result_json)
         return json.loads(reply.kept_result_json if isinstance(reply, SettleConflict) else reply.result_json)
 

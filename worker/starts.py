@@ -16,7 +16,7 @@ class StartsMixin:
         The start-request id is derived from this execution and `key`, so a replay, or a
         stale holder, gets the same child and starts nothing."""
         key = self._named_key(key)
-        input_json = to_json("input", input)
+        input_json = to_json(f"the input of child {key!r}", input, limit=self._backend.max_payload_bytes)
         return self._recorded_step(
             key, lambda: self._writer.call(self._backend.starts.start, self._derived_id(key), workflow, input_json,
                                     parent=self.execution_id))

@@ -37,7 +37,8 @@ class StoreHandle:
         execution observed is recorded, so replays see the same."""
         ctx = self._ctx
         key = ctx._named_key(key)
-        initial_json = to_json("initial", initial)
+        initial_json = to_json(f"the initial value of store {self.name!r}", initial,
+                               limit=ctx._backend.max_payload_bytes)
         return ctx._recorded_step(key, lambda: json.loads(
             ctx._writer.call(ctx._backend.stores.get_or_create, self.name, initial_json).state_json))
 

@@ -36,13 +36,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Optional
 
 import click
 
 from ..ledger import arguments
 from ..ledger.backends import open_backend
-from ..ledger.errors import UnknownExecution, YieldstarError
+from ..humane import parse_size
+from ..ledger.errors import PayloadTooLarge, UnknownExecution, YieldstarError
 from . import params
 
 EXIT_UNKNOWN = 1
@@ -81,6 +82,8 @@ def handles_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except UnknownExecution as exc:
             fail(str(exc), EXIT_UNKNOWN)
+        except PayloadTooLarge as exc:  # named by the option that sets the limit here
+            fail(str(PayloadTooLarge(exc.name, exc.size, exc.limit, MAX_PAYLOAD)))
         except BrokenPipeError:
             raise  # the reader went away: `main` ends quietly
         except (YieldstarError, ValueError) as exc:
@@ -109,20 +112,44 @@ def ledger_of(ctx: click.Context) -> str:
     return path
 
 
-def backend_of(ctx: click.Context, *, create: bool = True):
+def backend_of(ctx: click.Context, *, create: bool = True, max_payload_bytes: Optional[int] = None):
     """The ledger named by --db; with `create=False`, a missing one raises `NoLedger`."""
-    return open_backend(ledger_of(ctx), create=create)
+    return open_backend(ledger_of(ctx), create=create, max_payload_bytes=max_payload_bytes)
 
 
-def parse_json_option(name: str, text: str) -> str:
-    """`text`, checked as the ledger checks JSON (no NaN or Infinity), the error naming the
-    option or argument `name` the user gave."""
-    return arguments.json_text(name, text)
+MAX_PAYLOAD = "--max-payload"
 
 
-def read_json_option(name: str, text: str) -> str:
+def max_payload_option(fn: Callable) -> Callable:
+    """`--max-payload SIZE`, for a command that writes payloads: the limit it writes them under."""
+    return click.option(MAX_PAYLOAD, "max_payload", metavar="SIZE", default=None,
+                        help="The size limit of each JSON payload written (an input, a result, a store's value):"
+                             " bytes, or a number and a unit, like 8MB or 512KiB  [default: 4MiB]")(fn)
+
+
+def max_payload_bytes(text: Optional[str]) -> Optional[int]:
+    """`--max-payload`'s size in bytes (None: not given, the ledger's default), or a one-line
+    error naming the option."""
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{MAX_PAYLOAD}: {exc}") from None
+
+
+def parse_json_option(name: str, text: str, max_payload: Optional[int] = None) -> str:
+    """`text`, checked as the ledger checks JSON (no NaN or Infinity) and its size (within
+    `max_payload` bytes, None: the default limit), the error naming the option or argument
+    `name` the user gave."""
+    limit = arguments.max_payload_bytes(MAX_PAYLOAD, max_payload)
+    return arguments.json_text(name, arguments.payload(name, text, limit, setting=MAX_PAYLOAD))
+
+
+def read_json_option(name: str, text: str, max_payload: Optional[int] = None) -> str:
     """The JSON text an option names: itself, `@FILE` (the file's contents) or `-` (stdin);
-    checked to be valid JSON. Raises ValueError with a one-line message otherwise."""
+    checked to be valid JSON of at most `max_payload` bytes. Raises ValueError with a one-line
+    message otherwise."""
     if text == "-":
         text, source = sys.stdin.read(), "stdin"
     elif text.startswith("@"):
@@ -136,8 +163,8 @@ def read_json_option(name: str, text: str) -> str:
             raise ValueError(f"{name} @{path} is not UTF-8 text: {exc.reason}") from None
         source = path
     else:
-        return parse_json_option(name, text)
-    return parse_json_option(f"{name} (from {source})", text)
+        return parse_json_option(name, text, max_payload)
+    return parse_json_option(f"{name} (from {source})", text, max_payload)
 
 
 class _Group(click.Group):

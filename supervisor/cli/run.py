@@ -16,6 +16,8 @@ from . import (
     fail,
     handles_errors,
     main,
+    max_payload_bytes,
+    max_payload_option,
     params,
 )
 
@@ -41,6 +43,7 @@ from . import (
 @click.option("--grace-ms", type=click.IntRange(min=0, max=params.MAX_TIMING_MS), default=10_000,
               show_default=True)
 @click.option("--durability", type=click.Choice(["normal", "full"]), default="normal", show_default=True)
+@max_payload_option
 @click.option("--until-idle", is_flag=True,
               help="Exit once nothing is running and nothing of the workflows APP registers is due (executions of"
                    " other workflows, which this supervisor never claims, are not waited for).")
@@ -55,7 +58,7 @@ from . import (
 @click.pass_context
 @handles_errors
 def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, poll_only,
-              grace_ms, durability, until_idle, summary_s, quiet, verbose, log_format) -> None:
+              grace_ms, durability, max_payload, until_idle, summary_s, quiet, verbose, log_format) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
@@ -69,7 +72,8 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
     config = SupervisorConfig(
         concurrency=concurrency, workers=workers, lease_ms=lease_ms, renew_ms=renew_ms, heartbeat_ms=heartbeat_ms,
         heartbeat_misses=heartbeat_misses,
-        poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability, log_format=log_format)
+        poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability, log_format=log_format,
+        max_payload_bytes=max_payload_bytes(max_payload))
     supervisor = Supervisor(ctx.obj["db"], app, config)
     as_json = config.log_format is LogFormat.JSON  # for a machine: every line an object, no status redrawn
     status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() and not as_json else None

@@ -16,24 +16,28 @@ from ..humane import format_time, parse_time
 from ..ledger.values import TERMINAL_STATUSES, ExecutionRecord, ExecutionStatus, WaitReason
 from . import (
     EXIT_UNKNOWN,
-    as_json,
     backend_of,
     fail,
     handles_errors,
     main,
     params,
 )
+from .payloads import cut_short, is_long, json_object, shown
 
 TIME_FIELDS = ("due_at", "lease_expires_at", "created_at", "updated_at", "deadline_at")
 LABEL = 27  # wide enough for `unacknowledged_deliveries`
+PAYLOADS = {"input_json": "input", "result_json": "result", "error_json": "error"}
+
+full_option = click.option("--full", is_flag=True, help="Print long payloads whole, not cut short.")
 
 
 @main.command()
 @click.argument("execution_id", metavar="ID", callback=params.identifier)
-@click.option("--json", "as_json_", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json_", is_flag=True, help="Print one JSON object (payloads whole).")
+@full_option
 @click.pass_context
 @handles_errors
-def get(ctx, execution_id: str, as_json_: bool) -> None:
+def get(ctx, execution_id: str, as_json_: bool, full: bool) -> None:
     """Show one execution, what it waits for, and whether a live supervisor serves its workflow."""
     with backend_of(ctx, create=False) as backend:
         now = backend.clock()
@@ -43,32 +47,36 @@ def get(ctx, execution_id: str, as_json_: bool) -> None:
         waiting = backend.executions.waiting_for(execution_id, now=now)
         served = record.workflow in backend.supervisors.served(now=now)
     if as_json_:
-        click.echo(json.dumps({**as_json(record), "waiting_for": [asdict(w) for w in waiting], "served": served}))
+        click.echo(json_object(record, waiting_for=[asdict(w) for w in waiting], served=served))
         return
-    lines = record_lines(record, waiting, now)
+    lines = record_lines(record, waiting, now, full=full)
     if not served and record.status not in TERMINAL_STATUSES:
         lines.append(f"{'served':<{LABEL}} no: no live supervisor serves workflow {record.workflow!r}; it waits for one")
     click.echo("\n".join(lines))
 
 
-def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int) -> list[str]:
-    """`get`'s text: one labelled line per field, then the error's traceback and the waits."""
+def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int, *, full: bool = False) -> list[str]:
+    """`get`'s text: one labelled line per field, then the error's traceback and the waits; a
+    long payload cut short unless `full` (`supervisor.cli.payloads`)."""
     lines = []
-    for key, value in as_json(record).items():
+    for key, value in asdict(record).items():
         if key == "deadline_at" and value is None:
             continue  # no workflow timeout: nothing to say
         if key in TIME_FIELDS:
-            shown = format_time(value, now=now)
-        elif key == "error" and isinstance(value, dict):
-            lines += labelled(key, error_lines(value))
-            continue
-        elif key in ("input", "result", "error"):
-            shown = json.dumps(value)
+            text = format_time(value, now=now)
+        elif key == "error_json" and value is not None and (full or not is_long(value, error=True)):
+            error = json.loads(value)
+            if isinstance(error, dict):
+                lines += labelled("error", error_lines(error))
+                continue
+            text = shown(value, full)
+        elif key in PAYLOADS:
+            text = shown(value, full)
         elif key == "key" and value is None:
-            shown = "(none)"  # not limited by its queue's per_key
+            text = "(none)"  # not limited by its queue's per_key
         else:
-            shown = str(value)
-        lines.append(f"{key:<{LABEL}} {shown}")
+            text = str(value)
+        lines.append(f"{PAYLOADS.get(key, key):<{LABEL}} {text}")
     if waiting:
         lines += labelled("waiting for", [describe_wait(w, now) for w in waiting])
     return lines
@@ -145,7 +153,7 @@ def list_executions(ctx, workflow: str | None, status: str | None, since: str | 
             since=None if since is None else parse_time(since, now=now, option="--since"),
             until=None if until is None else parse_time(until, now=now, option="--until"))
     if as_json_:
-        click.echo(json.dumps([as_json(r) for r in records]))
+        click.echo(json_array(records))
         return
     if limit == 0:
         return  # asked for nothing: not even a header
@@ -154,6 +162,11 @@ def list_executions(ctx, workflow: str | None, status: str | None, since: str | 
               format_time(r.created_at, now=now), format_time(r.updated_at, now=now), r.queue,
               "-" if r.key is None else r.key, str(r.priority)) for r in records]
     click.echo("\n".join(aligned(rows, right=(3, 4, 9))))
+
+
+def json_array(records: list) -> str:
+    """Records as one JSON array of `json_object`s."""
+    return "[" + ", ".join(json_object(r) for r in records) + "]"
 
 
 def aligned(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
@@ -166,20 +179,24 @@ def aligned(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[st
 
 @main.command()
 @click.argument("execution_id", metavar="ID", callback=params.identifier)
-@click.option("--json", "as_json_", is_flag=True, help="Print one JSON array.")
+@click.option("--json", "as_json_", is_flag=True, help="Print one JSON array (responses whole).")
+@full_option
 @click.pass_context
 @handles_errors
-def steps(ctx, execution_id: str, as_json_: bool) -> None:
+def steps(ctx, execution_id: str, as_json_: bool, full: bool) -> None:
     """Show the recorded steps of one execution, in the order written."""
     with backend_of(ctx, create=False) as backend:
         if backend.executions.get(execution_id) is None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         records = backend.heap.steps(execution_id)
     if as_json_:
-        click.echo(json.dumps([as_json(r) for r in records]))
+        click.echo(json_array(records))
         return
     for r in records:
-        response, traceback = without_traceback(r.step_response_json)
+        if not full and is_long(r.step_response_json, error=r.step_response_json.startswith('{"error"')):
+            response, traceback = cut_short(r.step_response_json), []
+        else:
+            response, traceback = without_traceback(r.step_response_json)
         click.echo(f"{r.step_key}\tattempt={r.attempt}\tdone={str(r.done).lower()}\t{response}")
         for line in traceback:
             click.echo(f"    {line}")

@@ -20,10 +20,13 @@ from . import (
     handles_errors,
     ledger_of,
     main,
+    max_payload_bytes,
+    max_payload_option,
     params,
     parse_json_option,
     read_json_option,
 )
+from .payloads import cut_short, is_long
 
 
 @main.command()
@@ -37,14 +40,16 @@ from . import (
 @click.option("--timeout", metavar="DURATION",
               help="Fail it as WorkflowTimedOut if not finished this long after now (30s, 5m, 2h; default: the"
                    " workflow's, else none).")
+@max_payload_option
 @click.pass_context
 @handles_errors
 def start(ctx, workflow: str, execution_id: str | None, input_json: str, queue: str | None, key: str | None,
-          priority: int | None, timeout: str | None) -> None:
+          priority: int | None, timeout: str | None, max_payload: str | None) -> None:
     """Admit an execution of WORKFLOW and print its id."""
-    input_json = read_json_option("--input", input_json)
+    limit = max_payload_bytes(max_payload)
+    input_json = read_json_option("--input", input_json, limit)
     timeout_s = None if timeout is None else timeout_seconds(timeout)
-    with Client(ledger_of(ctx)) as client:
+    with Client(ledger_of(ctx), max_payload_bytes=limit) as client:
         handle = client.start_json(workflow, input_json, id=execution_id, queue=queue, key=key, priority=priority,
                                    timeout=timeout_s)
     click.echo(handle.execution_id)
@@ -85,16 +90,18 @@ def note_unserved(ctx, workflow: str) -> None:
               help="The effect's result: JSON, @FILE to read it from a file, or - to read it from stdin.")
 @click.option("--create", is_flag=True,
               help="Settle it even if no execution has begun this effect yet (it finds the result when it does).")
+@max_payload_option
 @click.pass_context
 @handles_errors
-def settle(ctx, effect_id: str, result_json: str, create: bool) -> None:
+def settle(ctx, effect_id: str, result_json: str, create: bool, max_payload: str | None) -> None:
     """Settle an effect from outside (an external system finishing its work).
 
     The first result is kept: settling again with a different one is reported as a conflict
     (exit 2) and changes nothing. An effect id that no execution has begun is refused (exit 2,
     nothing written), as it is most often a typo, unless `--create` is given."""
-    result_json = read_json_option("--result", result_json)
-    with Client(ledger_of(ctx), create=create) as client:
+    limit = max_payload_bytes(max_payload)
+    result_json = read_json_option("--result", result_json, limit)
+    with Client(ledger_of(ctx), create=create, max_payload_bytes=limit) as client:
         try:
             reply = client.settle_json(effect_id, result_json, create=create)
         except UnknownEffect:
@@ -111,13 +118,15 @@ def store() -> None:
 
 
 @store.command(name="ls")
+@click.option("--full", is_flag=True, help="Print long states whole, not cut short.")
 @click.pass_context
 @handles_errors
-def store_list(ctx) -> None:
-    """List every store with its version."""
+def store_list(ctx, full: bool) -> None:
+    """List every store with its version and its state (a long one cut short)."""
     with backend_of(ctx, create=False) as backend:
         for state in backend.stores.list():
-            click.echo(f"{state.name}\tversion={state.version}\t{state.state_json}")
+            text = state.state_json if full or not is_long(state.state_json) else cut_short(state.state_json)
+            click.echo(f"{state.name}\tversion={state.version}\t{text}")
 
 
 @store.command(name="get")
@@ -136,24 +145,28 @@ def store_get(ctx, name: str) -> None:
 @store.command(name="put")
 @click.argument("name", callback=params.identifier)
 @click.argument("item_json", metavar="ITEM")
+@max_payload_option
 @click.pass_context
 @handles_errors
-def store_put(ctx, name: str, item_json: str) -> None:
+def store_put(ctx, name: str, item_json: str, max_payload: str | None) -> None:
     """Append ITEM (JSON) to a list store (a mailbox), waking its waiters."""
-    parse_json_option("ITEM", item_json)
-    with backend_of(ctx) as backend:
+    limit = max_payload_bytes(max_payload)
+    parse_json_option("ITEM", item_json, limit)
+    with backend_of(ctx, max_payload_bytes=limit) as backend:
         click.echo(backend.stores.put(name, item_json).state_json)
 
 
 @store.command(name="set")
 @click.argument("name", callback=params.identifier)
 @click.argument("state_json", metavar="STATE")
+@max_payload_option
 @click.pass_context
 @handles_errors
-def store_set(ctx, name: str, state_json: str) -> None:
+def store_set(ctx, name: str, state_json: str, max_payload: str | None) -> None:
     """Replace a store's whole state with STATE (JSON), waking its waiters."""
-    parse_json_option("STATE", state_json)
-    with backend_of(ctx) as backend:
+    limit = max_payload_bytes(max_payload)
+    parse_json_option("STATE", state_json, limit)
+    with backend_of(ctx, max_payload_bytes=limit) as backend:
         click.echo(backend.stores.set(name, state_json).state_json)
 
 

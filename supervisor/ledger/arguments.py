@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, PayloadTooLarge
 from .values import ExecutionLease
 
 MAX_ID_LENGTH = 255
@@ -143,10 +143,49 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def json_text(name: str, value: Any) -> str:
-    """Valid JSON text (NaN and Infinity, which Python would accept, are refused)."""
+# The default size limit of one payload: 4 MiB of UTF-8 JSON text (Temporal refuses a payload
+# above 4 MB). A payload is read whole into memory by every process that reads its row (a
+# worker replaying, `yieldstar get`, a client's `result()`), so one of 50 MB costs each of them
+# hundreds of MB; a value that large belongs in a file or an object store, its key in the ledger.
+DEFAULT_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+
+
+def max_payload_bytes(name: str, value: Any) -> int:
+    """A payload limit: None (the default, `DEFAULT_MAX_PAYLOAD_BYTES`) or an int of bytes >= 1."""
+    if value is None:
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    return integer(name, value, minimum=1)
+
+
+def utf8_size(text: str) -> int:
+    """The length of `text` in bytes of UTF-8 (a lone surrogate counted as the 3 bytes it takes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def within_limit(text: str, limit: Optional[int]) -> bool:
+    """Whether `text` is at most `limit` bytes of UTF-8 (None: no limit).
+
+    The one place the limit is checked. A code point takes 1 to 4 bytes of UTF-8, so `len(text)`
+    is a lower bound of the size and `4 * len(text)` an upper one: the text is encoded only when
+    those two disagree about the answer, which no payload under a quarter of the limit does.
+    """
+    return limit is None or 4 * len(text) <= limit or (len(text) <= limit and utf8_size(text) <= limit)
+
+
+def payload(name: str, text: str, limit: Optional[int], *, setting: str = "max_payload_bytes") -> str:
+    """`text` if it is within `limit` bytes of UTF-8 (None: no limit), else `PayloadTooLarge`
+    naming `name`, and `setting` as what sets the limit."""
+    if within_limit(text, limit):
+        return text
+    raise PayloadTooLarge(name, utf8_size(text), limit, setting)
+
+
+def json_text(name: str, value: Any, *, limit: Optional[int] = None) -> str:
+    """Valid JSON text (NaN and Infinity, which Python would accept, are refused) of at most
+    `limit` bytes (checked first: an oversized text is refused before it is parsed)."""
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be a JSON str, not {type(value).__name__}")
+    payload(name, value, limit)
     try:
         _DECODER.decode(value)
     except ValueError as exc:
@@ -159,12 +198,14 @@ def canonical_json(text: str) -> str:
     return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def to_json(name: str, value: Any) -> str:
-    """Encode a Python value as JSON text, refusing what JSON cannot hold."""
+def to_json(name: str, value: Any, *, limit: Optional[int] = None) -> str:
+    """Encode a Python value as JSON text, refusing what JSON cannot hold and a text above
+    `limit` bytes."""
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{name} is not JSON-serialisable: {exc}") from None
+    return payload(name, text, limit)
 
 
 def finite(value: float) -> bool:

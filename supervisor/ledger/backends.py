@@ -35,8 +35,15 @@ def anywhere(target):
     return target if is_uri(target) else os.path.abspath(target)
 
 
-def open_backend(target, *, clock=None, redelivery_delay=None, durability="normal", create=True):
-    """Open the ledger at `target` (see SPEC section 3 for the arguments)."""
+def open_backend(target, *, clock=None, redelivery_delay=None, durability="normal", create=True,
+                 max_payload_bytes=None):
+    """Open the ledger at `target` (see SPEC section 3 for the arguments).
+
+    `max_payload_bytes`: the size limit, in bytes of UTF-8 JSON text, of each payload this client
+    writes (an input, a step's result, a result or error, a store's value...); None means
+    `arguments.DEFAULT_MAX_PAYLOAD_BYTES` (4 MiB). A larger one raises `PayloadTooLarge` and
+    writes nothing. It is this client's own limit, not the ledger's: a client opened with a higher
+    one may write what another would refuse, and every client reads whatever is stored."""
     if is_uri(target):
         try:
             import psycopg  # noqa: F401
@@ -46,8 +53,8 @@ def open_backend(target, *, clock=None, redelivery_delay=None, durability="norma
         from .postgres.backend import PostgresBackend
 
         return PostgresBackend(target, clock=clock, redelivery_delay=redelivery_delay, durability=durability,
-                               create=create)
+                               create=create, max_payload_bytes=max_payload_bytes)
     if not isinstance(target, (str, os.PathLike)):
         raise InvalidArgument(f"the ledger must be a path (str or os.PathLike), not {type(target).__name__}")
     return open_sqlite(target, clock=clock, redelivery_delay=redelivery_delay, durability=durability,
-                       create=create)
+                       create=create, max_payload_bytes=max_payload_bytes)

@@ -581,6 +581,11 @@ class Backend(abc.ABC):
             interfaces above).
         clock: `() -> int` ms, the time the backend's calls take when given no `now`.
         path: what the ledger was opened from, as given (a file's path, or a URI).
+        max_payload_bytes: the size limit, in bytes of UTF-8 JSON, of each payload this backend
+            writes (an input, a step's response, a result or error, a store's value, an effect's
+            result, a match, a cancel's reason): a larger one raises `PayloadTooLarge`, and
+            nothing is written. The SDK checks against it before writing, to name what a
+            workflow made too large (`worker.context`, `worker._runtime.driver`).
 
     Usable as a context manager; `close()` closes it.
     """
@@ -595,6 +600,7 @@ class Backend(abc.ABC):
     queues: QueueClient
     clock: Callable[[], int]
     path: str
+    max_payload_bytes: int
 
     @abc.abstractmethod
     def listen_for_due(self) -> DueListener:

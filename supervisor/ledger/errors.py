@@ -5,6 +5,7 @@
     |   +-- ExecutionConflict           an id admitted again with another workflow or input
     |   +-- UnknownExecution            no execution has that id
     |   +-- UnknownEffect               a settle of an effect no execution has begun
+    |   +-- PayloadTooLarge             a JSON payload above the ledger's max_payload_bytes
     +-- WorkflowError                   a workflow or step ended without the value asked for
     |   +-- WorkflowFailed              `result()` of a failed execution
     |   +-- WorkflowCancelled           `result()` of a cancelled execution
@@ -72,6 +73,27 @@ class UnknownExecution(InvalidArgument):
 
 class UnknownEffect(InvalidArgument):
     """Raised when an effect no execution has begun is settled without asking to create it."""
+
+
+class PayloadTooLarge(InvalidArgument):
+    """Raised when a JSON payload (an input, a step's result, an outcome, a store's value...) is
+    longer than the ledger client's `max_payload_bytes`; nothing was written.
+
+    Attributes:
+        name: what the payload is, as the message names it (`input`, `result`, ...).
+        size: its length in bytes of UTF-8 JSON text.
+        limit: the limit it is above.
+        setting: what sets the limit, as the user would change it (`max_payload_bytes`, or on
+            the command line `--max-payload`).
+    """
+
+    def __init__(self, name: str, size: int, limit: int, setting: str = "max_payload_bytes"):
+        super().__init__(f"{name} is {size:,} bytes of JSON, above the payload limit of {limit:,} bytes"
+                         f" ({setting})")
+        self.name, self.size, self.limit, self.setting = name, size, limit, setting
+
+    def __reduce__(self):
+        return type(self), (self.name, self.size, self.limit, self.setting)
 
 
 class WorkflowError(YieldstarError):

@@ -200,6 +200,16 @@ OPEN_CASES = {
     "durability unknown": ("durability", lambda path, clock: open_backend(path, clock=clock, durability="fast")),
     "durability upper case": ("durability", lambda path, clock: open_backend(path, clock=clock, durability="FULL")),
     "durability None": ("durability", lambda path, clock: open_backend(path, clock=clock, durability=None)),
+    "max_payload_bytes zero": ("max_payload_bytes", lambda path, clock: open_backend(
+        path, clock=clock, max_payload_bytes=0)),
+    "max_payload_bytes negative": ("max_payload_bytes", lambda path, clock: open_backend(
+        path, clock=clock, max_payload_bytes=-1)),
+    "max_payload_bytes str": ("max_payload_bytes", lambda path, clock: open_backend(
+        path, clock=clock, max_payload_bytes="4MB")),
+    "max_payload_bytes float": ("max_payload_bytes", lambda path, clock: open_backend(
+        path, clock=clock, max_payload_bytes=4e6)),
+    "max_payload_bytes bool": ("max_payload_bytes", lambda path, clock: open_backend(
+        path, clock=clock, max_payload_bytes=True)),
 }
 
 

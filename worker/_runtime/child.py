@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Optional
 
 from supervisor.ledger.errors import StorageError
 from supervisor.ledger.backends import open_backend
@@ -38,7 +39,7 @@ from .loading import describe_load_failure, load_app
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
-               misses: int, slots: int = 1, log_format: str = "text") -> None:
+               misses: int, slots: int = 1, log_format: str = "text", max_payload_bytes: Optional[int] = None) -> None:
     """Serve deliveries over `conn` until told to exit or orphaned; never returns."""
     die_with_parent(parent_pid)
     # In its supervisor's format: they share a stderr, whose lines must all be JSON or none.
@@ -62,7 +63,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         conn.send(AppNotLoaded(os.getpid(), f"cannot load app {app}: {describe_load_failure(exc)}\n"
                                + traceback.format_exc()))
         os._exit(EXIT_APP_FAILED)
-    backend = _open_ledger(conn, db_path, durability)
+    backend = _open_ledger(conn, db_path, durability, max_payload_bytes)
     watch.start()
     queues = tuple((q.name, q.concurrency, q.per_key, *(q.rate or (None, None))) for q in registry.queues())
     defaults = tuple((name, *default) for name, default in registry.defaults().items())
@@ -92,7 +93,7 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
     os._exit(EXIT_OK)
 
 
-def _open_ledger(conn, db_path: str, durability: str):
+def _open_ledger(conn, db_path: str, durability: str, max_payload_bytes: Optional[int]):
     """The child's own connection. A transient storage error (a full disk, a lock held while the
     file is created) is waited out: it says nothing about the app, and a supervisor gives up on a
     child that does not start within its start timeout anyway. A lasting one is reported as what
@@ -100,7 +101,7 @@ def _open_ledger(conn, db_path: str, durability: str):
     delay = 0.05
     while True:
         try:
-            return open_backend(db_path, durability=durability)
+            return open_backend(db_path, durability=durability, max_payload_bytes=max_payload_bytes)
         except StorageError as exc:
             if not exc.transient:
                 conn.send(LedgerNotOpened(os.getpid(), str(exc), exc.kind))
@@ -119,6 +120,6 @@ def main(argv: list[str]) -> None:
             sys.path.insert(0, entry)
     child_main(Pipe(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
                settings["parent_pid"], settings["heartbeat_s"], settings["misses"], settings.get("slots", 1),
-               settings.get("log_format", "text"))
+               settings.get("log_format", "text"), settings.get("max_payload_bytes"))
 
 

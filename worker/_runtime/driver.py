@@ -7,6 +7,8 @@
 | -------------------------------------------------- | ----------- |
 | returns a JSON-serialisable value                  | `Completed` |
 | raises (or returns something JSON cannot hold)     | `Failed` with `{type, message, traceback}` |
+| returns a value above the ledger's payload limit   | `Failed` with `PayloadTooLarge` (`_within_limit`) |
+| raises an error above it (a deep traceback)        | `Failed`, its traceback cut to the end that fits |
 | suspends (timer, retry backoff, waiting)           | `Suspended` |
 | diverges from its records (`worker._runtime.order`: | `Suspended(diverged=detail)`: parked, never failed |
 |   an unrecorded step while recorded ones remain, a  |             |
@@ -55,11 +57,12 @@ import json
 import traceback
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from supervisor.ledger.errors import StorageError
+from supervisor.ledger import arguments
+from supervisor.ledger.errors import PayloadTooLarge, StorageError
 from supervisor.ledger.values import Completed, DeliveryOutcome, ExecutionLease, Failed, LeaseLost, Retry, Suspended
 
 from ..async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
-from ..context import WorkflowContext, error_info
+from ..context import WorkflowContext, error_info, error_within
 from ..registry import Registry
 from .fenced import FencedWriter, always
 from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
@@ -243,7 +246,9 @@ class WorkflowRun:
         if ended is not None:
             return ended
         detail = ctx._left_behind("raised")  # a path the records do not know: parked, not failed
-        return Suspended(diverged=detail) if detail is not None else Failed(json.dumps(error_info(exc)))
+        if detail is not None:
+            return Suspended(diverged=detail)
+        return self._within_limit(Failed(json.dumps(error_info(exc))))
 
     def _returned(self, ctx: WorkflowContext, result) -> DeliveryOutcome:
         ended = unwound(self.writer, ctx)
@@ -253,10 +258,30 @@ class WorkflowRun:
         if detail is not None:
             return Suspended(diverged=detail)
         try:
-            return Completed(json.dumps(result, allow_nan=False))
+            return self._within_limit(Completed(json.dumps(result, allow_nan=False)))
         except (TypeError, ValueError) as exc:
             return failure("NonSerialisableResult", f"workflow {self.execution.workflow!r} returned a value that is"
                            f" not JSON-serialisable: {exc}")
+
+
+    def _within_limit(self, outcome: Completed | Failed) -> Completed | Failed:
+        """`outcome`, or, if its result or error is above the ledger's payload limit (which would
+        refuse to acknowledge it), what is acknowledged in its place: the error with its
+        traceback cut short (`error_within`), else a failure with `PayloadTooLarge`."""
+        limit = self.backend.max_payload_bytes
+        completed = isinstance(outcome, Completed)
+        name, text = ("result", outcome.result_json) if completed else ("error", outcome.error_json)
+        if arguments.within_limit(text, limit):
+            return outcome
+        too_large = PayloadTooLarge(name, arguments.utf8_size(text), limit)
+        message = str(too_large)
+        if not completed:  # its traceback cut short, else at least what it raised
+            raised = json.loads(text)
+            cut = error_within(raised, lambda error: arguments.within_limit(json.dumps(error), limit))
+            if cut is not None:
+                return Failed(json.dumps(cut))
+            message += f"; the workflow raised {raised['type']}"
+        return failure(type(too_large).__name__, message)
 
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,

@@ -40,11 +40,12 @@ class PostgresBackend(LedgerTables):
 
     def __init__(self, uri, *, clock: Optional[Callable[[], int]] = None,
                  redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal",
-                 create: bool = True):
+                 create: bool = True, max_payload_bytes: Optional[int] = None):
         check_uri(uri)
         if clock is not None and not callable(clock):
             raise InvalidArgument(f"clock must be callable, not {type(clock).__name__}")
         arguments.boolean("create", create)
+        self.max_payload_bytes = arguments.max_payload_bytes("max_payload_bytes", max_payload_bytes)
         self.path = redacted(uri)
         self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.durability = durability

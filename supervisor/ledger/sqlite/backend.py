@@ -53,13 +53,14 @@ class SqliteBackend(LedgerTables):
 
     def __init__(self, path, *, clock: Optional[Callable[[], int]] = None,
                  redelivery_delay: Optional[Callable[[int], int]] = None, durability: str = "normal",
-                 create: bool = True):
+                 create: bool = True, max_payload_bytes: Optional[int] = None):
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidArgument(f"path must be a str or os.PathLike, not {type(path).__name__}")
         if clock is not None and not callable(clock):
             raise InvalidArgument(f"clock must be callable, not {type(clock).__name__}")
         arguments.boolean("create", create)
         check_durability(durability)
+        self.max_payload_bytes = arguments.max_payload_bytes("max_payload_bytes", max_payload_bytes)
         self.clock = clock or wall_clock
         self.redelivery_delay = checked_delay(redelivery_delay or default_redelivery_delay)
         self.path = os.fspath(path)
@@ -125,7 +126,7 @@ class SqliteBackend(LedgerTables):
         if self.durability != "normal" or self.path == MEMORY:
             return None
         twin = SqliteBackend(self.path, clock=self.clock, redelivery_delay=self.redelivery_delay,
-                             durability=self.durability, create=False)
+                             durability=self.durability, create=False, max_payload_bytes=self.max_payload_bytes)
         twin._conn.busy_timeout_s = 0
         return twin
 
@@ -157,8 +158,10 @@ class SqliteBackend(LedgerTables):
         self._hold.release()  # after the connection: see `files`
 
 
-def open_backend(path, *, clock=None, redelivery_delay=None, durability="normal", create=True) -> SqliteBackend:
+def open_backend(path, *, clock=None, redelivery_delay=None, durability="normal", create=True,
+                 max_payload_bytes=None) -> SqliteBackend:
     """Open the ledger at `path`, creating it when missing unless `create` is False (then a
     missing file raises `NoLedger("no ledger at PATH")` and nothing is created). See SPEC
     section 3, and `SqliteBackend` for what opening raises."""
-    return SqliteBackend(path, clock=clock, redelivery_delay=redelivery_delay, durability=durability, create=create)
+    return SqliteBackend(path, clock=clock, redelivery_delay=redelivery_delay, durability=durability, create=create,
+                         max_payload_bytes=max_payload_bytes)

@@ -74,8 +74,8 @@ def checked_delay(fn: Callable[[int], int]) -> Callable[[int], int]:
 class LedgerTables(Backend):
     """The part of a `Backend` every backend shares: the ledger's table clients (the modules of this package) on the
     backend's connection, its checked clock, and closing. A backend sets `self.clock`,
-    `self.redelivery_delay` and `self._conn`, then calls `_open_tables()`, and says how it
-    announces work that became due and executions that ended."""
+    `self.redelivery_delay`, `self.max_payload_bytes` and `self._conn`, then calls
+    `_open_tables()`, and says how it announces work that became due and executions that ended."""
 
     #: Every process's clock estimates one shared clock (the server's), a little behind it by an
     #: amount each process has its own of: see `ExecutionTable(one_clock=)`.
@@ -85,12 +85,14 @@ class LedgerTables(Backend):
 
     def _open_tables(self) -> None:
         announce = self._announce_due
+        limit = self.max_payload_bytes
         self.executions = self.execution_table(self._conn, self._clock, self.redelivery_delay, on_due=announce,
-                                               on_ended=self._announce_ended, one_clock=self.one_clock)
-        self.heap = HeapTable(self._conn, self._clock, one_clock=self.one_clock)
-        self.starts = StartTable(self._conn, self._clock, on_due=announce)
-        self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce)
-        self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce)
+                                               on_ended=self._announce_ended, one_clock=self.one_clock,
+                                               max_payload_bytes=limit)
+        self.heap = HeapTable(self._conn, self._clock, one_clock=self.one_clock, max_payload_bytes=limit)
+        self.starts = StartTable(self._conn, self._clock, on_due=announce, max_payload_bytes=limit)
+        self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce, max_payload_bytes=limit)
+        self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce, max_payload_bytes=limit)
         self.supervisors = SupervisorTable(self._conn, self._clock)
         self.schedules = ScheduleTable(self._conn, self._clock, on_due=announce)
         self.queues = QueueTable(self._conn, self._clock)

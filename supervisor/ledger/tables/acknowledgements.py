@@ -52,10 +52,12 @@ class Acknowledgement:
     diverged: Optional[str] = None
 
     @classmethod
-    def of(cls, lease: ExecutionLease, outcome: object) -> "Acknowledgement":
+    def of(cls, lease: ExecutionLease, outcome: object, *, max_payload_bytes: Optional[int] = None
+           ) -> "Acknowledgement":
         """The acknowledgement of a checked `lease` with `outcome`, checked.
 
         Raises:
+            PayloadTooLarge: its result or error is longer than `max_payload_bytes` (None: no limit).
             InvalidArgument: `outcome` is not an outcome, its JSON is not JSON, or a suspension's
                 `diverged` is not a non-empty str of at most `arguments.MAX_DETAIL_LENGTH`
                 characters.
@@ -66,10 +68,10 @@ class Acknowledgement:
             return cls(lease, outcome, outcome.status,
                        diverged=arguments.detail("outcome.diverged", outcome.diverged))
         if isinstance(outcome, Completed):
-            arguments.json_text("outcome.result_json", outcome.result_json)
+            arguments.json_text("outcome.result_json", outcome.result_json, limit=max_payload_bytes)
             return cls(lease, outcome, outcome.status, outcome.result_json, None)
         if isinstance(outcome, Failed):
-            arguments.json_text("outcome.error_json", outcome.error_json)
+            arguments.json_text("outcome.error_json", outcome.error_json, limit=max_payload_bytes)
             return cls(lease, outcome, outcome.status, None, outcome.error_json)
         raise arguments.InvalidArgument(
             f"outcome must be Suspended(), Completed(result_json) or Failed(error_json), not {outcome!r}"

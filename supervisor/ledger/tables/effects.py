@@ -35,8 +35,10 @@ def _state(row) -> EffectState:
 
 
 class EffectTable(EffectClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
+    def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None], *,
+                 max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
         self._conn = conn
+        self._max_payload = max_payload_bytes
         self._sql = conn.dialect.statements
         self._clock = clock
         self._executions = executions
@@ -55,7 +57,7 @@ class EffectTable(EffectClient):
 
     def settle(self, effect_id, result_json) -> EffectState | SettleConflict:
         arguments.identifier("effect_id", effect_id)
-        arguments.json_text("result_json", result_json)
+        arguments.json_text("result_json", result_json, limit=self._max_payload)
         now = self._clock()
         woke = False
         with self._conn.write() as db:

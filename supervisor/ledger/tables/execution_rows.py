@@ -184,7 +184,7 @@ class ExecutionRows:
 
     def __init__(self, conn: Connection, clock: Callable[[], int], delay: Callable[[int], int],
                  on_due: Callable[[], None] = lambda: None, on_ended: Callable[[list[str]], None] = lambda ids: None,
-                 one_clock: bool = False):
+                 one_clock: bool = False, max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
         """`one_clock`: the processes' clocks are estimates of one clock, each a little behind it
         (by its own amount). A claim, a wake and a resume then stamp no time before the row's last
         change (which another process may have stamped a millisecond ahead of this one's
@@ -193,6 +193,7 @@ class ExecutionRows:
         process behind between them."""
         self._conn = conn
         self._sql = conn.dialect.statements  # this backend's form of each statement
+        self._max_payload = max_payload_bytes  # the size limit of an input, result or error
         self._one_clock = one_clock
         self._on_due = on_due  # told after a commit that may have made an execution due
         self._on_ended = on_ended  # told the ids after a commit that made executions terminal

@@ -67,8 +67,10 @@ ORDER BY $row_order"""
 
 
 class HeapTable(HeapClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int], *, one_clock: bool = False):
+    def __init__(self, conn: Connection, clock: Callable[[], int], *, one_clock: bool = False,
+                 max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
         self._conn = conn
+        self._max_payload = max_payload_bytes
         self._sql = conn.dialect.statements
         self._clock = clock
         self._one_clock = one_clock  # see WRITE
@@ -82,13 +84,12 @@ class HeapTable(HeapClient):
         attempt, done, response = found
         return HeapRecord(execution_id, step_key, attempt, bool(done), response)
 
-    @staticmethod
-    def _check_write(lease, step_key, step_attempt, done, step_response_json) -> None:
+    def _check_write(self, lease, step_key, step_attempt, done, step_response_json) -> None:
         arguments.lease("lease", lease)
         arguments.identifier("step_key", step_key)
         arguments.integer("step_attempt", step_attempt, minimum=0)
         arguments.boolean("done", done)
-        arguments.json_text("step_response_json", step_response_json)
+        arguments.json_text("step_response_json", step_response_json, limit=self._max_payload)
 
     def write_step(self, lease, *, step_key, step_attempt, done, step_response_json) -> HeapRecord | LeaseLost:
         self._check_write(lease, step_key, step_attempt, done, step_response_json)

@@ -142,7 +142,7 @@ class ExecutionLeases(ExecutionRows):
               timeout_ms=None, now=None) -> ExecutionRecord:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
-        arguments.json_text("input_json", input_json)
+        arguments.json_text("input_json", input_json, limit=self._max_payload)
         if queue is not None:
             arguments.identifier("queue", queue)
         if key is not None:
@@ -416,7 +416,7 @@ class ExecutionLeases(ExecutionRows):
         return replies, claimed
 
     def _acknowledgement(self, lease, outcome) -> Acknowledgement:
-        return Acknowledgement.of(self._lease(lease), outcome)
+        return Acknowledgement.of(self._lease(lease), outcome, max_payload_bytes=self._max_payload)
 
     def _acknowledge_in(self, db: Transaction, acknowledgement: Acknowledgement, now: int) -> Outcome | LeaseLost:
         """Acknowledge in the open transaction, fenced as `_end` is; the lease history and the

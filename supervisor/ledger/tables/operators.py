@@ -194,7 +194,7 @@ class ExecutionOperators(ExecutionRows):
         arguments.identifier("execution_id", execution_id)
         if reason is not None and not isinstance(reason, str):
             raise arguments.InvalidArgument(f"reason must be a str or None, not {type(reason).__name__}")
-        error_json = arguments.to_json("reason", {"type": "Cancelled", "message": reason})
+        error_json = arguments.to_json("reason", {"type": "Cancelled", "message": reason}, limit=self._max_payload)
         given, now = now, self._now(now)
         with self._conn.write() as db:
             now = self._now_locked(given, now)

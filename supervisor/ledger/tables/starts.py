@@ -21,8 +21,10 @@ ON CONFLICT (start_request_id) DO NOTHING"""
 
 
 class StartTable(WorkflowStartClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int], on_due: Callable[[], None]):
+    def __init__(self, conn: Connection, clock: Callable[[], int], on_due: Callable[[], None], *,
+                 max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
         self._conn = conn
+        self._max_payload = max_payload_bytes
         self._sql = conn.dialect.statements
         self._clock = clock
         self._on_due = on_due
@@ -30,7 +32,7 @@ class StartTable(WorkflowStartClient):
     def start(self, start_request_id, workflow, input_json="null", *, parent=None) -> str:
         arguments.identifier("start_request_id", start_request_id)
         arguments.identifier("workflow", workflow)
-        arguments.json_text("input_json", input_json)
+        arguments.json_text("input_json", input_json, limit=self._max_payload)
         if parent is not None:
             arguments.identifier("parent", parent)
         now = self._clock()

@@ -33,8 +33,10 @@ INSERT INTO store_receipts (store, execution_id, step_key, result_json, created_
 
 
 class StoreTable(StoreClient):
-    def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None]):
+    def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None], *,
+                 max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
         self._conn = conn
+        self._max_payload = max_payload_bytes
         self._sql = conn.dialect.statements
         self._clock = clock
         self._executions = executions
@@ -50,7 +52,7 @@ class StoreTable(StoreClient):
 
     def get_or_create(self, name, initial_json) -> StoreState:
         arguments.identifier("store name", name)
-        arguments.json_text("initial_json", initial_json)
+        arguments.json_text("initial_json", initial_json, limit=self._max_payload)
         now = self._clock()
         with self._conn.write() as db:
             db.execute(self._sql[CREATE], (name, initial_json, now, now))
@@ -73,8 +75,9 @@ class StoreTable(StoreClient):
                 new_state, result = change(json.loads(row[1]))
             except NoMatch:
                 return None
-            state_json = arguments.to_json(f"the new state of store {name!r}", new_state)
-            result_json = arguments.to_json(f"the result of the change to store {name!r}", result)
+            state_json = arguments.to_json(f"store {name!r} value", new_state, limit=self._max_payload)
+            result_json = arguments.to_json(f"the result of the change to store {name!r}", result,
+                                           limit=self._max_payload)
             db.execute(self._sql[UPDATE], (state_json, now, name))
             db.execute(self._sql[RECORD], (name, execution_id, step_key, result_json, now))
             woke = waiters.wake(db, self._sql, waiters.STORE, name, now, self._executions.wake_in)
@@ -85,13 +88,13 @@ class StoreTable(StoreClient):
     def put(self, name, item_json) -> StoreState:
         """From outside: append an item to a list store (created empty when missing)."""
         arguments.identifier("store name", name)
-        arguments.json_text("item_json", item_json)
+        arguments.json_text("item_json", item_json, limit=self._max_payload)
         return self._outside(name, "[]", lambda state: _append(name, state, json.loads(item_json)))
 
     def set(self, name, state_json) -> StoreState:
         """From outside: replace the store's whole state (created when missing)."""
         arguments.identifier("store name", name)
-        arguments.json_text("state_json", state_json)
+        arguments.json_text("state_json", state_json, limit=self._max_payload)
         return self._outside(name, state_json, lambda state: json.loads(state_json))
 
     def _outside(self, name: str, initial_json: str, change: Callable[[Any], Any]) -> StoreState:
@@ -99,7 +102,8 @@ class StoreTable(StoreClient):
         with self._conn.write() as db:
             db.execute(self._sql[CREATE], (name, initial_json, now, now))
             row = db.execute(self._sql[GET_LOCKED], (name,)).fetchone()
-            db.execute(self._sql[UPDATE], (arguments.to_json("state", change(json.loads(row[1]))), now, name))
+            db.execute(self._sql[UPDATE], (arguments.to_json(f"store {name!r} value", change(json.loads(row[1])),
+                                                                limit=self._max_payload), now, name))
             woke = waiters.wake(db, self._sql, waiters.STORE, name, now, self._executions.wake_in)
             state = StoreState(*db.execute(self._sql[GET], (name,)).fetchone())
         if woke:
@@ -113,7 +117,7 @@ class StoreTable(StoreClient):
         arguments.identifier("execution_id", execution_id)
         arguments.integer("seen_version", seen_version)
         if match_json is not None:
-            arguments.json_text("match_json", match_json)
+            arguments.json_text("match_json", match_json, limit=self._max_payload)
         with self._conn.write() as db:
             row = db.execute(self._sql[GET_LOCKED], (name,)).fetchone()
             if row is not None and row[2] > seen_version:
