@@ -346,7 +346,8 @@ class Client(_Base):
         name), `priority` and `timeout` default to the workflow's (`@workflow(queue=, priority=,
         timeout=)`, as its supervisor recorded them); `key` is what the queue's `per_key` limit
         counts by. `timeout` (seconds > 0): not finished that long after now, the execution fails
-        as `WorkflowTimedOut` (SPEC section 12)."""
+        as `WorkflowTimedOut` (SPEC section 12). Called inside an OpenTelemetry span, the
+        execution's deliveries are spans in that span's trace (SPEC section 13)."""
         record = self._start(workflow, input, id, queue, key, priority, timeout)
         return Handle(self, record.execution_id, record.workflow)
 
