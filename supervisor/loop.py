@@ -300,7 +300,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
                                 held_until=sent_at + self.cfg.lease_ms / 1000)
             child = idle.pop(0) if idle else None
             start = None if each.input_json is None else (each.workflow, each.input_json)
-            if child is not None and self.hand_over(child, delivery, now, start):
+            if child is not None and self.hand_over(child, delivery, now, start, each.trace_context):
                 continue
             # No child for it (one died, or the supervisor is stopping): give it back at once
             # instead of letting the execution wait out a whole lease.
@@ -342,16 +342,16 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         return sum(len(c.deliveries) for c in self.pool.children)
 
     def hand_over(self, child: Child, delivery: Delivery, now: float,
-                  start: Optional[tuple[str, str]] = None) -> bool:
+                  start: Optional[tuple[str, str]] = None, trace_context: Optional[str] = None) -> bool:
         """Send the delivery to `child`; `start`: (workflow, input) of a first delivery, which the
-        child then need not read from the ledger (see `Claimed`)."""
+        child then need not read from the ledger; `trace_context`: its start's (see `Claimed`)."""
         lease = delivery.lease
         if child.slots > 1 and not any(c is child for c in self.pool.children):
             # Listed once per free slot (`takers`): replaced while this claim's deliveries were
             # being handed out.
             return False
         child.take(delivery)
-        if child.send(Run(lease, delivery.claimed_at, start)):
+        if child.send(Run(lease, delivery.claimed_at, start, trace_context)):
             return True
         log.warning("worker pid %d was gone when handed execution %s; replacing it", child.pid, lease.execution_id,
                     extra={"event": "worker_died", "worker_pid": child.pid, **delivery.log_fields})

@@ -49,6 +49,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 from supervisor.ledger.errors import InvalidArgument, StepTimeout
 from supervisor.ledger.values import HeapRecord
 
+from ._runtime.tracing import NO_STEP
 from ._runtime.unwinding import ReplayDiverged, Suspend
 from .context import _ENCLOSING, Write, WorkflowContext, enclosing_steps
 from .parallel import Ended, ParallelCall, is_coroutine_function
@@ -206,6 +207,7 @@ class AsyncWorkflowContext(WorkflowContext):
         # What runs inside this step (tasks it starts included) is enclosed by it: a suspension
         # in there must not wait for this step to land, which waits for it.
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))
+        span = NO_STEP if self._trace is None else self._trace.step(key, attempt)
         try:
             try:
                 if timeout is None:
@@ -215,10 +217,12 @@ class AsyncWorkflowContext(WorkflowContext):
                 else:
                     value = await self._awaited_within(key, attempt, fn, args, kwargs, timeout, policy)
             except Exception as exc:
+                span.failed(exc)
                 return self._replay(key, await self._record_async(self._raised_write(key, attempt, exc, policy)))
             write, as_value = self._done_write(key, attempt, value)
             return self._done_value(key, value, write, as_value, await self._record_async(write))
         finally:
+            span.end()
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 

@@ -24,6 +24,7 @@ that cannot make its socket (this user has no private folder for one: see
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ from supervisor.ledger.errors import (
 )
 from supervisor.ledger.values import TERMINAL_STATUSES, EffectState, ExecutionRecord, ExecutionStatus, SettleConflict
 
+from ._runtime import tracing
 from .queues import Queue
 from .registry import Registry
 
@@ -223,14 +225,16 @@ class _Base:
         workflow's defaults: those the app declares (`@workflow(queue=, priority=, timeout=)`),
         as its supervisor records them in the ledger when it starts (the ledger's `admit` of None
         for the queue and priority; the timeout as recorded at the start, none before any
-        record)."""
+        record). Inside an OpenTelemetry span, the execution stores its trace context, and its
+        deliveries' spans are children of that span (`worker._runtime.tracing`)."""
         timeout_ms = arguments.seconds_to_ms("timeout", timeout)
         if isinstance(queue, Queue):
             queue = queue.name
         if timeout_ms is None:
             timeout_ms = self.backend.queues.timeout_of(workflow)
         return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json,
-                                             queue=queue, key=key, priority=priority, timeout_ms=timeout_ms)
+                                             queue=queue, key=key, priority=priority, timeout_ms=timeout_ms,
+                                             trace_context=tracing.current_context())
 
     def _record(self, execution_id: str) -> ExecutionRecord:
         record = self.backend.executions.get(execution_id)
@@ -352,7 +356,8 @@ class Client(_Base):
         name), `priority` and `timeout` default to the workflow's (`@workflow(queue=, priority=,
         timeout=)`, as its supervisor recorded them); `key` is what the queue's `per_key` limit
         counts by. `timeout` (seconds > 0): not finished that long after now, the execution fails
-        as `WorkflowTimedOut` (SPEC section 12)."""
+        as `WorkflowTimedOut` (SPEC section 12). Called inside an OpenTelemetry span, the
+        execution's deliveries are spans in that span's trace (SPEC section 13)."""
         record = self._start(workflow, input, id, queue, key, priority, timeout)
         return Handle(self, record.execution_id, record.workflow)
 
@@ -464,7 +469,10 @@ class AsyncClient(_Base):
         import asyncio
 
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        # In the caller's context (which an executor does not pass on): a start made in a span
+        # stores that span's trace context.
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._executor, lambda: context.run(fn, *args, **kwargs))
 
     async def start(self, workflow: Any, input: Any = None, *, id: Optional[str] = None, queue: Any = None,
                     key: Optional[str] = None, priority: Optional[int] = None,

@@ -61,6 +61,7 @@ from .stores import StoresMixin
 from .timeouts import StepThread, checked_timeout
 from ._runtime import abandoned
 from ._runtime.order import Order
+from ._runtime.tracing import NO_STEP, DeliveryTrace
 from ._runtime.unwinding import EndOfHistory, ReplayDiverged, StopDelivery, Suspend
 
 AUTO_PREFIX = "@"
@@ -146,7 +147,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
     instance was kept (see `worker._runtime.driver`)."""
 
     def __init__(self, writer: FencedWriter, execution: ExecutionRecord, recorded: list[HeapRecord],
-                 clock: Callable[[], int], claimed_at: Optional[int] = None):
+                 clock: Callable[[], int], claimed_at: Optional[int] = None, *,
+                 trace: Optional[DeliveryTrace] = None, trace_context: Optional[str] = None):
+        """`trace`: the delivery's span, if its process traces (each step attempt is a child span
+        of it); `trace_context`: the one its start stored, which a child start passes on where
+        this process traces nothing (`worker._runtime.tracing`)."""
         self.execution_id = execution.execution_id
         self.workflow = execution.workflow
         self.token = writer.lease.token
@@ -180,6 +185,8 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         self._lock = threading.RLock()
         self._in_flight: dict[str, bool] = {}  # the steps whose function runs now: key -> unnamed
         self._unwound: Optional[BaseException] = None
+        self._trace = trace
+        self._trace_context = trace_context
 
     # -- time --------------------------------------------------------------------------------
 
@@ -502,6 +509,11 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         """Suspend with no wake of our own: a registered waiter will be woken by `what`."""
         raise self._unwind(Suspend(f"waiting for {what}"))
 
+    def _child_trace_context(self) -> Optional[str]:
+        """The trace context a child start stores: this delivery's span, where this process
+        traces; else the one this execution's start stored, passed on."""
+        return self._trace_context if self._trace is None else self._trace.child_context()
+
     def _derived_id(self, key: str) -> str:
         """The effect or start-request id owned by this execution's step `key`."""
         return derived_id(self.execution_id, key)
@@ -520,6 +532,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             return replayed
         self._take_off(key)
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))  # steps started in fn are nested
+        span = NO_STEP if self._trace is None else self._trace.step(key, attempt)
         try:
             try:
                 if timeout is None:
@@ -528,6 +541,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                     value = self._ended_within(key, attempt, StepThread(
                         lambda: fn(*args, **kwargs), f"yieldstar-step {key}"), timeout, policy)
             except Exception as exc:
+                span.failed(exc)
                 return self._step_raised(key, attempt, exc, policy)
             if inspect.iscoroutine(value):
                 value.close()  # never run: nothing of it happened
@@ -535,6 +549,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                                       " def workflow, with await ctx.run(...)")
             return self._step_done(key, attempt, value)
         finally:
+            span.end()
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 

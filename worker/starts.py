@@ -14,12 +14,13 @@ class StartsMixin:
         """Start `workflow` with `input` as a child execution, once, and return its id.
 
         The start-request id is derived from this execution and `key`, so a replay, or a
-        stale holder, gets the same child and starts nothing."""
+        stale holder, gets the same child and starts nothing. The child's deliveries join this
+        one's trace (`worker._runtime.tracing`)."""
         key = self._named_key(key)
         input_json = to_json(f"the input of child {key!r}", input, limit=self._backend.max_payload_bytes)
         return self._recorded_step(
             key, lambda: self._writer.call(self._backend.starts.start, self._derived_id(key), workflow, input_json,
-                                    parent=self.execution_id))
+                                           parent=self.execution_id, trace_context=self._child_trace_context()))
 
     def wait_for(self, execution_id: str, key: Optional[str] = None) -> Any:
         """Suspend until execution `execution_id` is terminal; return its result, or raise

@@ -24,6 +24,7 @@ from supervisor.ledger.errors import TRANSIENT_KINDS, WorkflowStuck
 from supervisor.ledger.values import TERMINAL_STATUSES, ExecutionRecord
 
 from ._runtime.driver import run_delivery
+from ._runtime.tracing import current_context
 from .registry import Registry
 
 
@@ -60,14 +61,15 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
         known = ", ".join(registry.names()) or "none"
         raise WorkflowStuck(f"no workflow is registered as {workflow!r} (registered: {known}): no supervisor"
                             " of this registry would ever run it")
-    backend.executions.admit(execution_id, workflow, json.dumps(input))
+    # Called inside an OpenTelemetry span, the deliveries' spans are its children, as a start's are.
+    backend.executions.admit(execution_id, workflow, json.dumps(input), trace_context=current_context())
     retried = ""
     for _ in range(max_deliveries):
         record = backend.executions.get(execution_id)
         if record.status in TERMINAL_STATUSES:
             return record
-        leases = backend.executions.claim_due(limit=1, duration=lease_ms)
-        if not leases:
+        claims = backend.executions.claim_deliveries(limit=1, duration=lease_ms)
+        if not claims:
             ready = backend.executions.next_ready_at()
             if ready is None:
                 raise WorkflowStuck(f"execution {execution_id!r} is {record.status} and waits for nothing that is due")
@@ -75,8 +77,9 @@ def run_workflow(registry: Registry, workflow: str, input: Any = None, *, execut
                 raise WorkflowStuck(f"execution {execution_id!r} is due at {ready}; pass a FakeClock to jump")
             clock.now = max(clock.now + 1, ready)
             continue
-        lease = leases[0]
-        outcome = run_delivery(backend, lease, registry, claimed_at=lease.expires_at - lease_ms)
+        lease = claims[0].lease
+        outcome = run_delivery(backend, lease, registry, claimed_at=lease.expires_at - lease_ms,
+                               trace_context=claims[0].trace_context)
         if isinstance(outcome, (Suspended, Completed, Failed)):
             backend.executions.acknowledge(lease, outcome)
             if isinstance(outcome, Suspended) and outcome.diverged is not None:

@@ -193,6 +193,27 @@ def json_text(name: str, value: Any, *, limit: Optional[int] = None) -> str:
     return value
 
 
+# A start's trace context (`trace_context`): a propagator's carrier, a few hundred characters at
+# most in practice (a W3C `traceparent` is 55, a `tracestate` at most 512); room for baggage too.
+MAX_TRACE_CONTEXT_LENGTH = 16_384
+
+
+def trace_context(name: str, value: Any) -> Optional[str]:
+    """None, or the JSON text of an object whose values are str (an OpenTelemetry propagator's
+    carrier, as `worker._runtime.tracing` writes it), at most MAX_TRACE_CONTEXT_LENGTH characters."""
+    if value is None:
+        return None
+    json_text(name, value)
+    if len(value) > MAX_TRACE_CONTEXT_LENGTH:
+        raise InvalidArgument(f"{name} is {len(value)} characters long; at most {MAX_TRACE_CONTEXT_LENGTH} are"
+                              " allowed")
+    carrier = json.loads(value)
+    if not isinstance(carrier, dict) or not all(isinstance(item, str) for item in carrier.values()):
+        raise InvalidArgument(f"{name} must be a JSON object of str values (a propagator's carrier, such as"
+                              f' {{"traceparent": "00-...-01"}}), got {value[:80]!r}')
+    return value
+
+
 def canonical_json(text: str) -> str:
     """The one spelling of a JSON value, for comparing two texts by meaning."""
     return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=False)

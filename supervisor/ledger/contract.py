@@ -97,12 +97,16 @@ class ExecutionClient(abc.ABC):
     @abc.abstractmethod
     def admit(self, execution_id: str, workflow: str, input_json: str = "null", *, queue: Optional[str] = "default",
               key: Optional[str] = None, priority: Optional[int] = 0, timeout_ms: Optional[int] = None,
-              now: Optional[int] = None) -> ExecutionRecord:
+              trace_context: Optional[str] = None, now: Optional[int] = None) -> ExecutionRecord:
         """Create the execution: status `admitted`, due at `now`, token 0, in `queue` (whose limits
         its claims obey: `QueueClient`), with `key` (counted by the queue's `per_key`; None: not
         limited by it) and `priority` (higher first, a 32-bit int). With `timeout_ms` (an int
         >= 1), its `deadline_at` is `now + timeout_ms`: not terminal by then, it is failed as
-        `WorkflowTimedOut` (`time_out_due`); None: no timeout.
+        `WorkflowTimedOut` (`time_out_due`); None: no timeout. `trace_context` (the JSON text of
+        an OpenTelemetry propagator's carrier, such as `{"traceparent": "00-..."}`; None: none) is
+        stored with a new execution and handed with each of its deliveries (`Claimed`), whose
+        spans join that trace (SPEC section 13); it is not part of the execution's identity: an
+        existing id keeps the context it was admitted with.
 
         A `queue` or `priority` of None is the workflow's default as recorded
         (`QueueClient.record_defaults`); before any record, "default" and 0, replaced by the
@@ -179,7 +183,8 @@ class ExecutionClient(abc.ABC):
     def claim_deliveries(self, *, limit: int, duration: int, now: Optional[int] = None,
                          workflows: Optional[Collection[str]] = None) -> list[Claimed]:
         """`claim_due`, with what a worker needs to start each lease's delivery: the workflow,
-        and for a first delivery (token 1, nothing recorded yet) the input (see `Claimed`)."""
+        and for a first delivery (token 1, nothing recorded yet) the input; and the trace context
+        its start stored, if any (see `Claimed`)."""
 
     @abc.abstractmethod
     def renew(self, lease: ExecutionLease, *, duration: int, now: Optional[int] = None) -> Renewed | LeaseLost:
@@ -396,12 +401,13 @@ class HeapClient(abc.ABC):
 class WorkflowStartClient(abc.ABC):
     @abc.abstractmethod
     def start(self, start_request_id: str, workflow: str, input_json: str = "null", *,
-              parent: Optional[str] = None) -> str:
+              parent: Optional[str] = None, trace_context: Optional[str] = None) -> str:
         """Idempotent by receipt: admit an execution for this start request and return its id.
 
         Repeating the same start-request id starts nothing and returns the first target.
         `parent`, the starting execution, is recorded so that `purge` keeps a child while its
-        parent may still wait for it."""
+        parent may still wait for it. `trace_context`: as `ExecutionClient.admit`'s (the
+        starting delivery's span, so that the child's deliveries join the parent's trace)."""
 
 
 class EffectClient(abc.ABC):

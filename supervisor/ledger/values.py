@@ -64,11 +64,14 @@ class Claimed:
     `input_json` is the execution's input when this is its first delivery (token 1: nothing was
     recorded under an earlier one, so the worker need not read its steps from the ledger), and
     None when the execution was delivered before: its worker reads its record and steps.
+    `trace_context` is the trace context its start stored (`admit(trace_context=)`), on every
+    delivery: the worker's delivery span is a child of it (SPEC section 13). None: none stored.
     """
 
     lease: ExecutionLease
     workflow: str
     input_json: Optional[str] = None
+    trace_context: Optional[str] = None
 
 
 def _member(enum_type: type[enum.Enum], value: Any) -> Any:

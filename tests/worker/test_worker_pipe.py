@@ -38,6 +38,8 @@ def ends():
 
 MESSAGES = [
     Run(ExecutionLease("e1", 3, 1_700_000_000_000), 1_699_999_970_000, ("wf", '{"a": 1}')),
+    Run(ExecutionLease("e1", 4, 1_700_000_000_000), 1_699_999_970_000, None,
+        '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'),
     Done("e1", 3, Completed('{"ok": true}'), 12),
     Done("e2", 1, Retry("x" * 100_000), 0),  # larger than one write
     (ExecutionLease("e3", 7, 42), "é" * 20_000),
@@ -48,7 +50,7 @@ MESSAGES = [
 ]
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=["run", "done", "large", "unicode", "beat", "exit", "alive", "ready",
+@pytest.mark.parametrize("message", MESSAGES, ids=["run", "traced-run", "done", "large", "unicode", "beat", "exit", "alive", "ready",
                                                    "app-not-loaded", "ledger-not-opened", "stop", "ready-with-schedules"])
 def test_messages_cross_both_ways_unchanged(ends, message):
     supervisor, child = ends

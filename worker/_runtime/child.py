@@ -30,6 +30,7 @@ from supervisor.ledger.backends import open_backend
 from supervisor.ledger.sqlite import socket_folder
 from supervisor.log_format import configure
 
+from . import tracing
 from .abandoned import replace_reason
 from .driver import raised_outside, run_delivery
 from .parent_watch import ParentWatch, die_with_parent
@@ -84,12 +85,13 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
         started = time.monotonic()
         try:
             outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=task.claimed_at,
-                                   start=task.start)
+                                   start=task.start, trace_context=task.trace_context)
         except Exception as exc:
             outcome = raised_outside(exc)
         watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000),
                         replace_reason()))
     backend.close()
+    tracing.flush()  # os._exit runs no atexit hook: the spans a batch still holds go now
     os._exit(EXIT_OK)
 
 

@@ -45,6 +45,7 @@ from typing import Optional
 
 from supervisor.ledger.values import DeliveryOutcome, LeaseLost, Retry
 
+from . import tracing
 from .abandoned import replace_reason
 from .driver import WorkflowRun, raised_outside
 from .parent_watch import ParentWatch
@@ -112,7 +113,8 @@ class Deliveries:
     def begin(self, task: Run) -> None:
         lease = task.lease
         run = WorkflowRun(self._backend, lease, self._registry, may_write=self._watch.may_write,
-                          claimed_at=task.claimed_at, start=task.start, commits=self._commits)
+                          claimed_at=task.claimed_at, start=task.start, commits=self._commits,
+                          trace_context=task.trace_context)
         entry = Running(run)
         with self._lock:
             self._running[(lease.execution_id, lease.token)] = entry
@@ -159,6 +161,7 @@ class Deliveries:
 
     def finish(self, entry: Running, outcome: DeliveryOutcome) -> None:
         lease = entry.run.lease
+        entry.run.end(outcome)
         with self._lock:
             self._running.pop((lease.execution_id, lease.token), None)
             self._ended.notify_all()
@@ -216,4 +219,5 @@ def serve_many(backend, registry, watch: ParentWatch, slots: int) -> None:
     """Serve deliveries, up to `slots` at once, until told to exit; never returns."""
     Deliveries(backend, registry, watch, slots).serve()
     backend.close()
+    tracing.flush()  # os._exit runs no atexit hook: the spans a batch still holds go now
     os._exit(EXIT_OK)

@@ -65,6 +65,7 @@ from ..async_context import AsyncWorkflowContext, is_async_workflow, run_to_end
 from ..context import WorkflowContext, error_info, error_within
 from ..registry import Registry
 from .fenced import FencedWriter, always
+from .tracing import begin_delivery
 from .unwinding import ReplayDiverged, RetryLater, StopDelivery, Suspend
 
 if TYPE_CHECKING:  # a worker of one delivery has no group commit, and does not import it
@@ -127,9 +128,11 @@ class WorkflowRun:
 
     def __init__(self, backend, lease: ExecutionLease, registry: Registry, *,
                  may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
-                 start: Optional[tuple[str, str]] = None, commits: Optional[StepCommits] = None):
+                 start: Optional[tuple[str, str]] = None, commits: Optional[StepCommits] = None,
+                 trace_context: Optional[str] = None):
         """Args: as `run_delivery`'s; `commits`: the worker's group commit of step writes, if it
-        runs several deliveries."""
+        runs several deliveries. Its span (`worker._runtime.tracing`), if this process traces,
+        starts here and ends at `end`."""
         self.backend = backend
         self.lease = lease
         self.registry = registry
@@ -140,6 +143,14 @@ class WorkflowRun:
         self.recorded: list = []
         self.fn: Optional[Callable] = None
         self.asynchronous = False
+        self.trace_context = trace_context
+        self.trace = begin_delivery(lease, trace_context, None if start is None else start[0])
+
+    def end(self, outcome: DeliveryOutcome) -> DeliveryOutcome:
+        """The delivery ended in `outcome`, about to be reported: its span ends. Returns it."""
+        if self.trace is not None:
+            self.trace.end(outcome, None if self.execution is None else self.execution.workflow)
+        return outcome
 
     def prepare(self) -> Optional[DeliveryOutcome]:
         """Read the execution (unless `start` says what it is) and find its workflow; returns
@@ -173,7 +184,8 @@ class WorkflowRun:
 
     def _context(self, asynchronous: bool) -> WorkflowContext:
         context = AsyncWorkflowContext if asynchronous else WorkflowContext
-        return context(self.writer, self.execution, self.recorded, self.backend.clock, self.claimed_at)
+        return context(self.writer, self.execution, self.recorded, self.backend.clock, self.claimed_at,
+                       trace=self.trace, trace_context=self.trace_context)
 
     def _input(self):
         return json.loads(self.execution.input_json)
@@ -188,6 +200,7 @@ class WorkflowRun:
 
     def _run(self) -> DeliveryOutcome:
         ctx = self._context(self.asynchronous)
+        attached = None if self.trace is None else self.trace.attach()  # the workflow's code sees its span
         try:
             if self.asynchronous:  # on an event loop of its own, closed with the delivery
                 result = run_to_end(self.fn(ctx, self._input()))
@@ -203,6 +216,9 @@ class WorkflowRun:
             return self._raised(ctx, exc)
         except (Suspend, StopDelivery, RetryLater) as exc:  # ReplayDiverged is a Suspend
             return self._raised(ctx, exc)
+        finally:
+            if attached is not None:
+                self.trace.detach(attached)
         return self._returned(ctx, result)
 
     async def run_async(self) -> DeliveryOutcome:
@@ -219,6 +235,8 @@ class WorkflowRun:
         import asyncio  # imported by the first async workflow: see `run_to_end`
 
         ctx = self._context(True)
+        if self.trace is not None:
+            self.trace.attach()  # in this task's own context, which ends with it
         try:
             result = await self.fn(ctx, self._input())
         except asyncio.CancelledError:
@@ -286,7 +304,7 @@ class WorkflowRun:
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
                  may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
-                 start: Optional[tuple[str, str]] = None) -> DeliveryOutcome:
+                 start: Optional[tuple[str, str]] = None, trace_context: Optional[str] = None) -> DeliveryOutcome:
     """Run one delivery of `lease.execution_id` with its fencing token and return its outcome.
 
     Args:
@@ -297,12 +315,18 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
         start: (workflow, input JSON) of the execution when this is its first delivery, as the
             claim found them (`Claimed`): nothing is recorded under an earlier token, so there
             is nothing to read. None: read the execution and its recorded steps.
+        trace_context: the trace context the execution's start stored (`Claimed`): the
+            delivery's span, if this process traces, is its child.
     """
-    delivery = WorkflowRun(backend, lease, registry, may_write=may_write, claimed_at=claimed_at, start=start)
-    ended = delivery.prepare()
-    if ended is not None:
-        return ended
+    delivery = WorkflowRun(backend, lease, registry, may_write=may_write, claimed_at=claimed_at, start=start,
+                           trace_context=trace_context)
     try:
-        return delivery.run()
+        outcome = delivery.prepare()
+        if outcome is None:
+            outcome = delivery.run()
     except StorageError as exc:  # raised outside the workflow's own code
-        return storage_retry(exc)
+        outcome = storage_retry(exc)
+    except Exception as exc:
+        delivery.end(raised_outside(exc))  # as its caller reports it
+        raise
+    return delivery.end(outcome)

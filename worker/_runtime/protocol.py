@@ -9,7 +9,7 @@ the one a frozen dataclass with slots gets pickles by way of `copyreg` and a Pyt
 `Run` carries goes as its three fields for the same reason.
 
 parent -> child                               child -> parent
-Run(lease, claimed_at, start)                 Ready(pid, workflows,         once, after loading the
+Run(lease, claimed_at, start, trace_context)  Ready(pid, workflows,         once, after loading the
                                                 schedules)
 Stop(execution_id, token)                     AppNotLoaded(pid, error)      app and opening the
 Beat(expires_at or None)                      LedgerNotOpened(pid, error,   ledger: one of these
@@ -39,7 +39,9 @@ file; `storage_error` is the `StorageError.kind`), not that the app is broken.
 a time earlier than that one when it decides whether a timer is due, so a child whose clock
 lags the one that decided the execution was claimable does not find the timer early and spin.
 `start` is (workflow, input JSON) on an execution's first delivery, which the child then need not
-read from the ledger, and None on every later one (see `Claimed`).
+read from the ledger, and None on every later one (see `Claimed`). `trace_context` is the trace
+context the execution's start stored (`Claimed.trace_context`), on every delivery: the worker's
+delivery span is its child (`worker._runtime.tracing`); None: none stored.
 A supervisor that finds a lease lost (or the execution cancelled) kills a worker that runs one
 delivery at a time: it may be inside a step calling the outside world, and a message it would
 read only after that step is no way to stop it. A worker that runs several is sent `Stop` for that
@@ -71,8 +73,9 @@ def message(cls: type) -> type:
     return cls
 
 
-def _run(execution_id: str, token: int, expires_at: int, claimed_at: int, start: Optional[tuple[str, str]]) -> Run:
-    return Run(ExecutionLease(execution_id, token, expires_at), claimed_at, start)
+def _run(execution_id: str, token: int, expires_at: int, claimed_at: int, start: Optional[tuple[str, str]],
+         trace_context: Optional[str] = None) -> Run:
+    return Run(ExecutionLease(execution_id, token, expires_at), claimed_at, start, trace_context)
 
 # -- parent -> child -------------------------------------------------------------------------
 
@@ -84,10 +87,12 @@ class Run:
     lease: ExecutionLease
     claimed_at: int  # the ledger time (ms) of the claim
     start: Optional[tuple[str, str]] = None  # (workflow, input JSON) on a first delivery
+    trace_context: Optional[str] = None  # the start's stored trace context (JSON), if any
 
     def __reduce__(self) -> tuple:
         lease = self.lease
-        return _run, (lease.execution_id, lease.token, lease.expires_at, self.claimed_at, self.start)
+        return _run, (lease.execution_id, lease.token, lease.expires_at, self.claimed_at, self.start,
+                      self.trace_context)
 
 
 @message

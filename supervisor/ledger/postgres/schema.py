@@ -226,6 +226,10 @@ EXECUTIONS_CLAIMABLE_BY_KEY = """
 CREATE INDEX executions_claimable_by_key ON executions (queue, queue_key, workflow, priority DESC, due_at, seq)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
 
+# Version 9 (the SQLite ledger's version 10): the trace context of the start that admitted an
+# execution, as on SQLite.
+EXECUTIONS_TRACE_CONTEXT = "ALTER TABLE executions ADD COLUMN trace_context TEXT"
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -241,6 +245,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
     (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
+    (EXECUTIONS_TRACE_CONTEXT,),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.

@@ -249,6 +249,12 @@ EXECUTIONS_CLAIMABLE_BY_KEY = """
 CREATE INDEX executions_claimable_by_key ON executions (queue, queue_key, workflow, priority DESC, due_at)
 WHERE ready_at IS NOT NULL AND status <> 'running'"""
 
+# Version 10: the trace context of the start that admitted an execution (OpenTelemetry, SPEC
+# section 13): the propagator's carrier as JSON text (a W3C `traceparent`, and whatever else the
+# starter's propagators wrote), which each claim hands to the worker so that its delivery spans
+# join the starter's trace. NULL for a start made outside any span.
+EXECUTIONS_TRACE_CONTEXT = "ALTER TABLE executions ADD COLUMN trace_context TEXT"
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -263,6 +269,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_DEFAULTS_PENDING, EXECUTIONS_PENDING_BY_WORKFLOW),
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
     (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
+    (EXECUTIONS_TRACE_CONTEXT,),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

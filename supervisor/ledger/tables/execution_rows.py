@@ -41,7 +41,8 @@ RESUMABLE = (FAILED, CANCELLED)
 COLUMNS = (
     "execution_id, workflow, input_json, status, token, due_at, lease_expires_at,"
     " unacknowledged_deliveries, delivery_ended_at, ever_suspended, wake_during_lease,"
-    " result_json, error_json, created_at, updated_at, queue, queue_key, priority, timeout_ms, deadline_at"
+    " result_json, error_json, created_at, updated_at, queue, queue_key, priority, timeout_ms, deadline_at,"
+    " trace_context"
 )
 SELECT_ONE = f"SELECT {COLUMNS} FROM executions WHERE execution_id = $p"
 # Every read that a write transaction decides on locks the rows it reads (`$for_update`: a clause
@@ -55,8 +56,8 @@ SELECT_ONE_LOCKED = SELECT_ONE + LOCKED
 INSERT = f"""
 INSERT INTO executions (execution_id, workflow, input_json, status, token, due_at,
     unacknowledged_deliveries, ever_suspended, ready_at, created_at, updated_at, queue, queue_key, priority,
-    defaults_pending, timeout_ms, deadline_at)
-VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p, $p, $p, $p)
+    defaults_pending, timeout_ms, deadline_at, trace_context)
+VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p, $p, $p, $p, $p)
 ON CONFLICT (execution_id) DO NOTHING"""
 # `insert`'s `timeout_ms` for a start that leaves the timeout to its workflow's recorded default
 # (a child start, a schedule's tick).
@@ -65,19 +66,20 @@ WORKFLOWS_TIMEOUT = "the workflow's default"
 
 def insert(db: Transaction, sql, execution_id: str, workflow: str, input_json: str, now: int, *,
            queue: Optional[str], key: Optional[str], priority: Optional[int], take_turns: bool,
-           timeout_ms: Optional[int] | str = None) -> bool:
+           timeout_ms: Optional[int] | str = None, trace_context: Optional[str] = None) -> bool:
     """Admit a new execution, due now, in the write transaction `db`, unless its id is taken;
     whether it was. A `queue` or `priority` of None is its workflow's recorded default
     (`queues.defaults_for`; `take_turns` on PostgreSQL, where a record of the defaults must not
     slip in between). With `timeout_ms` (or WORKFLOWS_TIMEOUT: the workflow's recorded one, if
-    any), its deadline is `now + timeout_ms` (the workflow timeout, SPEC section 12)."""
+    any), its deadline is `now + timeout_ms` (the workflow timeout, SPEC section 12).
+    `trace_context`: the starter's trace context, handed to every delivery (`Claimed`)."""
     queue, priority, default_timeout, pending = queues.defaults_for(
         db, sql, workflow, queue, priority, take_turns=take_turns, timeout=timeout_ms == WORKFLOWS_TIMEOUT)
     if timeout_ms == WORKFLOWS_TIMEOUT:
         timeout_ms = default_timeout
     deadline = None if timeout_ms is None else now + timeout_ms
     return db.execute(sql[INSERT], (execution_id, workflow, input_json, now, now, now, now, queue, key, priority,
-                                    pending, timeout_ms, deadline)).rowcount == 1
+                                    pending, timeout_ms, deadline, trace_context)).rowcount == 1
 
 
 # Claimable rows (`ExecutionRows._pick`, whose steps `queues` describes): the due rows of a group,

@@ -139,7 +139,7 @@ class ExecutionLeases(ExecutionRows):
     """The lease state machine (see the module docstring)."""
 
     def admit(self, execution_id, workflow, input_json="null", *, queue="default", key=None, priority=0,
-              timeout_ms=None, now=None) -> ExecutionRecord:
+              timeout_ms=None, trace_context=None, now=None) -> ExecutionRecord:
         arguments.identifier("execution_id", execution_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json, limit=self._max_payload)
@@ -150,11 +150,12 @@ class ExecutionLeases(ExecutionRows):
         if priority is not None:
             queues.priority("priority", priority)
         arguments.timeout_ms("timeout_ms", timeout_ms)
+        arguments.trace_context("trace_context", trace_context)
         now = self._now(now)
         with self._conn.write() as db:
             created = insert(db, self._sql, execution_id, workflow, input_json, now, queue=queue, key=key,
                              priority=priority, take_turns=not self._conn.whole_database_write_lock,
-                             timeout_ms=timeout_ms)
+                             timeout_ms=timeout_ms, trace_context=trace_context)
             found = db.execute(self._sql[SELECT_ONE], (execution_id,)).fetchone()
         if created:
             self._on_due()
@@ -261,7 +262,7 @@ class ExecutionLeases(ExecutionRows):
             db.execute(self._sql[CLAIM], (expires, unacked, ended_at, ready, at, row.execution_id))
             opened.append((row.execution_id, token, self._holder, at, expires))
             claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
-                                   row.input_json if token == 1 else None))
+                                   row.input_json if token == 1 else None, row.trace_context))
             if row.queue in capacity and capacity[row.queue].rate_limited:
                 db.execute(self._sql[queues.RATE_CLAIMED], (row.queue, now))
         self._fence_lapsed(db, now, {row.queue for row in rows if row.queue in capacity

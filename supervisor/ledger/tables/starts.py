@@ -29,12 +29,13 @@ class StartTable(WorkflowStartClient):
         self._clock = clock
         self._on_due = on_due
 
-    def start(self, start_request_id, workflow, input_json="null", *, parent=None) -> str:
+    def start(self, start_request_id, workflow, input_json="null", *, parent=None, trace_context=None) -> str:
         arguments.identifier("start_request_id", start_request_id)
         arguments.identifier("workflow", workflow)
         arguments.json_text("input_json", input_json, limit=self._max_payload)
         if parent is not None:
             arguments.identifier("parent", parent)
+        arguments.trace_context("trace_context", trace_context)
         now = self._clock()
         with self._conn.write() as db:
             # The receipt first: of two starts with one id, the second waits here for the first
@@ -48,6 +49,7 @@ class StartTable(WorkflowStartClient):
             # A child goes to its workflow's default queue, at its default priority, with its
             # default timeout, as the app that serves it recorded them (`queues.record_defaults`).
             insert(db, self._sql, start_request_id, workflow, input_json, now, queue=None, key=None, priority=None,
-                   take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT)
+                   take_turns=not self._conn.whole_database_write_lock, timeout_ms=WORKFLOWS_TIMEOUT,
+                   trace_context=trace_context)
         self._on_due()
         return start_request_id

@@ -1,0 +1,163 @@
+"""What OpenTelemetry tracing costs a worker (SPEC section 13), with and without a provider set.
+
+    .venv/bin/python scripts/bench_tracing.py [--workflows N] [--repeats R]
+
+Prints, in one run on this machine:
+- a worker's boot: the wall time of a fresh interpreter importing the worker's runtime and the
+  benchmark app (`python -c "import worker._runtime.child, worker.apps.bench"`), median of 21,
+  and whether it imported anything of OpenTelemetry (it must not, installed or not, unless the
+  app sets a provider);
+- start-up: from executing `yieldstar supervise` (4 workers) to its first claim, median of R
+  (`bench_supervisor.start_up`);
+- the tracing hooks of one delivery of 3 steps, alone, in a process: what the driver calls
+  (`begin_delivery`, a step span or `NO_STEP` per step, the end), in µs, where OpenTelemetry is
+  not imported, where it is imported but no provider is set, and where one is set (and the
+  delivery's context comes from a stored `traceparent`);
+- 3-step no-op workflows/s through a supervisor at concurrency 2 and the workers' CPU time per
+  workflow, for the benchmark app as it is (no provider set: no span is made) and for the same
+  workflows in `scripts/bench_tracing_app.py`, which sets a provider up with a batch processor
+  and an exporter that only counts: 4 spans a workflow (its delivery and its 3 steps). The two
+  interleave, R runs each, medians reported.
+
+The machine is shared and noisy: compare the two columns, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_supervisor import admitted, compile_bytecode, start_up, workers  # noqa: E402
+from benchlib import cpu_seconds  # noqa: E402
+
+from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
+
+PLAIN_APP = "worker.apps.bench"
+TRACED_APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_tracing_app.py")
+BOOT = "import worker._runtime.child, worker.apps.bench"
+
+
+def boot() -> tuple[float, bool]:
+    """Median ms of a fresh interpreter importing a worker's runtime and app, and whether any of
+    those imported OpenTelemetry."""
+    times = []
+    for _ in range(21):
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", BOOT], check=True)
+        times.append((time.perf_counter() - began) * 1000)
+    loaded = subprocess.run([sys.executable, "-c", BOOT + "; import sys; print(any(m.startswith('opentelemetry')"
+                             " for m in sys.modules))"], check=True, capture_output=True, text=True).stdout.strip()
+    return statistics.median(times), loaded == "True"
+
+
+HOOKS = """
+import sys, time
+from supervisor.ledger.values import Completed, ExecutionLease
+from worker._runtime.tracing import NO_STEP, begin_delivery
+{setup}
+lease, stored = ExecutionLease("e", 1, 0), {stored!r}
+def delivery():
+    trace = begin_delivery(lease, stored, "noop3")
+    for key in ("a", "b", "c"):
+        span = NO_STEP if trace is None else trace.step(key, 1)
+        span.end()
+    if trace is not None:
+        trace.end(Completed("null"), "noop3")
+for _ in range(2000):
+    delivery()
+times = []
+for _ in range(7):
+    began = time.perf_counter()
+    for _ in range(5000):
+        delivery()
+    times.append((time.perf_counter() - began) / 5000 * 1e6)
+print(sorted(times)[3])
+"""
+PROVIDER = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+class Counting(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(Counting()))
+trace.set_tracer_provider(provider)
+"""
+STORED = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'
+
+
+def hooks(setup: str, stored) -> float:
+    """µs the tracing hooks of one 3-step delivery take, median of 7 batches, in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", HOOKS.format(setup=setup, stored=stored)], check=True,
+                          capture_output=True, text=True)
+    return float(done.stdout)
+
+
+def throughput(folder: str, app: str, n: int, repetition: int) -> tuple[float, float]:
+    """Workflows/s from the first acknowledgement to the last, and the workers' CPU ms a workflow."""
+    db = admitted(folder, f"{os.path.basename(app)}-{repetition}", n)
+    me = psutil.Process()
+    acks: list[float] = []
+    cpu: list[float] = []
+
+    def acknowledged(*_) -> None:
+        acks.append(time.perf_counter())
+        if len(acks) in (1, n):
+            cpu.append(cpu_seconds(workers(me)))
+
+    supervisor = Supervisor(db, app, SupervisorConfig(concurrency=2, poll_ms=50), on_delivery=acknowledged)
+    supervisor.run(until_idle=True)
+    assert supervisor.stats.completed == n and supervisor.stats.child_deaths == 0, supervisor.stats
+    return (n - 1) / (acks[-1] - acks[0]), (cpu[1] - cpu[0]) / (n - 1) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workflows", type=int, default=1500, help="workflows per throughput run (default 1500)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each; medians are reported (default 5)")
+    args = parser.parse_args()
+    compile_bytecode()
+    try:
+        import opentelemetry.sdk  # noqa: F401
+        installed = True
+    except ImportError:
+        installed = False
+    boot_ms, imported = boot()
+    print(f"OpenTelemetry SDK installed: {installed}")
+    print(f"worker boot (import runtime + app, fresh interpreter, median of 21): {boot_ms:.0f} ms;"
+          f" OpenTelemetry imported: {imported}")
+    print("tracing hooks of one 3-step delivery, in process (median of 7 x 5000):")
+    print(f"  OpenTelemetry not imported:           {hooks('', None):8.2f} µs")
+    if installed:
+        print(f"  imported, no provider set:            {hooks('import opentelemetry.trace', None):8.2f} µs")
+        print(f"  provider set, a stored traceparent:   {hooks(PROVIDER, STORED):8.2f} µs")
+    with tempfile.TemporaryDirectory(prefix="yieldstar-bench-") as folder:
+        starts = [start_up(folder, r)[0] for r in range(args.repeats)]
+        print(f"start-up, exec to first claim (4 workers, median of {args.repeats}): {statistics.median(starts):.0f} ms")
+        apps = [("no provider set", PLAIN_APP)] + ([("provider set", TRACED_APP)] if installed else [])
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in apps}
+        for r in range(args.repeats):
+            for name, app in apps:
+                runs[name].append(throughput(folder, app, args.workflows, r))
+        print(f"3-step no-op workflows at concurrency 2 ({args.workflows} each, median of {args.repeats}):")
+        for name, _ in apps:
+            rate = statistics.median(rate for rate, _ in runs[name])
+            cpu = statistics.median(cpu for _, cpu in runs[name])
+            print(f"  {name:16} {rate:8,.0f} /s   workers' CPU {cpu:.3f} ms a workflow   (each: "
+                  + ", ".join(f"{rate:,.0f}" for rate, _ in runs[name]) + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
