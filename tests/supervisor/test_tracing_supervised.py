@@ -62,10 +62,11 @@ def test_deliveries_and_step_attempts_are_spans_in_the_trace_of_the_span_that_st
     assert len(delivery_of) == len(deliveries)
 
     for workflow in ("traced.order", "traced.async_order"):
-        # reserve and charge (failed), then charge again, start the child and wait, then the end.
+        # reserve and charge (failed), then charge again, start the child and wait, then the end
+        # (in delivery 2 itself when the child, run by another worker, finished before the wait).
         order = by_execution[workflow]
-        assert [(s["attributes"]["yieldstar.token"], s["attributes"]["yieldstar.outcome"]) for s in order] == [
-            (1, "suspended"), (2, "suspended"), (3, "completed")], order
+        assert [(s["attributes"]["yieldstar.token"], s["attributes"]["yieldstar.outcome"]) for s in order] in (
+            [(1, "suspended"), (2, "suspended"), (3, "completed")], [(1, "suspended"), (2, "completed")]), order
         for span in order:
             assert span["trace_id"] == trace_id and span["parent_id"] == checkout_id
             assert span["attributes"]["yieldstar.workflow"] == workflow
