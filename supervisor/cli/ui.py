@@ -8,9 +8,11 @@ Starlette, Jinja2 and uvicorn are the `ui` extra, imported only here, only when 
 from __future__ import annotations
 
 import socket
+import sys
 
 import click
 
+from ..ledger.backends import shown
 from . import backend_of, closed_down, fail, handles_errors, main
 
 DEFAULT_ADDR = "127.0.0.1:8080"
@@ -76,12 +78,16 @@ def ui(ctx, addr: str) -> None:
         from ..ui.app import create_app
         from ..ui.guard import hosts_for
     except ImportError as exc:
-        fail(f"yieldstar ui needs the ui extra ({exc.name} is not installed): {INSTALL}")
+        fail(f"yieldstar ui needs the ui extra ({(exc.name or 'a library').split('.')[0]} is not installed): {INSTALL}")
     with backend_of(ctx, create=False) as backend:
         sock = listening_socket(host, port)
         with sock:
             app = create_app(backend, allowed_hosts=hosts_for(host))
-            click.echo(f"serving the UI of {ctx.obj['db']} at {url_of(sock)} (Ctrl-C stops)")
+            click.echo(f"serving the UI of {shown(ctx.obj['db'])} at {url_of(sock)} (Ctrl-C stops)")
+            sys.stdout.flush()  # a script that started it reads the address now, not at exit
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-            server.run(sockets=[sock])
+            try:
+                server.run(sockets=[sock])
+            except KeyboardInterrupt:
+                pass  # uvicorn stopped gracefully, then raised the SIGINT again: Ctrl-C is how one stops it
     closed_down()

@@ -45,7 +45,9 @@ UNKNOWN_COLOUR = "#9e9e9e"
 
 @dataclass(frozen=True)
 class Bar:
-    """One delivery's bar: `x`, `y`, `width` in px; `ended` is how it ended (`live` while held)."""
+    """One delivery's bar: `x`, `y`, `width` in px; `ended` is how it ended (`live` while held).
+    Its label reads from the bar's start, or, for a bar in the drawing's right part, ends at the
+    bar's end, so that it stays inside the drawing."""
 
     token: int
     holder: str
@@ -57,13 +59,28 @@ class Bar:
     width: float
     colour: str
     label: str
+    label_x: float  # where the label starts (`anchor` "start") or ends ("end"): over the bar, inside the drawing
+    anchor: str
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The time between a lapsed lease's expiry and the claim that superseded it, when nobody
+    held the execution: a dotted line from `x1` to `x2` at `y`, with how long it lasted."""
+
+    x1: float
+    x2: float
+    y: int
+    label: str
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """The bars, the drawing's height, the "now" line's x (None: outside the span) and the span."""
+    """The bars, the gaps after lapsed leases, the drawing's height, the "now" line's x (None:
+    outside the span) and the span."""
 
     bars: list[Bar]
+    gaps: list[Gap]
     height: int
     now_x: Optional[float]
     start: int
@@ -77,7 +94,7 @@ class Timeline:
 def lay_out(history: list[LeaseRecord], now: int) -> Timeline:
     """The bars of `history` (oldest first, as `executions.history` returns it) as of `now`."""
     if not history:
-        return Timeline(bars=[], height=0, now_x=None, start=now, end=now)
+        return Timeline(bars=[], gaps=[], height=0, now_x=None, start=now, end=now)
     ends = [_end(lease) for lease in history]
     start = min(lease.claimed_at for lease in history)
     end = max(max(ends), now if any(lease.ended_by is None for lease in history) else start)
@@ -85,14 +102,20 @@ def lay_out(history: list[LeaseRecord], now: int) -> Timeline:
     bars = []
     for row, (lease, ended_at) in enumerate(zip(history, ends)):
         ended = "live" if lease.ended_by is None else str(lease.ended_by)
-        x = LEFT + (lease.claimed_at - start) * scale
-        width = max((ended_at - lease.claimed_at) * scale, MIN_BAR)
+        x = round(min(LEFT + (lease.claimed_at - start) * scale, WIDTH - RIGHT - MIN_BAR), 1)
+        width = round(max((ended_at - lease.claimed_at) * scale, MIN_BAR), 1)
+        leftish = x < WIDTH / 2
         bars.append(Bar(token=lease.token, holder=lease.holder, ended=ended,
                         outcome=None if lease.outcome is None else str(lease.outcome), renewals=lease.renewals,
-                        x=round(min(x, WIDTH - RIGHT - MIN_BAR), 1), y=row * ROW + 18, width=round(width, 1),
-                        colour=COLOURS.get(ended, UNKNOWN_COLOUR), label=_label(lease, ended, ended_at)))
+                        x=x, y=row * ROW + 18, width=width, colour=COLOURS.get(ended, UNKNOWN_COLOUR),
+                        label=_label(lease, ended, ended_at), label_x=x if leftish else min(x + width, WIDTH - RIGHT),
+                        anchor="start" if leftish else "end"))
+    gaps = [Gap(x1=round(before.x + before.width, 1), x2=after.x, y=after.y + BAR // 2,
+                label="no holder for " + format_duration(after_lease.claimed_at - before_end))
+            for before, after, before_end, after_lease in zip(bars, bars[1:], ends, history[1:])
+            if before.ended == "superseded" and after.x > before.x + before.width]
     now_x = LEFT + (now - start) * scale if start <= now <= end else None
-    return Timeline(bars=bars, height=len(bars) * ROW + AXIS, now_x=None if now_x is None else round(now_x, 1),
+    return Timeline(bars=bars, gaps=gaps, height=len(bars) * ROW + AXIS, now_x=None if now_x is None else round(now_x, 1),
                     start=start, end=end)
 
 

@@ -79,6 +79,7 @@ def test_an_execution_shows_its_steps_waits_and_lease_timeline(client):
     (_, _, x1, w1, _), (_, _, x2, _, _) = bars
     assert float(x1) + float(w1) < float(x2)  # the lapsed lease ends before its successor's claim
     assert f"token 1 · {first['holder']} · superseded" in svg and "↻1" in svg
+    assert '<g class="gap"><title>no holder for ' in svg  # the lapsed lease's expiry to the next claim
     assert f"token 2 · {second['holder']} · acknowledged (completed)" in svg
     assert "charge" in page and "{&#34;charged&#34;: 2}" in page
 
