@@ -69,8 +69,10 @@ def url_of(sock: socket.socket) -> str:
 @click.pass_context
 @handles_errors
 def ui(ctx, addr: str) -> None:
-    """Serve a web UI over the ledger: executions, their steps and lease timelines, queues,
-    schedules, live supervisors; cancel and resume; the same data as JSON under /api/."""
+    """Serve a web UI over the ledger, and the same data as JSON under /api/.
+
+    Executions with the ls filters; one execution's steps, waits and lease timeline; queues,
+    schedules and live supervisors; cancel and resume with a confirmation."""
     host, port = parse_addr(addr)
     try:
         import uvicorn

@@ -140,26 +140,19 @@ def create_app(backend, *, allowed_hosts: Optional[frozenset[str]] = guard.LOOPB
             return await run_in_threadpool(act, request, verb, fields)
         return endpoint
 
-    def queues_page(request: Request) -> Response:
-        with ledger.lock:
-            found = reads.read_queues(ledger.backend)
-        if request.url.path.startswith("/api/"):
-            return api(reads.queues_json(found))
-        return html(request, "queues.html", title="Queues", rows=[queue_cells(q) for q in found])
+    def listing(read, to_json, template: str, title: str):
+        """A page listing what `read(backend)` returns (`(now, items)`), and its JSON twin."""
+        def page(request: Request) -> Response:
+            with ledger.lock:
+                now, items = read(ledger.backend)
+            if request.url.path.startswith("/api/"):
+                return api(to_json(items))
+            return html(request, template, title=title, now=now, items=items)
+        return page
 
-    def schedules_page(request: Request) -> Response:
-        with ledger.lock:
-            now, found = reads.read_schedules(ledger.backend)
-        if request.url.path.startswith("/api/"):
-            return api(reads.schedules_json(found))
-        return html(request, "schedules.html", title="Schedules", now=now, schedules=found)
-
-    def supervisors_page(request: Request) -> Response:
-        with ledger.lock:
-            now, live = reads.read_supervisors(ledger.backend)
-        if request.url.path.startswith("/api/"):
-            return api(reads.supervisors_json(live))
-        return html(request, "supervisors.html", title="Supervisors", now=now, supervisors=live)
+    queues_page = listing(reads.read_queues, reads.queues_json, "queues.html", "Queues")
+    schedules_page = listing(reads.read_schedules, reads.schedules_json, "schedules.html", "Schedules")
+    supervisors_page = listing(reads.read_supervisors, reads.supervisors_json, "supervisors.html", "Live supervisors")
 
     routes = [
         Route("/", executions_page),
@@ -237,6 +230,7 @@ def _templates() -> jinja2.Environment:
     env.filters["when"] = lambda ms, now=None: format_time(ms, now=now)
     env.filters["path"] = lambda text: quote(text, safe="")
     env.globals["shown"] = lambda text: shown(text, False)
+    env.filters["queue_cells"] = queue_cells
     return env
 
 

@@ -125,8 +125,8 @@ def execution_json(view: ExecutionView) -> str:
             f' "now": {view.now}}}')
 
 
-def read_queues(backend) -> list:
-    return backend.queues.list()
+def read_queues(backend) -> tuple[int, list]:
+    return backend.clock(), backend.queues.list()
 
 
 def queues_json(queues: list) -> str:
