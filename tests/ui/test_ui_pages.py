@@ -172,3 +172,20 @@ def test_only_loopback_names_are_answered(client):
         assert client.get(path, headers={"Host": "evil.example:8080"}).status_code == 403
     for host in ("localhost:8080", "127.0.0.1", "[::1]:8080"):
         assert client.get("/api/queues", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.timeout(120)
+def test_an_id_with_a_slash_spaces_and_accents_has_working_links(each_backend):
+    weird = "orders/2026 #7?ü"
+    with open_backend(each_backend) as backend:
+        backend.executions.admit(weird, "order")
+        client = TestClient(create_app(backend), base_url=ORIGIN)
+        detail = client.get(re.search(r'href="(/executions/[^"]+)"', client.get("/").text)[1])
+        assert detail.status_code == 200 and client.get(re.search(r'href="(/api/executions/[^"]+)"', detail.text)[1]
+                                                        ).json()["execution"]["execution_id"] == weird
+        confirm = client.get(re.search(r'href="(/cancel/[^"]+)"', detail.text)[1])
+        action = re.search(r'<form method="post" action="([^"]+)"', confirm.text)[1]
+        token = re.search(r'name="csrf_token" value="([^"]+)"', confirm.text)[1]
+        done = client.post(action, data={"csrf_token": token}, headers={"Origin": ORIGIN}, follow_redirects=False)
+        assert done.status_code == 303 and client.get(done.headers["location"]).status_code == 200
+        assert backend.executions.get(weird).status == "cancelled"
