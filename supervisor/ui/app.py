@@ -50,8 +50,8 @@ class Ledger:
 
 
 def create_app(backend, *, allowed_hosts: Optional[frozenset[str]] = guard.LOOPBACK_NAMES,
-               token: Optional[str] = None) -> Starlette:
-    """The UI over `backend`.
+               token: Optional[str] = None):
+    """The UI over `backend`: an ASGI app.
 
     Args:
         backend: an open ledger backend; the caller closes it.
@@ -176,24 +176,37 @@ def create_app(backend, *, allowed_hosts: Optional[frozenset[str]] = guard.LOOPB
                                (YieldstarError, 503)):
         app.add_exception_handler(error, _answer(refused, status_code))
 
-    return HostCheck(app, allowed_hosts)
+    return Guarded(app, allowed_hosts)
 
 
-class HostCheck:
-    """ASGI middleware: a request whose Host is not one the UI answers gets a 403 (`guard`)."""
+class Guarded:
+    """ASGI middleware: a request whose Host is not one the UI answers gets a 403 (`guard`), and
+    every answer carries `guard.HEADERS` (no framing, nothing loaded from elsewhere)."""
 
     def __init__(self, app, allowed_hosts: Optional[frozenset[str]]):
         self.app = app
         self.allowed_hosts = allowed_hosts
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if not guard.host_allowed(host, self.allowed_hosts):
-                response = PlainTextResponse(f"this UI does not answer requests for host {host!r}", status_code=403)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if not guard.host_allowed(host, self.allowed_hosts):
+            response = PlainTextResponse(f"this UI does not answer requests for host {host!r}", status_code=403,
+                                         headers=guard.HEADERS)
+            await response(scope, receive, send)
+            return
+
+        async def send_guarded(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *GUARD_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_guarded)
+
+
+GUARD_HEADERS = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in guard.HEADERS.items()]
 
 
 async def _form_fields(request: Request) -> Optional[dict]:

@@ -7,6 +7,8 @@ cross-site checks on every POST (the only requests that change anything).
   rebound page can neither read the ledger nor fetch a form's token. Bound to a named address,
   it answers that name and the loopback names; bound to every address (0.0.0.0, ::), any Host:
   who reaches it then is the network's business, and the POST checks still hold.
+- Framing: no page may frame the UI's pages (`HEADERS`), so none can trick a click on a
+  confirmation's button.
 - POST: the form's `csrf_token` must be this process's token (random, made at start, never
   stored), which only a page served by this UI holds; and the request's `Origin` (or, without
   one, its `Referer`) must be this UI's own origin, and `Sec-Fetch-Site`, when sent, not
@@ -19,6 +21,18 @@ import hmac
 import secrets
 from typing import Optional
 from urllib.parse import urlsplit
+
+# On every answer. Clickjacking: a page elsewhere may frame the confirmation page (its Host,
+# 127.0.0.1, is allowed) and trick a click on its button, whose POST would then be same-origin
+# and carry the token; no page may frame the UI. The rest: load nothing from anywhere else (the
+# CSS is inline, the timeline inline SVG), post forms only to the UI, keep URLs (ids) in it.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self';"
+                               " form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 EVERY_ADDRESS = frozenset({"0.0.0.0", "::", ""})

@@ -175,6 +175,16 @@ def test_only_loopback_names_are_answered(client):
 
 
 @pytest.mark.timeout(120)
+def test_no_page_may_be_framed_nor_load_anything_from_elsewhere(client):
+    """A page elsewhere that framed the confirmation could trick a click on its button."""
+    for path in ("/cancel/order-1003", "/executions/order-1001", "/api/executions", "/nowhere"):
+        headers = client.get(path).headers
+        assert headers["x-frame-options"] == "DENY", path
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        assert "default-src 'none'" in headers["content-security-policy"]
+
+
+@pytest.mark.timeout(120)
 def test_an_id_with_a_slash_spaces_and_accents_has_working_links(each_backend):
     weird = "orders/2026 #7?ü"
     with open_backend(each_backend) as backend:
