@@ -29,10 +29,7 @@ def schedules(ctx, as_json_: bool) -> None:
         now = backend.clock()
         records = backend.schedules.list()
     if as_json_:
-        click.echo(json.dumps([
-            {"name": r.name, "spec": r.spec, "timezone": r.timezone, "last_tick": r.last_tick, "next_tick": r.next_tick,
-             "updated_at": r.updated_at, "last_id": None if r.last_tick is None else tick_id(r.name, r.last_tick)}
-            for r in records]))
+        click.echo(json.dumps([schedule_json(r) for r in records]))
         return
     if not records:
         click.echo("no schedule recorded: a supervisor records its app's schedules when it starts")
@@ -43,3 +40,10 @@ def schedules(ctx, as_json_: bool) -> None:
               "never" if r.next_tick is None else f"{tick_text(r.next_tick)} ({relative(r.next_tick, now)})")
              for r in records]
     click.echo("\n".join(aligned(rows)))
+
+
+def schedule_json(record) -> dict:
+    """A schedule (`ScheduleRecord`) as `schedules --json` prints it (see the module docstring)."""
+    return {"name": record.name, "spec": record.spec, "timezone": record.timezone, "last_tick": record.last_tick,
+            "next_tick": record.next_tick, "updated_at": record.updated_at,
+            "last_id": None if record.last_tick is None else tick_id(record.name, record.last_tick)}

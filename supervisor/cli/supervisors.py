@@ -26,7 +26,7 @@ def supervisors(ctx, as_json_: bool) -> None:
         now = backend.clock()
         live = backend.supervisors.live(now=now)
     if as_json_:
-        click.echo(json.dumps([{**asdict(s), "workflows": list(s.workflows)} for s in live]))
+        click.echo(json.dumps([supervisor_json(s) for s in live]))
         return
     if not live:
         click.echo("no live supervisor: nothing is claimed until one runs (yieldstar supervise APP)")
@@ -36,3 +36,8 @@ def supervisors(ctx, as_json_: bool) -> None:
               f"{format_duration(max(now - s.last_seen_at, 0))} ago", str(s.concurrency), str(s.workers),
               ", ".join(s.workflows) or "(none)") for s in live]
     click.echo("\n".join(aligned(rows, right=(2, 5, 6))))
+
+
+def supervisor_json(record) -> dict:
+    """A live supervisor (`SupervisorRecord`) as `supervisors --json` prints it."""
+    return {**asdict(record), "workflows": list(record.workflows)}
