@@ -64,11 +64,16 @@ class Claimed:
     `input_json` is the execution's input when this is its first delivery (token 1: nothing was
     recorded under an earlier one, so the worker need not read its steps from the ledger), and
     None when the execution was delivered before: its worker reads its record and steps.
+    `queue` and `due_at` (ms: when the execution became due, as the claim found it) label and
+    time the claim for the supervisor's metrics (the claim delay is the claim's time, the lease's
+    expiry less its length, minus `due_at`).
     """
 
     lease: ExecutionLease
     workflow: str
     input_json: Optional[str] = None
+    queue: Optional[str] = None
+    due_at: Optional[int] = None
 
 
 def _member(enum_type: type[enum.Enum], value: Any) -> Any:

@@ -19,7 +19,8 @@ CREATE FUNCTION pg_temp.yieldstar_batch(
     p_ids text[], p_tokens bigint[], p_statuses text[], p_results text[], p_errors text[], p_details text[],
     p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean,
     p_workflows text[])
-RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text)
+RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text,
+    o_queue text, o_due bigint)
 LANGUAGE plpgsql AS $batch$
 DECLARE
     found_row record;
@@ -93,9 +94,11 @@ BEGIN
                 parked_details := parked_details || found_row.detail;
             END IF;
             IF found_row.status = 'suspended' THEN
-                RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
+                RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL,
+                    NULL, NULL::bigint;
             ELSE
-                RETURN QUERY SELECT 'ended', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL;
+                RETURN QUERY SELECT 'ended', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL,
+                    NULL, NULL::bigint;
                 ended_ids := ended_ids || found_row.execution_id;
             END IF;
         END LOOP;
@@ -136,7 +139,7 @@ BEGIN
             -- in a statement after the rows' locks, in the order every wake takes them.
             DELETE FROM waiters w USING unnest(woken_ids, woken_workflows) AS k(id, workflow)
             WHERE w.kind = 'code' AND w.target = k.workflow AND w.waiter = k.id;
-            RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL;
+            RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL, NULL, NULL::bigint;
         END IF;
     END IF;
     IF p_limit > 0 THEN
@@ -375,7 +378,7 @@ BEGIN
                 updated_at = p.at
             FROM picked p WHERE e.execution_id = p.execution_id
             RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json,
-                p.due_at, p.part, p.seq, p.priority),
+                p.due_at, p.part, p.seq, p.priority, p.queue),
         superseded AS (
             UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = '{superseded}',
                 outcome = NULL, expires_at = p.lease_expires_at
@@ -384,7 +387,7 @@ BEGIN
             INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
             SELECT c.execution_id, c.token, p_holder, c.updated_at, c.lease_expires_at FROM claimed c)
         SELECT 'claimed', c.execution_id, c.token, c.lease_expires_at, c.workflow,
-            CASE WHEN c.token = 1 THEN c.input_json END
+            CASE WHEN c.token = 1 THEN c.input_json END, c.queue, c.due_at
         FROM claimed c ORDER BY c.priority DESC, c.due_at, c.part, c.seq;
     END IF;
 END

@@ -261,7 +261,7 @@ class ExecutionLeases(ExecutionRows):
             db.execute(self._sql[CLAIM], (expires, unacked, ended_at, ready, at, row.execution_id))
             opened.append((row.execution_id, token, self._holder, at, expires))
             claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
-                                   row.input_json if token == 1 else None))
+                                   row.input_json if token == 1 else None, row.queue, row.due_at))
             if row.queue in capacity and capacity[row.queue].rate_limited:
                 db.execute(self._sql[queues.RATE_CLAIMED], (row.queue, now))
         self._fence_lapsed(db, now, {row.queue for row in rows if row.queue in capacity
