@@ -206,6 +206,7 @@ class AsyncWorkflowContext(WorkflowContext):
         # What runs inside this step (tasks it starts included) is enclosed by it: a suspension
         # in there must not wait for this step to land, which waits for it.
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))
+        started = time.monotonic()
         try:
             try:
                 if timeout is None:
@@ -219,6 +220,7 @@ class AsyncWorkflowContext(WorkflowContext):
             write, as_value = self._done_write(key, attempt, value)
             return self._done_value(key, value, write, as_value, await self._record_async(write))
         finally:
+            self._writer.step_seconds.append(time.monotonic() - started)
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 

@@ -42,6 +42,7 @@ import datetime as _dt
 import inspect
 import json
 import threading
+import time
 import traceback
 from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
@@ -520,6 +521,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             return replayed
         self._take_off(key)
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))  # steps started in fn are nested
+        started = time.monotonic()
         try:
             try:
                 if timeout is None:
@@ -535,6 +537,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
                                       " def workflow, with await ctx.run(...)")
             return self._step_done(key, attempt, value)
         finally:
+            self._writer.step_seconds.append(time.monotonic() - started)
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 

@@ -286,7 +286,8 @@ class WorkflowRun:
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
                  may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
-                 start: Optional[tuple[str, str]] = None) -> DeliveryOutcome:
+                 start: Optional[tuple[str, str]] = None,
+                 step_seconds: Optional[list[float]] = None) -> DeliveryOutcome:
     """Run one delivery of `lease.execution_id` with its fencing token and return its outcome.
 
     Args:
@@ -297,8 +298,12 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
         start: (workflow, input JSON) of the execution when this is its first delivery, as the
             claim found them (`Claimed`): nothing is recorded under an earlier token, so there
             is nothing to read. None: read the execution and its recorded steps.
+        step_seconds: a list to which how long each step attempt took (s) is appended, for
+            the supervisor's metrics (`Done.steps`).
     """
     delivery = WorkflowRun(backend, lease, registry, may_write=may_write, claimed_at=claimed_at, start=start)
+    if step_seconds is not None:
+        delivery.writer.step_seconds = step_seconds
     ended = delivery.prepare()
     if ended is not None:
         return ended
