@@ -6,19 +6,20 @@ step attempts and outcomes a test counts, then finds in a scrape.
 - `mx.fails`: raises outside any step, so it fails at once, with no step;
 - `mx.gated`: one step that waits for the file `input["gate"]` (at most a minute), so that a
   scrape can see it running.
+
+It imports its gate from `supervised_app`, whose `sv.` workflows it serves too (none is started).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
+from supervised_app import wait_for_file
 from worker import Queue, workflow
 
 REPORTS = Queue("reports")
 STEP_S = 0.05
-GATE_TIMEOUT_S = 60.0
 
 
 @workflow("mx.steps", queue=REPORTS)
@@ -40,15 +41,6 @@ def fails(ctx, input):
     raise ValueError("this workflow fails")
 
 
-def wait_for(gate: str) -> str:
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not os.path.exists(gate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {gate} never opened")
-        time.sleep(0.01)
-    return "opened"
-
-
 @workflow("mx.gated")
 def gated(ctx, input):
-    return ctx.run("wait", wait_for, input["gate"])
+    return ctx.run("wait", wait_for_file, input["gate"])
