@@ -19,7 +19,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from faults import TESTS, cli, wait_until
+from faults import TESTS, cli, sigkill, wait_until
 
 pytestmark = [pytest.mark.usefixtures("dump_on_hang"), pytest.mark.timeout(120)]
 
@@ -133,9 +133,10 @@ def test_a_scrape_counts_the_runs_deliveries_steps_claims_and_outcomes_and_the_l
     assert value(samples, "yieldstar_executions_by_status", status="completed") == 5
 
 
-def test_a_lost_lease_is_counted_by_workflow_and_queue(sqlite_path, sqlite_ledger, supervisors, tmp_path):
+def test_a_lost_lease_and_a_worker_killed_mid_delivery_are_counted(sqlite_path, sqlite_ledger, supervisors, tmp_path):
     """An operator cancels a running execution: its delivery ends in the ledger, the supervisor
-    stops it, and the scrape counts one lost lease and one delivery that ended `lost`."""
+    stops it, and the scrape counts one lost lease and one delivery that ended `lost`. Then a
+    worker is SIGKILLed mid-delivery: one delivery that ended `crashed` (its lease left to expire)."""
     process = supervisors.start(sqlite_path, app=APP, concurrency=1, extra=["--metrics", "0"])
     url = metrics_url(process)
     start(sqlite_ledger, "cancelled", "mx.gated", {"gate": str(tmp_path / "never")})
@@ -148,6 +149,16 @@ def test_a_lost_lease_is_counted_by_workflow_and_queue(sqlite_path, sqlite_ledge
     assert value(samples, "yieldstar_outcomes_total", workflow="mx.gated", queue="default", outcome="lost") == 1
     assert value(samples, "yieldstar_delivery_seconds_count", workflow="mx.gated", queue="default",
                  outcome="lost") == 1
+
+    start(sqlite_ledger, "crashed", "mx.gated", {"gate": str(tmp_path / "never")})
+    wait_until(lambda: sqlite_ledger.executions.get("crashed").status == "running", 30,
+               message="the second gated execution running")
+    (worker_pid,) = process.wait_ready()
+    sigkill(worker_pid)
+    samples = scrape_until(url, "yieldstar_outcomes_total", "a crashed delivery in a scrape", workflow="mx.gated",
+                           queue="default", outcome="crashed")
+    assert value(samples, "yieldstar_outcomes_total", workflow="mx.gated", queue="default", outcome="crashed") == 1
+    assert value(samples, "yieldstar_lost_leases_total", workflow="mx.gated", queue="default") == 1
 
 
 @pytest.mark.timeout(60)
