@@ -28,4 +28,4 @@ class DeliveryMetrics:
         `now` (monotonic s)."""
 
     def storage_error(self, call: str) -> None:
-        """A ledger call of the kind `call` (Claim, Acknowledge, Renew...) met a storage error."""
+        """A ledger call met a storage error; `call` names its ledger method (`Call.name`)."""

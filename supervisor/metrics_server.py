@@ -76,7 +76,7 @@ class PrometheusMetrics(DeliveryMetrics):
             "yieldstar_lost_leases", "Deliveries of this supervisor whose lease was found lost (or whose execution"
             " ended in the ledger, cancelled) before they ended.", ["workflow", "queue"], registry=registry)
         self.storage_errors = Counter(
-            "yieldstar_storage_errors", "Ledger calls of this supervisor that met a storage error, by kind of call.",
+            "yieldstar_storage_errors", "Ledger calls of this supervisor that met a storage error, by ledger method.",
             ["call"], registry=registry)
         self._children: dict[tuple, object] = {}
 
