@@ -64,9 +64,11 @@ class Claimed:
     `input_json` is the execution's input when this is its first delivery (token 1: nothing was
     recorded under an earlier one, so the worker need not read its steps from the ledger), and
     None when the execution was delivered before: its worker reads its record and steps.
-    `queue` and `due_at` (ms: when the execution became due, as the claim found it) label and
-    time the claim for the supervisor's metrics (the claim delay is the claim's time, the lease's
-    expiry less its length, minus `due_at`).
+    `queue` and `due_at` label and time the claim for the supervisor's metrics: `due_at` (ms) is
+    when the execution became claimable as the claim found it, its due time, or the expiry of
+    the lease this claim supersedes when that is later (a delivery again after a lease ran out
+    waited from then, not from before its lost delivery). The claim delay is the claim's time
+    (the lease's expiry less its length) minus `due_at`.
     """
 
     lease: ExecutionLease

@@ -338,3 +338,8 @@ def test_a_claim_says_each_executions_queue_and_when_it_became_due(backend, cloc
     assert replies == [Completed("1")]
     assert (late.lease.execution_id, late.queue, late.due_at) == ("late", "default", due["late"])
     assert late.lease.expires_at - LEASE_MS - late.due_at == 2_000
+    # A delivery again after its lease ran out was due since that lease's expiry, not since the
+    # execution's first due time.
+    clock.advance(LEASE_MS + 60_000)  # the lease runs out, and the redelivery delay passes
+    (again,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    assert (again.lease.execution_id, again.lease.token, again.due_at) == ("late", 2, late.lease.expires_at)

@@ -378,7 +378,7 @@ BEGIN
                 updated_at = p.at
             FROM picked p WHERE e.execution_id = p.execution_id
             RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json,
-                p.due_at, p.part, p.seq, p.priority, p.queue),
+                p.due_at, p.part, p.seq, p.priority, p.queue, p.ended_at),
         superseded AS (
             UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = '{superseded}',
                 outcome = NULL, expires_at = p.lease_expires_at
@@ -387,7 +387,8 @@ BEGIN
             INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
             SELECT c.execution_id, c.token, p_holder, c.updated_at, c.lease_expires_at FROM claimed c)
         SELECT 'claimed', c.execution_id, c.token, c.lease_expires_at, c.workflow,
-            CASE WHEN c.token = 1 THEN c.input_json END, c.queue, c.due_at
+            CASE WHEN c.token = 1 THEN c.input_json END, c.queue,
+            CASE WHEN c.part = 1 THEN GREATEST(c.due_at, c.ended_at) ELSE c.due_at END
         FROM claimed c ORDER BY c.priority DESC, c.due_at, c.part, c.seq;
     END IF;
 END
