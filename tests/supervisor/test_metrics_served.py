@@ -214,16 +214,16 @@ def test_prometheus_client_is_imported_by_the_metrics_server_alone_never_by_a_pl
 
 def test_a_scrape_after_the_database_cut_its_connection_reads_the_ledgers_gauges_again(pg_uri, supervisors):
     """Every session of the supervisor's database is terminated (a server restart, as its
-    sessions see it): a scrape then may lack the ledger's gauges (it logs why), and the next
-    ones open a connection again and serve them, the supervisor's own metrics throughout."""
+    sessions see it): a scrape then may lack the ledger's gauges (it logs why, and opens a
+    connection again for the next), and later ones serve them, the supervisor's own metrics
+    throughout."""
     process = supervisors.start(pg_uri, app=APP, concurrency=1, extra=["--metrics", "0"])
     url = metrics_url(process)
     assert value(scrape(url), "yieldstar_executions_by_status", status="admitted") == 0
     with psycopg.connect(pg_uri, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                       " WHERE datname = current_database() AND pid <> pg_backend_pid()")
-    scrape(url)  # served (200), without the gauges: its connection was cut
-    process.wait_log("metrics: cannot read the ledger's counts for this scrape")
+    scrape(url)  # served (200), with or without the gauges
     with open_backend(pg_uri) as ledger:
         start(ledger, "after", "mx.steps", {"steps": 1})
         wait_until(lambda: terminal(ledger, ["after"]), 60, message="an execution run after the cut")
