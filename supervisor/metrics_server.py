@@ -128,7 +128,8 @@ class LedgerGauges:
                     self._backend = open_backend(self._db_path, durability=self._durability)
                 stats = self._backend.executions.stats(limit=ALL)
             except StorageError as exc:
-                log.warning("metrics: cannot read the ledger's counts for this scrape: %s", exc)
+                log.warning("metrics: cannot read the ledger's counts for this scrape: %s", exc,
+                            extra={"event": "metrics_gauges_failed", "error": str(exc)})
                 self.close()
                 return
         for name, kind, help_text, samples in families(stats, unacknowledged=len(stats.unacknowledged)):
