@@ -1,6 +1,7 @@
 """Benchmark: workflows through a supervisor and its child processes, beside raw SQLite.
 
     .venv/bin/python scripts/bench_supervisor.py [--quick]
+    .venv/bin/python scripts/bench_supervisor.py --metrics [--quick]   (needs yieldstar[metrics])
 
 Prints, in one run on this machine:
 - the raw single-row SQLite commit rate (WAL, synchronous=NORMAL), the yardstick;
@@ -16,6 +17,11 @@ Prints, in one run on this machine:
 - takeover time after a supervisor is SIGKILLed mid-step (lease expiry + redelivery delay);
 - parent-death-to-child-exit time, for a killed supervisor and for a frozen one (SIGSTOP);
 - resident memory of the supervisor and each child after 1,000 and after 10,000 deliveries.
+
+With `--metrics` it prints instead what `supervise --metrics` costs: 3-step workflows/s and the
+supervisor's CPU per workflow at concurrency 2 and 4, in runs with and without metrics taken in
+turn (with: every delivery, step and claim observed, the server listening on a free loopback port
+and scraped once a second, the ledger's gauges read on each scrape), their medians and ratios.
 
 The machine is shared and noisy: compare the ratios, not the absolute times.
 """
@@ -62,10 +68,11 @@ def workers(me: psutil.Process) -> list[psutil.Process]:
 
 
 def throughput(folder: str, concurrency: int, n: int, repetition: int = 0,
-               workflow: str = "noop3") -> tuple[float, float, float]:
+               workflow: str = "noop3", metrics=None) -> tuple[float, float, float]:
     """Workflows/s from the first acknowledgement to the last, and the CPU ms per workflow of the
-    supervisor (this process) and of its children over the same span."""
-    db = admitted(folder, f"throughput-{workflow}-{concurrency}-{repetition}", n, workflow)
+    supervisor (this process) and of its children over the same span. `metrics`: the
+    `DeliveryMetrics` the supervisor reports to (None: none)."""
+    db = admitted(folder, f"throughput-{workflow}-{concurrency}-{repetition}-{metrics is not None}", n, workflow)
     me = psutil.Process()
     acks: list[float] = []
     cpu: list[tuple[float, float]] = []  # (supervisor, children) CPU seconds at the first and last ack
@@ -75,12 +82,58 @@ def throughput(folder: str, concurrency: int, n: int, repetition: int = 0,
         if len(acks) in (1, n):
             cpu.append((own_cpu_seconds(me), cpu_seconds(workers(me))))
 
-    supervisor = Supervisor(db, APP, SupervisorConfig(concurrency=concurrency, poll_ms=50), on_delivery=acknowledged)
+    supervisor = Supervisor(db, APP, SupervisorConfig(concurrency=concurrency, poll_ms=50), on_delivery=acknowledged,
+                            metrics=metrics)
     supervisor.run(until_idle=True)
     assert supervisor.stats.completed == n and supervisor.stats.child_deaths == 0, supervisor.stats
     (mine_0, children_0), (mine_1, children_1) = cpu
     return ((len(acks) - 1) / (acks[-1] - acks[0]), (mine_1 - mine_0) / (n - 1) * 1000,
             (children_1 - children_0) / (n - 1) * 1000)
+
+
+def metrics_cost(folder: str, n: int, repetitions: int) -> None:
+    """Print the throughput and supervisor CPU per workflow with and without `--metrics` (see the
+    module docstring), in runs taken in turn so that the machine's drift touches both alike."""
+    import threading
+    import urllib.request
+
+    from supervisor.metrics_server import serve_metrics
+
+    for concurrency in (2, 4):
+        runs: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+        for r in range(repetitions):
+            for with_metrics in (r % 2 == 1, r % 2 == 0):
+                if not with_metrics:
+                    runs[False].append(throughput(folder, concurrency, n, r))
+                    continue
+                db = os.path.join(folder, f"throughput-noop3-{concurrency}-{r}-True.db")
+                server = serve_metrics("127.0.0.1", 0, db)
+                url = "http://%s:%d/metrics" % server.address
+                stop = threading.Event()
+
+                def scrape() -> None:
+                    while not stop.wait(1.0):
+                        try:
+                            urllib.request.urlopen(url, timeout=5).read()
+                        except OSError:
+                            pass
+
+                scraper = threading.Thread(target=scrape, daemon=True)
+                scraper.start()
+                try:
+                    runs[True].append(throughput(folder, concurrency, n, r, metrics=server.metrics))
+                finally:
+                    stop.set()
+                    scraper.join()
+                    urllib.request.urlopen(url, timeout=5).read()  # the last scrape: it serves
+                    server.close()
+        (rate_0, cpu_0), (rate_1, cpu_1) = [
+            (statistics.median(run[0] for run in runs[m]), statistics.median(run[1] for run in runs[m]))
+            for m in (False, True)]
+        print(f"  concurrency {concurrency}: without {rate_0:8,.0f} /s, supervisor CPU {cpu_0:.3f} ms/workflow;"
+              f" with --metrics {rate_1:8,.0f} /s, {cpu_1:.3f} ms/workflow;  rate ratio {rate_1 / rate_0:.3f},"
+              f" CPU ratio {cpu_1 / cpu_0:.3f}  (each: " + ", ".join(f"{run[0]:,.0f}" for run in runs[False])
+              + " / " + ", ".join(f"{run[0]:,.0f}" for run in runs[True]) + ")")
 
 
 def _drain_localqueue(path: str, start, counts) -> None:
@@ -268,9 +321,18 @@ def memory(folder: str, n: int, concurrency: int = 4) -> list[tuple[int, float, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer workflows, for a smoke run")
+    parser.add_argument("--metrics", action="store_true",
+                        help="only compare runs with and without `supervise --metrics` (needs yieldstar[metrics])")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     n = 600 if args.quick else 3000
+    if args.metrics:
+        repetitions = 2 if args.quick else 6
+        print(f"3-step no-op workflows with and without --metrics ({n} each, medians of {repetitions} runs"
+              " taken in turn):")
+        with tempfile.TemporaryDirectory(prefix="yieldstar-bench-") as folder:
+            metrics_cost(folder, n, repetitions)
+        return 0
     with tempfile.TemporaryDirectory(prefix="yieldstar-bench-") as folder:
         raw = raw_commit_rate(os.path.join(folder, "raw.db"))
         print(f"raw SQLite single-row commits:        {raw:10,.0f} /s  (WAL, synchronous=NORMAL)")

@@ -64,6 +64,7 @@ from typing import Callable, Optional
 
 from worker._runtime.loading import check_app_name
 
+from .delivery_metrics import DeliveryMetrics
 from .ledger import arguments
 from .ledger.backends import open_backend, shown
 from .ledger.errors import AppLoadFailed, AppNotFound, InvalidArgument, LedgerUnusable, StorageError
@@ -166,18 +167,22 @@ class Stats:
 
 class Supervisor:
     def __init__(self, db_path: str, app: str, config: SupervisorConfig = SupervisorConfig(), *,
-                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None):
+                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None,
+                 metrics: Optional[DeliveryMetrics] = None):
         """
         Args:
             db_path: the ledger file, shared with any other supervisor on this host.
             app: the user's workflows, as a module name or a .py path (loaded by each child).
             on_delivery: called after each delivery with (execution_id, token, outcome, ms).
+            metrics: told of each claim, step report, delivery's end and storage error (the
+                `PrometheusMetrics` of `supervise --metrics`); None: nobody is.
         """
         self.db_path = db_path
         self.app = app
         self.config = config
         self.stats = Stats()
         self._on_delivery = on_delivery
+        self._metrics = metrics
         self._stop_requests = 0
         self._signals = Wakeup()
         self._pool: Optional[Pool] = None
@@ -249,7 +254,8 @@ class Supervisor:
                                 extra={"event": "no_nudge_socket", "poll_ms": cfg.poll_ms})
             loop = self._loop = DispatchLoop(cfg, self.stats, pool, calls, renewals, signals=self._signals,
                                              stop_requests=lambda: self._stop_requests, nudges=nudges,
-                                             until_idle=until_idle, on_delivery=self._on_delivery)
+                                             until_idle=until_idle, on_delivery=self._on_delivery,
+                                             metrics=self._metrics)
             shape = "" if cfg.slots == 1 else f" in {cfg.processes} workers of up to {cfg.slots} deliveries"
             log.info("supervising %s on %s: concurrency %d%s, lease %d ms, renew every %d ms (pid %d)",
                      self.app, shown(self.db_path), cfg.concurrency, shape, cfg.lease_ms, cfg.renew_ms, os.getpid(),

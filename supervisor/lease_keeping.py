@@ -131,6 +131,7 @@ class LeaseKeeping:
             return
         delivery.lost = True
         self.stats.lost += 1
+        self.metrics.ended(delivery, "lost", now)
         log.warning(LOST_LINE, delivery.lease.execution_id, delivery.lease.token, why, child.pid,
                     extra={"event": "lease_lost", "reason": why, "worker_pid": child.pid, **delivery.log_fields})
         child.delivery = None

@@ -43,6 +43,7 @@ from typing import Callable, Optional
 
 from worker._runtime.protocol import Run
 
+from .delivery_metrics import DeliveryMetrics
 from .lease_keeping import ENDED_IN_LEDGER, LOST_LINE, RENEWAL_FOUND_LOST, STOP_LINE, LeaseKeeping
 from .ledger.contract import DueListener
 from .ledger.errors import TRANSIENT_KINDS, LedgerUnusable, StorageError
@@ -84,7 +85,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
     def __init__(self, config, stats, pool: Pool, calls: LedgerCalls, renewals: LedgerCalls, *,
                  signals: Wakeup, stop_requests: Callable[[], int],
                  nudges: Optional[DueListener] = None, until_idle: bool = False,
-                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None):
+                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None,
+                 metrics: Optional[DeliveryMetrics] = None):
         """
         Args:
             config: the `SupervisorConfig`.
@@ -94,6 +96,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
                 the ones it opened (`check_files`).
             signals: woken by the stop-signal handler; `stop_requests()` says how many came.
             on_delivery: called after each delivery with (execution_id, token, outcome, ms).
+            metrics: told of each claim, step report, delivery's end and storage error
+                (`supervise --metrics`); None: nobody is.
         """
         self.cfg = config
         self.stats = stats
@@ -105,6 +109,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         self.signals = signals
         self.stop_requests = stop_requests
         self.on_delivery = on_delivery
+        self.metrics = metrics or DeliveryMetrics()
         self.fatal: Optional[StorageError] = None
         self.failing: dict[type[Call], int] = {}  # storage errors in a row, by kind of call
         now = time.monotonic()
@@ -250,6 +255,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
                 del self.failing[kind]
             return
         self.stats.storage_errors += 1
+        self.metrics.storage_error(kind.name)
         self.failing[kind] = failing + 1
         if not error.transient:
             self.fatal = self.fatal or error
@@ -297,7 +303,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         for each in claimed:
             lease = each.lease
             delivery = Delivery(lease, claimed_at=lease.expires_at - self.cfg.lease_ms, workflow=each.workflow,
-                                held_until=sent_at + self.cfg.lease_ms / 1000)
+                                held_until=sent_at + self.cfg.lease_ms / 1000, queue=each.queue or "", since=now)
+            self.metrics.claimed(delivery, each.due_at)
             child = idle.pop(0) if idle else None
             start = None if each.input_json is None else (each.workflow, each.input_json)
             if child is not None and self.hand_over(child, delivery, now, start, each.trace_context):
@@ -460,7 +467,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
             self.fatal = self.fatal or LedgerUnusable(outcome.reason)
         if isinstance(outcome, LeaseLost):
             self.stats.lost += 1
-            self.settled(delivery, "lost")
+            self.settled(delivery, "lost", now)
             return
         self.ending[(delivery.lease.execution_id, delivery.lease.token)] = delivery
         self.submit_settle(delivery)
@@ -503,11 +510,12 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
                 log.warning("execution %s token %d diverged from its recorded steps and is parked: %s",
                             delivery.lease.execution_id, delivery.lease.token, outcome.diverged,
                             extra={"event": "replay_diverged", "detail": outcome.diverged, **delivery.log_fields})
-        self.settled(delivery, status)
+        self.settled(delivery, status, now)
         self.claim_wanted = True
 
-    def settled(self, delivery: Delivery, status: str) -> None:
+    def settled(self, delivery: Delivery, status: str, now: float) -> None:
         lease = delivery.lease
+        self.metrics.ended(delivery, status, now)
         # A failed delivery's line says why: its error's type and message (`log_format`); as JSON,
         # so does a delivery suspended to retry a failed step.
         error = delivery_error(delivery.outcome)

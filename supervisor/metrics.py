@@ -2,8 +2,9 @@
 
 `yieldstar metrics > DIR/yieldstar.prom.tmp && mv DIR/yieldstar.prom.tmp DIR/yieldstar.prom`
 lets a node exporter's textfile collector publish it (the rename makes each file whole):
-nothing here listens on a port. Every figure comes from one `LedgerStats` reading, so the
-samples agree with each other.
+nothing here listens on a port (`supervise --metrics` serves the same families, read on each
+scrape, beside its own histograms: `metrics_server`). Every figure comes from one `LedgerStats`
+reading, so the samples agree with each other.
 """
 
 from __future__ import annotations
@@ -19,7 +20,20 @@ def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:
         unacknowledged: how many executions have unacknowledged deliveries (the caller reads
             `stats` with a limit large enough to count them all).
     """
-    families = [
+    lines = []
+    for name, kind, help_text, samples in families(stats, unacknowledged=unacknowledged):
+        lines.append(f"# HELP {name} {_escape_help(help_text)}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{_labels(labels)} {value}")
+    return "\n".join(lines) + "\n"
+
+
+def families(stats: LedgerStats, *, unacknowledged: int) -> list[tuple[str, str, str, list[tuple[dict, object]]]]:
+    """The families of `exposition` as (name, type, help, [(labels, value)]), values as printed
+    (an int, or seconds as text): also what `supervise --metrics` serves as its `stats` gauges
+    (`metrics_server.LedgerGauges`)."""
+    return [
         ("yieldstar_executions", "gauge", "Executions by status (as of now) and workflow; zero counts are left out.",
          [({"status": status, "workflow": workflow}, count)
           for workflow, counts in sorted(stats.by_workflow.items())
@@ -54,13 +68,6 @@ def exposition(stats: LedgerStats, *, unacknowledged: int) -> str:
          [({"queue": queue.name, "limit": name}, value) for queue in stats.queues
           for name, value in _limits(queue) if value is not None]),
     ]
-    lines = []
-    for name, kind, help_text, samples in families:
-        lines.append(f"# HELP {name} {_escape_help(help_text)}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{_labels(labels)} {value}")
-    return "\n".join(lines) + "\n"
 
 
 def _limits(queue) -> list[tuple[str, object]]:

@@ -129,6 +129,10 @@ class Delivery:
     stop_sent_at: Optional[float] = None
     stop_why: str = ""
     release_on_stop: bool = False  # stopped unconfirmed: give the lease back once it stops
+    # For the metrics (`delivery_metrics`): its execution's queue (its workflow is above), and
+    # when (monotonic s) its claim's reply came.
+    queue: str = ""
+    since: float = 0.0
 
     @property
     def key(self) -> tuple:

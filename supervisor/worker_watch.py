@@ -82,6 +82,7 @@ class WorkerWatch:
                                 delivery.lease.execution_id, delivery.lease.token, child.pid,
                                 now - child.last_answer,
                                 extra={"event": "worker_silent", "worker_pid": child.pid, **delivery.log_fields})
+                    self.metrics.ended(delivery, "killed", now)
                 else:
                     log.warning("idle worker pid %d silent for %.1f s; killing and replacing it",
                                 child.pid, now - child.last_answer,
@@ -139,6 +140,7 @@ class WorkerWatch:
                                            "execution_id": report.execution_id, "token": report.token})
             return
         delivery.ms = report.ms
+        self.metrics.steps_ran(delivery, report.steps)
         outcome = report.outcome
         if delivery.release_on_stop and isinstance(outcome, LeaseLost):
             outcome = Retry(delivery.stop_why)  # stopped unconfirmed: give the lease back
@@ -206,6 +208,7 @@ class WorkerWatch:
                         delivery.lease.execution_id, delivery.lease.token, child.pid, describe_exit(child.process),
                         extra={"event": "worker_died", "worker_pid": child.pid, "exit": describe_exit(child.process),
                                **delivery.log_fields})
+            self.metrics.ended(delivery, "crashed", time.monotonic())
         elif not child.ready:
             log.warning("worker pid %d %s while loading the app; replacing it", child.pid, describe_exit(child.process),
                         extra={"event": "worker_died", "worker_pid": child.pid, "exit": describe_exit(child.process)})

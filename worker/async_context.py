@@ -208,6 +208,7 @@ class AsyncWorkflowContext(WorkflowContext):
         # in there must not wait for this step to land, which waits for it.
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))
         span = NO_STEP if self._trace is None else self._trace.step(key, attempt)
+        started = time.monotonic()
         try:
             try:
                 if timeout is None:
@@ -223,6 +224,7 @@ class AsyncWorkflowContext(WorkflowContext):
             return self._done_value(key, value, write, as_value, await self._record_async(write))
         finally:
             span.end()
+            self._writer.step_seconds.append(time.monotonic() - started)
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 

@@ -42,6 +42,7 @@ import datetime as _dt
 import inspect
 import json
 import threading
+import time
 import traceback
 from contextvars import ContextVar
 from typing import Any, Callable, NamedTuple, Optional
@@ -533,6 +534,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         self._take_off(key)
         enclosing = _ENCLOSING.set((id(self), key, _ENCLOSING.get()))  # steps started in fn are nested
         span = NO_STEP if self._trace is None else self._trace.step(key, attempt)
+        started = time.monotonic()
         try:
             try:
                 if timeout is None:
@@ -550,6 +552,7 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
             return self._step_done(key, attempt, value)
         finally:
             span.end()
+            self._writer.step_seconds.append(time.monotonic() - started)
             _ENCLOSING.reset(enclosing)
             self._landed(key)
 

@@ -22,6 +22,46 @@ from . import (
 )
 
 
+class ListenAddress(click.ParamType):
+    """`--metrics ADDR`: PORT alone (loopback: nothing listens beyond this host unless asked), or
+    HOST:PORT ([HOST]:PORT for an IPv6 address); port 0 takes any free one (the log says which)."""
+
+    name = "address"
+
+    def convert(self, value, param, ctx) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            host = "127.0.0.1"
+        elif host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if sep and (not host or ":" in host and not text.startswith("[")):
+            self.fail(f"{value!r} is not PORT or HOST:PORT (e.g. 9464, 127.0.0.1:9464, [::1]:9464)", param, ctx)
+        if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+            self.fail(f"{value!r}: the port must be a number from 0 to 65535 (e.g. 9464, or 127.0.0.1:9464)",
+                      param, ctx)
+        return host, int(port)
+
+
+def _serve_metrics(address: tuple[str, int], db: str, durability: str):
+    """The metrics server of `--metrics`, listening, or a clear error: prometheus_client is
+    imported here and nowhere else on the supervisor's way, so that a plain install runs
+    without it."""
+    try:
+        from ..metrics_server import serve_metrics
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "prometheus_client":
+            raise
+        fail("--metrics needs prometheus_client, which is not installed: pip install 'yieldstar[metrics]'")
+    host, port = address
+    try:
+        return serve_metrics(host, port, db, durability)
+    except OSError as exc:
+        fail(f"--metrics: cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
 @main.command()
 @click.argument("app", callback=params.not_empty)
 @click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True,
@@ -55,10 +95,14 @@ from . import (
               help="The log lines of the supervisor and its workers on stderr: text, or one JSON object a line"
                    " (ts, level, event, message, and execution_id, workflow, token, outcome, duration_ms, error"
                    " where they apply); json draws no status line.")
+@click.option("--metrics", "metrics_addr", type=ListenAddress(), default=None, metavar="ADDR",
+              help="Serve Prometheus metrics at http://ADDR/metrics: PORT alone listens on 127.0.0.1, HOST:PORT"
+                   " on HOST (pip install 'yieldstar[metrics]').")
 @click.pass_context
 @handles_errors
 def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, heartbeat_misses, poll_ms, poll_only,
-              grace_ms, durability, max_payload, until_idle, summary_s, quiet, verbose, log_format) -> None:
+              grace_ms, durability, max_payload, until_idle, summary_s, quiet, verbose, log_format,
+              metrics_addr) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
     On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
@@ -74,11 +118,17 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
         heartbeat_misses=heartbeat_misses,
         poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability, log_format=log_format,
         max_payload_bytes=max_payload_bytes(max_payload))
-    supervisor = Supervisor(ctx.obj["db"], app, config)
+    server = None if metrics_addr is None else _serve_metrics(metrics_addr, ctx.obj["db"], durability)
+    supervisor = Supervisor(ctx.obj["db"], app, config, metrics=server.metrics if server else None)
     as_json = config.log_format is LogFormat.JSON  # for a machine: every line an object, no status redrawn
     status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() and not as_json else None
     configure(status.log_handler() if status else logging.StreamHandler(sys.stderr), log_format,
               logging.WARNING if quiet else logging.INFO)
+    if server:
+        host, port = server.address
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+        logging.getLogger("yieldstar.supervisor").info("serving metrics at %s", url,
+                                                       extra={"event": "metrics_served", "url": url})
     if summary_s:
         _print_summaries(supervisor, summary_s, status)
     if status:
@@ -95,6 +145,9 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
         if verbose and exc.details:
             click.echo(exc.details.rstrip("\n"), err=True)
         fail(str(exc))
+    finally:
+        if server:
+            server.close()
     if status:
         status.stop()
     closed_down()

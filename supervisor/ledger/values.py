@@ -66,12 +66,19 @@ class Claimed:
     None when the execution was delivered before: its worker reads its record and steps.
     `trace_context` is the trace context its start stored (`admit(trace_context=)`), on every
     delivery: the worker's delivery span is a child of it (SPEC section 13). None: none stored.
+    `queue` and `due_at` label and time the claim for the supervisor's metrics: `due_at` (ms) is
+    when the execution became claimable as the claim found it, its due time, or the expiry of
+    the lease this claim supersedes when that is later (a delivery again after a lease ran out
+    waited from then, not from before its lost delivery). The claim delay is the claim's time
+    (the lease's expiry less its length) minus `due_at`.
     """
 
     lease: ExecutionLease
     workflow: str
     input_json: Optional[str] = None
     trace_context: Optional[str] = None
+    queue: Optional[str] = None
+    due_at: Optional[int] = None
 
 
 def _member(enum_type: type[enum.Enum], value: Any) -> Any:

@@ -318,3 +318,28 @@ def test_a_first_delivery_is_claimed_with_its_workflow_and_input_and_a_later_one
     assert (by_id["a"].lease.token, by_id["a"].workflow, by_id["a"].input_json) == (2, "wf-a", None)
     assert (by_id["b"].lease.token, by_id["b"].workflow, by_id["b"].input_json) == (1, "wf-b", "[2]")
     assert [step.step_key for step in backend.heap.steps("a")] == ["s"]  # what the second delivery reads
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_says_each_executions_queue_and_when_it_became_due(backend, clock):
+    """For the supervisor's claim-delay histogram (SPEC section 13): both backends give the
+    queue and the due time as the claim found them, alone and in a batch."""
+    backend.executions.admit("early", "w", queue="billing")
+    clock.advance(250)
+    backend.executions.admit("late", "w")
+    due = {"early": clock.now - 250, "late": clock.now}
+    clock.advance(1_000)
+    (early,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    assert (early.lease.execution_id, early.queue, early.due_at) == ("early", "billing", due["early"])
+    assert early.lease.expires_at - LEASE_MS - early.due_at == 1_250  # the claim delay
+    clock.advance(1_000)
+    replies, (late,) = backend.executions.acknowledge_and_claim_deliveries(
+        [(early.lease, Completed("1"))], limit=5, duration=LEASE_MS)
+    assert replies == [Completed("1")]
+    assert (late.lease.execution_id, late.queue, late.due_at) == ("late", "default", due["late"])
+    assert late.lease.expires_at - LEASE_MS - late.due_at == 2_000
+    # A delivery again after its lease ran out was due since that lease's expiry, not since the
+    # execution's first due time.
+    clock.advance(LEASE_MS + 60_000)  # the lease runs out, and the redelivery delay passes
+    (again,) = backend.executions.claim_deliveries(limit=1, duration=LEASE_MS)
+    assert (again.lease.execution_id, again.lease.token, again.due_at) == ("late", 2, late.lease.expires_at)

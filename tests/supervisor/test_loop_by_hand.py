@@ -245,6 +245,24 @@ def test_a_registration_that_meets_a_storage_error_is_made_again_at_the_next_rou
     assert [(s.id, s.workflows) for s in sqlite_ledger.supervisors.live()] == [(loop.supervisor_id, ("rt.a",))]
 
 
+def test_storage_errors_are_counted_in_the_metrics_by_ledger_method(loop):
+    """`supervise --metrics`: each storage error a reply brings counts in
+    `yieldstar_storage_errors_total`, labelled by the ledger method of its call."""
+    from prometheus_client import CollectorRegistry
+
+    from supervisor.metrics_server import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    loop.metrics = PrometheusMetrics(registry)
+    loop.registering = True
+    for _ in range(2):
+        loop.count_failures(Reply(Register(loop.supervisor_id, ()), error=StorageUnavailable("disk full")))
+    loop.count_failures(Reply(Renew([], 30_000), error=StorageUnavailable("disk full")))
+    assert registry.get_sample_value("yieldstar_storage_errors_total", {"call": Register.name}) == 2
+    assert registry.get_sample_value("yieldstar_storage_errors_total", {"call": Renew.name}) == 1
+    assert loop.stats.storage_errors == 3
+
+
 # -- schedules (SPEC section 12) ---------------------------------------------------------------
 
 

@@ -83,13 +83,14 @@ def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, h
             continue  # a `Stop`: a one-slot worker is killed instead, and is never sent one
         lease = task.lease
         started = time.monotonic()
+        steps: list[float] = []
         try:
             outcome = run_delivery(backend, lease, registry, may_write=watch.may_write, claimed_at=task.claimed_at,
-                                   start=task.start, trace_context=task.trace_context)
+                                   start=task.start, trace_context=task.trace_context, step_seconds=steps)
         except Exception as exc:
             outcome = raised_outside(exc)
         watch.send(Done(lease.execution_id, lease.token, outcome, int((time.monotonic() - started) * 1000),
-                        replace_reason()))
+                        replace_reason(), tuple(steps)))
     backend.close()
     tracing.flush()  # os._exit runs no atexit hook: the spans a batch still holds go now
     os._exit(EXIT_OK)

@@ -166,7 +166,8 @@ class Deliveries:
             self._running.pop((lease.execution_id, lease.token), None)
             self._ended.notify_all()
         self._watch.send(Done(lease.execution_id, lease.token, outcome,
-                              int((time.monotonic() - entry.started) * 1000), replace_reason()))
+                              int((time.monotonic() - entry.started) * 1000), replace_reason(),
+                              tuple(entry.run.writer.step_seconds)))
 
     # -- sync deliveries: a thread each ------------------------------------------------------
 

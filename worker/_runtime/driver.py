@@ -304,7 +304,8 @@ class WorkflowRun:
 
 def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
                  may_write: Callable[[], bool] = always, claimed_at: Optional[int] = None,
-                 start: Optional[tuple[str, str]] = None, trace_context: Optional[str] = None) -> DeliveryOutcome:
+                 start: Optional[tuple[str, str]] = None, trace_context: Optional[str] = None,
+                 step_seconds: Optional[list[float]] = None) -> DeliveryOutcome:
     """Run one delivery of `lease.execution_id` with its fencing token and return its outcome.
 
     Args:
@@ -317,9 +318,13 @@ def run_delivery(backend, lease: ExecutionLease, registry: Registry, *,
             is nothing to read. None: read the execution and its recorded steps.
         trace_context: the trace context the execution's start stored (`Claimed`): the
             delivery's span, if this process traces, is its child.
+        step_seconds: a list to which how long each step attempt took (s) is appended, for
+            the supervisor's metrics (`Done.steps`).
     """
     delivery = WorkflowRun(backend, lease, registry, may_write=may_write, claimed_at=claimed_at, start=start,
                            trace_context=trace_context)
+    if step_seconds is not None:
+        delivery.writer.step_seconds = step_seconds
     try:
         outcome = delivery.prepare()
         if outcome is None:

@@ -54,6 +54,10 @@ class FencedWriter:
         # Set once the delivery ended for a step it could not stop (`end_abandoned`): why.
         self.abandoned: Optional[str] = None
         self.ended = False  # set once the delivery's outcome is decided (`end`)
+        # How long each step attempt of the delivery took (s), from its function's start to its
+        # recorded outcome, in the order they ended: its `Done` carries them to the supervisor's
+        # `yieldstar_step_seconds`. Appended by the context (from the threads of parallel steps too).
+        self.step_seconds: list[float] = []
         self._lock = threading.Lock()
 
     @property

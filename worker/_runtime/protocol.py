@@ -16,11 +16,14 @@ Beat(expires_at or None)                      LedgerNotOpened(pid, error,   ledg
 Exit()    finish and exit                       storage_error)
                                               Alive()                       answers every Beat
                                               Done(execution_id, token, outcome, ms,
-                                                replace)
+                                                replace, steps)
 
 A worker runs up to `slots` deliveries at once (its start settings say how many: 1 unless the
 supervisor runs with `--workers`), so several `Run`s may be in flight before their `Done`s,
 which come back in the order the deliveries end, each naming its execution and token.
+
+A `Done`'s `steps` are how long each step attempt of the delivery took, in seconds: the
+supervisor learns of step writes only this way, and its `--metrics` histogram counts them.
 
 A `Done` whose `replace` says why asks the supervisor to replace the worker once it has handled
 the delivery: a step that ran past its timeout left a thread in it that cannot be stopped
@@ -168,6 +171,9 @@ class Done:
     # Why the worker must be replaced, or None: a step's thread it could not stop runs on in it
     # (`worker._runtime.abandoned`). The supervisor kills it and releases its other deliveries.
     replace: Optional[str] = None
+    # How long each step attempt of the delivery took (s), for the supervisor's metrics
+    # (`yieldstar_step_seconds`): a few floats, so no message of its own.
+    steps: tuple[float, ...] = ()
 
 
 FromChild = Union[Ready, AppNotLoaded, LedgerNotOpened, Alive, Done]

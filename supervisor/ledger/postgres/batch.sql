@@ -20,7 +20,7 @@ CREATE FUNCTION pg_temp.yieldstar_batch(
     p_now bigint, p_limit bigint, p_duration bigint, p_holder text, p_at_floor boolean, p_flush boolean,
     p_workflows text[])
 RETURNS TABLE (o_kind text, o_id text, o_token bigint, o_expires bigint, o_workflow text, o_input text,
-    o_trace text)
+    o_trace text, o_queue text, o_due bigint)
 LANGUAGE plpgsql AS $batch$
 DECLARE
     found_row record;
@@ -94,9 +94,11 @@ BEGIN
                 parked_details := parked_details || found_row.detail;
             END IF;
             IF found_row.status = 'suspended' THEN
-                RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL, NULL;
+                RETURN QUERY SELECT 'acknowledged', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL,
+                    NULL, NULL, NULL::bigint;
             ELSE
-                RETURN QUERY SELECT 'ended', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL, NULL;
+                RETURN QUERY SELECT 'ended', found_row.execution_id, found_row.token, NULL::bigint, NULL, NULL,
+                    NULL, NULL, NULL::bigint;
                 ended_ids := ended_ids || found_row.execution_id;
             END IF;
         END LOOP;
@@ -137,7 +139,7 @@ BEGIN
             -- in a statement after the rows' locks, in the order every wake takes them.
             DELETE FROM waiters w USING unnest(woken_ids, woken_workflows) AS k(id, workflow)
             WHERE w.kind = 'code' AND w.target = k.workflow AND w.waiter = k.id;
-            RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL, NULL;
+            RETURN QUERY SELECT 'woke', NULL::text, NULL::bigint, NULL::bigint, NULL, NULL, NULL, NULL, NULL::bigint;
         END IF;
     END IF;
     IF p_limit > 0 THEN
@@ -376,7 +378,7 @@ BEGIN
                 updated_at = p.at
             FROM picked p WHERE e.execution_id = p.execution_id
             RETURNING e.execution_id, e.token, e.lease_expires_at, e.updated_at, p.workflow, p.input_json,
-                p.due_at, p.part, p.seq, p.priority, p.trace_context),
+                p.due_at, p.part, p.seq, p.priority, p.trace_context, p.queue, p.ended_at),
         superseded AS (
             UPDATE lease_history h SET ended_at = p.lease_expires_at, ended_by = '{superseded}',
                 outcome = NULL, expires_at = p.lease_expires_at
@@ -385,7 +387,8 @@ BEGIN
             INSERT INTO lease_history (execution_id, token, holder, claimed_at, expires_at)
             SELECT c.execution_id, c.token, p_holder, c.updated_at, c.lease_expires_at FROM claimed c)
         SELECT 'claimed', c.execution_id, c.token, c.lease_expires_at, c.workflow,
-            CASE WHEN c.token = 1 THEN c.input_json END, c.trace_context
+            CASE WHEN c.token = 1 THEN c.input_json END, c.trace_context, c.queue,
+            CASE WHEN c.part = 1 THEN GREATEST(c.due_at, c.ended_at) ELSE c.due_at END
         FROM claimed c ORDER BY c.priority DESC, c.due_at, c.part, c.seq;
     END IF;
 END

@@ -55,7 +55,7 @@ def batch_function() -> str:
 
 
 BATCH = """
-SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input, o_trace FROM pg_temp.yieldstar_batch(
+SELECT o_kind, o_id, o_token, o_expires, o_workflow, o_input, o_trace, o_queue, o_due FROM pg_temp.yieldstar_batch(
     %s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint, %s::bigint, %s::bigint, %s::text,
     %s::boolean, %s::boolean, %s::text[])"""
 
@@ -85,7 +85,7 @@ class PostgresExecutionTable(ExecutionTable):
         rows = self._conn.execute(BATCH, (*columns, now, limit, duration, self._holder, self._one_clock,
                                           flush, served)).fetchall()
         current, ended, woke, claimed = set(), [], False, []
-        for kind, execution_id, token, expires, workflow, input_json, trace_context in rows:
+        for kind, execution_id, token, expires, workflow, input_json, trace_context, queue, due_at in rows:
             if kind in ("acknowledged", "ended"):
                 current.add((execution_id, token))
                 if kind == "ended":
@@ -94,7 +94,7 @@ class PostgresExecutionTable(ExecutionTable):
                 woke = True
             else:
                 claimed.append(Claimed(ExecutionLease(execution_id, token, expires), workflow, input_json,
-                                       trace_context))
+                                       trace_context=trace_context, queue=queue, due_at=due_at))
         replies = []
         for i, acknowledgement in enumerate(checked):
             key = acknowledgement.delivery

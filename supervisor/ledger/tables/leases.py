@@ -261,8 +261,10 @@ class ExecutionLeases(ExecutionRows):
             ready = max(row.due_at, expires + self._delay(unacked + 1))
             db.execute(self._sql[CLAIM], (expires, unacked, ended_at, ready, at, row.execution_id))
             opened.append((row.execution_id, token, self._holder, at, expires))
+            due = max(row.due_at, row.lease_expires_at) if row.status == RUNNING else row.due_at
             claimed.append(Claimed(ExecutionLease(row.execution_id, token, expires), row.workflow,
-                                   row.input_json if token == 1 else None, row.trace_context))
+                                   row.input_json if token == 1 else None, trace_context=row.trace_context,
+                                   queue=row.queue, due_at=due))
             if row.queue in capacity and capacity[row.queue].rate_limited:
                 db.execute(self._sql[queues.RATE_CLAIMED], (row.queue, now))
         self._fence_lapsed(db, now, {row.queue for row in rows if row.queue in capacity
