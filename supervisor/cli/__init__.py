@@ -2,7 +2,7 @@
 
 The group and what every command shares live here; the commands live in one module per
 concern: `submit` (start, settle, stores), `show` (get, ls, steps, history, wake),
-`operate` (cancel, resume, purge), `views` (stats, metrics, top), `supervisors` (the live
+`operate` (cancel, resume, purge), `messages` (send, events), `views` (stats, metrics, top), `supervisors` (the live
 supervisors), `schedules` (the workflows' schedules), `run` (supervise, demo, chaos).
 
 Every error is one line on stderr, `yieldstar: <message>`, without a traceback, and one exit
@@ -286,4 +286,4 @@ def main(ctx: click.Context, db: str) -> None:
 
 
 # Registers every command on `main`.
-from . import check, operate, queues, run, schedules, show, submit, supervisors, views  # noqa: F401
+from . import check, messages, operate, queues, run, schedules, show, submit, supervisors, views  # noqa: F401

@@ -46,8 +46,12 @@ def get(ctx, execution_id: str, as_json_: bool, full: bool) -> None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         waiting = backend.executions.waiting_for(execution_id, now=now)
         served = record.workflow in backend.supervisors.served(now=now)
+        if as_json_:
+            pending = backend.messages.pending(execution_id)
+            events = {event.key: json.loads(event.value_json) for event in backend.events.list(execution_id)}
     if as_json_:
-        click.echo(json_object(record, waiting_for=[asdict(w) for w in waiting], served=served))
+        click.echo(json_object(record, waiting_for=[asdict(w) for w in waiting], served=served,
+                               pending_messages=pending, events=events))
         return
     lines = record_lines(record, waiting, now, full=full)
     if not served and record.status not in TERMINAL_STATUSES:
