@@ -28,6 +28,8 @@ def test_send_wakes_a_waiting_workflow_and_events_and_get_show_what_it_published
     wait_until(lambda: events_of(each_backend, "order-7") == {"status": "waiting for approval"})
     wait_until(lambda: json.loads(cli(each_backend, "get", "order-7", "--json").stdout)["status"] == "suspended")
 
+    waits = cli(each_backend, "get", "order-7")
+    assert 'a message on topic "approval"' in waits.stdout, waits.stdout
     noted = cli(each_backend, "send", "order-7", '"a note nobody takes"', "--topic", "notes")
     assert noted.returncode == 0, noted.stderr
     shown = json.loads(cli(each_backend, "get", "order-7", "--json").stdout)
