@@ -62,3 +62,23 @@ def ping(ctx, input):
 def stamp(ctx, input):
     """The wall time its one step ran: what the latency of result() is measured from."""
     return ctx.run("stamp", time.time)
+
+
+def crash_once(marker: str) -> str:
+    """Kills its own worker process the first time (the marker file says it did)."""
+    import os
+    import signal
+
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived"
+
+
+@workflow("msg.crash_after_recv")
+def crash_after_recv(ctx, input):
+    """Takes a message, then its worker is killed once; the replay must see the same message."""
+    first = ctx.recv()
+    ctx.run("crash-once", crash_once, input)
+    return [first, ctx.recv()]

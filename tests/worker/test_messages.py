@@ -152,3 +152,21 @@ def test_send_to_wake_latency_beside_result_latency(each_backend, supervisors):
     # Far below the supervisors' poll (20 s): the send's commit woke the workflow.
     assert figures["send-to-wake"][1] < 2000
     assert statistics.median(sends) < 1.0
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_after_taking_a_message_replays_the_same_message_and_takes_the_next(
+        each_backend, supervisors, tmp_path):
+    marker = tmp_path / "killed"
+    supervisors.start(each_backend, app=APP, poll_ms=SLOW_POLL_MS)
+    with Client(each_backend, poll_s=NEVER_POLL_S) as client:
+        handle = client.start("msg.crash_after_recv", str(marker))
+        wait_until(lambda: suspended(handle))
+        handle.send("first", id="m1")
+        wait_until(marker.exists, timeout=30)
+        handle.send("second", id="m2")
+        assert handle.result(timeout=60) == ["first", "second"]
+        messages = client.backend.messages.list(handle.execution_id)
+        assert [(m.message_id, m.taken_step) for m in messages] == [("m1", "@1:recv:default"),
+                                                                    ("m2", "@2:recv:default")]
+        assert client.backend.executions.get(handle.execution_id).token >= 3  # a delivery was lost
