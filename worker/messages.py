@@ -16,7 +16,7 @@ replay does not set it again once recorded (and sets the same value again if it 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from supervisor.ledger.arguments import MAX_TIME_MS, finite, identifier, to_json
 from supervisor.ledger.errors import InvalidArgument
@@ -35,42 +35,45 @@ def _checked_timeout(timeout: Optional[float]) -> Optional[int]:
 
 
 class MessagesMixin:
-    def recv(self: "WorkflowContext", topic: str = "default", timeout: Optional[float] = None) -> Any:
+    def recv(self, topic: str = "default", timeout: Optional[float] = None) -> Any:
         """The next message sent to this execution on `topic`, taken exactly once; suspends until
         one arrives, or returns None once `timeout` seconds have passed since this recv first ran."""
-        self._alive()
+        ctx = cast("WorkflowContext", self)
+        ctx._alive()
         identifier("topic", topic)
         timeout_ms = _checked_timeout(timeout)
-        deadline_key = None if timeout_ms is None else self._auto_key_named(f"recv-deadline:{topic}")
-        key = self._auto_key_named(f"recv:{topic}")
-        if key in self._recorded:
-            return self._replay(key, self._recorded[key])
         until = None
-        if deadline_key is not None:
-            record = self._recorded.get(deadline_key)
+        if timeout_ms is not None:
+            deadline_key = ctx._auto_key_named(f"recv-deadline:{topic}")
+        key = ctx._auto_key_named(f"recv:{topic}")
+        if key in ctx._recorded:
+            return ctx._replay(key, ctx._recorded[key])
+        if timeout_ms is not None:
+            record = ctx._recorded.get(deadline_key)
             if record is None:
-                record = self._write(deadline_key, 1, True, {"until": min(self._now() + timeout_ms, MAX_TIME_MS)})
+                record = ctx._write(deadline_key, 1, True, {"until": min(ctx._now() + timeout_ms, MAX_TIME_MS)})
             until = json.loads(record.step_response_json)["until"]
-        messages = self._backend.messages
+        messages = ctx._backend.messages
         while True:
-            taken = self._writer.fenced_call(f"recv {key!r}", messages.take, topic, step_key=key)
+            taken = ctx._writer.fenced_call(f"recv {key!r}", messages.take, topic, step_key=key)
             if taken is not None:
-                return self._recorded_step(key, lambda: json.loads(taken.message_json))
-            if until is not None and self._now() >= until:
-                return self._recorded_step(key, lambda: None)
-            if not self._writer.call(messages.wait, self.execution_id, topic):
+                return ctx._recorded_step(key, lambda: json.loads(taken.message_json))
+            if until is not None and ctx._now() >= until:
+                return ctx._recorded_step(key, lambda: None)
+            if not ctx._writer.call(messages.wait, ctx.execution_id, topic):
                 if until is not None:
-                    self._suspend_until(until)
-                self._suspend_waiting(f"a message on topic {topic!r}")
+                    ctx._suspend_until(until)
+                ctx._suspend_waiting(f"a message on topic {topic!r}")
 
-    def set_event(self: "WorkflowContext", key: str, value: Any) -> None:
+    def set_event(self, key: str, value: Any) -> None:
         """Publish `value` (any JSON value) as the event `key`, readable from outside
         (`client.get_event`); the event's value is the last one set."""
-        self._alive()
+        ctx = cast("WorkflowContext", self)
+        ctx._alive()
         identifier("event key", key)
-        value_json = to_json(f"event {key!r} value", value, limit=self._backend.max_payload_bytes)
-        step = self._auto_key_named(f"set_event:{key}")
-        if step in self._recorded:
+        value_json = to_json(f"event {key!r} value", value, limit=ctx._backend.max_payload_bytes)
+        step = ctx._auto_key_named(f"set_event:{key}")
+        if step in ctx._recorded:
             return
-        self._writer.fenced_call(f"event {key!r}", self._backend.events.set, key, value_json)
-        self._recorded_step(step, lambda: None)
+        ctx._writer.fenced_call(f"event {key!r}", ctx._backend.events.set, key, value_json)
+        ctx._recorded_step(step, lambda: None)

@@ -14,6 +14,7 @@ another topic costs one delivery, which finds nothing and waits again.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 from .. import arguments
@@ -23,8 +24,6 @@ from ..errors import ExecutionConflict, UnknownExecution
 from ..values import ExecutionLease, LeaseLost, Message
 from . import waiters
 from .execution_rows import SELECT_ONE_LOCKED, TERMINAL
-
-MESSAGE = "message"  # the waiters' kind
 
 COLUMNS = "execution_id, message_id, topic, seq, message_json, sent_at, taken_step, taken_at"
 # The lease's row, locked: a take is fenced by the token as a step write is (`heap.CURRENT`).
@@ -69,9 +68,9 @@ class MessageTable(MessageClient):
             kept = db.execute(self._sql[BY_ID], (execution_id, message_id)).fetchone()
             if kept is not None:
                 return Message(*kept), False
-            seq = db.execute(self._sql[NEXT_SEQ], (execution_id,)).fetchone()[0]
+            (seq,) = db.execute(self._sql[NEXT_SEQ], (execution_id,)).fetchone() or (1,)
             db.execute(self._sql[INSERT], (execution_id, message_id, topic, seq, message_json, now))
-            woke = waiters.wake(db, self._sql, MESSAGE, execution_id, now, self._executions.wake_in)
+            woke = waiters.wake(db, self._sql, waiters.MESSAGE, execution_id, now, self._executions.wake_in)
         if woke:
             self._on_due()
         return Message(execution_id, message_id, topic, seq, message_json, now), True
@@ -94,7 +93,7 @@ class MessageTable(MessageClient):
                 return None
             message = Message(*found)
             db.execute(self._sql[TAKE], (step_key, now, eid, message.message_id))
-        return Message(*found[:6], taken_step=step_key, taken_at=now)
+        return dataclasses.replace(message, taken_step=step_key, taken_at=now)
 
     def wait(self, execution_id, topic) -> bool:
         arguments.identifier("execution_id", execution_id)
@@ -105,7 +104,7 @@ class MessageTable(MessageClient):
                 raise UnknownExecution(f"execution_id {execution_id!r} is not admitted: it cannot wait for a message")
             if db.execute(self._sql[ANY_PENDING], (execution_id, topic)).fetchone() is not None:
                 return True
-            waiters.register(db, self._sql, MESSAGE, execution_id, execution_id, self._clock(), topic)
+            waiters.register(db, self._sql, waiters.MESSAGE, execution_id, execution_id, self._clock(), topic)
         return False
 
     def pending(self, execution_id) -> dict[str, int]:
