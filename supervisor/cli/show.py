@@ -46,18 +46,23 @@ def get(ctx, execution_id: str, as_json_: bool, full: bool) -> None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         waiting = backend.executions.waiting_for(execution_id, now=now)
         served = record.workflow in backend.supervisors.served(now=now)
-        talk = talked_with(backend, execution_id) if as_json_ else {}
+        talk = talked_with(backend, execution_id)
     if as_json_:
         click.echo(json_object(record, waiting_for=[asdict(w) for w in waiting], served=served, **talk))
         return
     lines = record_lines(record, waiting, now, full=full)
+    if "pending_messages" in talk:
+        counts = ", ".join(f"{count} on {json.dumps(topic)}" for topic, count in talk["pending_messages"].items())
+        lines.append(f"{'pending messages':<{LABEL}} {counts}")
+    for key, value in talk.get("events", {}).items():
+        lines.append(f"{'event ' + json.dumps(key):<{LABEL}} {shown(json.dumps(value), full)}")
     if not served and record.status not in TERMINAL_STATUSES:
         lines.append(f"{'served':<{LABEL}} no: no live supervisor serves workflow {record.workflow!r}; it waits for one")
     click.echo("\n".join(lines))
 
 
 def talked_with(backend, execution_id: str) -> dict:
-    """What `get --json` adds for an execution that has messages or events (SPEC section 14):
+    """What `get` adds for an execution that has messages or events (SPEC section 14):
     `pending_messages`, how many wait to be taken by topic, and `events`, each key's latest
     value; each only when it has any, so the record of an execution that has neither reads as
     it always did."""

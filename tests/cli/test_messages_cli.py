@@ -32,6 +32,9 @@ def test_send_wakes_a_waiting_workflow_and_events_and_get_show_what_it_published
     assert 'a message on topic "approval"' in waits.stdout, waits.stdout
     noted = cli(each_backend, "send", "order-7", '"a note nobody takes"', "--topic", "notes")
     assert noted.returncode == 0, noted.stderr
+    text = cli(each_backend, "get", "order-7").stdout
+    assert 'pending messages            1 on "notes"' in text, text
+    assert 'event "status"              "waiting for approval"' in text, text
     shown = json.loads(cli(each_backend, "get", "order-7", "--json").stdout)
     assert shown["pending_messages"] == {"notes": 1}
     assert shown["events"] == {"status": "waiting for approval"}
