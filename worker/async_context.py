@@ -332,6 +332,12 @@ class AsyncWorkflowContext(WorkflowContext):
     async def wait_for(self, execution_id: str, key: Optional[str] = None) -> Any:
         return await self._settled(functools.partial(super().wait_for, execution_id, key))
 
+    async def recv(self, topic: str = "default", timeout: Optional[float] = None) -> Any:  # type: ignore[override]
+        return await self._settled(functools.partial(super().recv, topic, timeout))
+
+    async def set_event(self, key: str, value: Any) -> None:  # type: ignore[override]
+        await self._settled(functools.partial(super().set_event, key, value))
+
     def store(self, name: str) -> "AsyncStoreHandle":  # type: ignore[override]
         return AsyncStoreHandle(self, super().store(name))
 

@@ -53,6 +53,8 @@ from .registry import Registry
 
 #: A ledger: a SQLite path (created when missing) or a postgresql:// URI, as `open_backend` takes.
 Target = Union[str, "os.PathLike[str]"]
+#: `() -> (found, value)`: what a waiter of `OutcomeWatch` looks for, read again at each announcement.
+Probe = Callable[[], tuple[bool, Any]]
 POLL_S = 1.0  # how often a waiting client looks for outcomes whose announcement it missed
 
 log = logging.getLogger("yieldstar.client")
@@ -86,7 +88,11 @@ class OutcomeWatch:
     `add(execution_id, notify)` registers `notify(record)`, called once, from the watch's
     thread, when the execution is found terminal (with None if it is found gone: purged); the
     caller reads the record itself after registering, so an outcome committed before
-    registration is not missed either."""
+    registration is not missed either.
+
+    `add(execution_id, notify, probe=probe)` waits for something else the commit that makes it
+    announces the execution's id (an event set: `get_event`): `probe()` returns `(found, value)`,
+    and `notify(value)` is called once it found it."""
 
     def __init__(self, backend: Backend, poll_s: float = POLL_S, listen: bool = True):
         self._backend = backend
@@ -100,16 +106,16 @@ class OutcomeWatch:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         self._lock = threading.Lock()
-        self._waiters: dict[str, dict[int, Callable[[ExecutionRecord], None]]] = {}
+        self._waiters: dict[str, dict[int, tuple[Optional[Probe], Callable[[Any], None]]]] = {}
         self._next = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="yieldstar-outcomes", daemon=True)
         self._thread.start()
 
-    def add(self, execution_id: str, notify: Callable[[ExecutionRecord], None]) -> int:
+    def add(self, execution_id: str, notify: Callable[[Any], None], *, probe: Optional[Probe] = None) -> int:
         with self._lock:
             self._next += 1
-            self._waiters.setdefault(execution_id, {})[self._next] = notify
+            self._waiters.setdefault(execution_id, {})[self._next] = (probe, notify)
             key = self._next
         self._poke()  # a thread asleep with nothing to wait for starts its slow poll
         return key
@@ -154,18 +160,32 @@ class OutcomeWatch:
 
     def _check(self, announced: Optional[set[str]]) -> None:
         with self._lock:
-            ids = [i for i in self._waiters if announced is None or i in announced]
-        for execution_id in ids:
-            try:
-                record = self._backend.executions.get(execution_id)
-            except YieldstarError:
-                continue  # a busy or failing ledger: the next announcement or poll tries again
-            if record is not None and record.status not in TERMINAL_STATUSES:
-                continue
-            with self._lock:
-                notify = list(self._waiters.pop(execution_id, {}).values())
-            for call in notify:
-                call(record)
+            found = [(execution_id, list(waiting.items())) for execution_id, waiting in self._waiters.items()
+                     if announced is None or execution_id in announced]
+        for execution_id, waiting in found:
+            outcome: list[tuple[bool, Any]] = []  # the record, read once for all its waiters
+            for key, (probe, notify) in waiting:
+                try:
+                    if probe is None:
+                        if not outcome:
+                            outcome.append(self._outcome(execution_id))
+                        done, value = outcome[0]
+                    else:
+                        done, value = probe()
+                except YieldstarError:
+                    continue  # a busy or failing ledger: the next announcement or poll tries again
+                if not done:
+                    continue
+                with self._lock:
+                    mine = self._waiters.get(execution_id, {}).pop(key, None)
+                    if execution_id in self._waiters and not self._waiters[execution_id]:
+                        del self._waiters[execution_id]
+                if mine is not None:
+                    notify(value)
+
+    def _outcome(self, execution_id: str) -> tuple[bool, Optional[ExecutionRecord]]:
+        record = self._backend.executions.get(execution_id)
+        return record is None or record.status in TERMINAL_STATUSES, record
 
 
 def _polling(exc: OSError, poll_s: float) -> None:
@@ -252,6 +272,24 @@ class _Base:
         item_json = arguments.to_json(f"store {store!r} item", item, limit=self._limit)
         return json.loads(self.backend.stores.put(store, item_json).state_json)
 
+    def _send(self, execution_id: str, message: Any, topic: str, id: Optional[str]) -> str:
+        """Send `message` to the execution; returns the message's id (made when None)."""
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("topic", topic)
+        message_id = uuid.uuid4().hex if id is None else arguments.identifier("id", id)
+        message_json = arguments.to_json("message", message, limit=self._limit)
+        self.backend.messages.send(execution_id, message_json, topic=topic, message_id=message_id)
+        return message_id
+
+    def _event_probe(self, execution_id: str, key: str) -> Probe:
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("key", key)
+
+        def probe() -> tuple[bool, Any]:
+            event = self.backend.events.get(execution_id, key)
+            return event is not None, None if event is None else json.loads(event.value_json)
+        return probe
+
     def _watching(self) -> OutcomeWatch:
         with self._watch_lock:
             if self._watch is None:
@@ -267,6 +305,12 @@ class _Base:
 def _timeout(timeout: Optional[float]) -> Optional[float]:
     if timeout is not None and not (arguments.finite(timeout) and timeout >= 0):
         raise InvalidArgument(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return timeout
+
+
+def _wait_timeout(timeout: float) -> float:
+    if not (arguments.finite(timeout) and timeout >= 0):
+        raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
     return timeout
 
 
@@ -322,6 +366,14 @@ class Handle:
         finally:
             watch.remove(self.execution_id, key)
         return outcome_of(record)
+
+    def send(self, message: Any, *, topic: str = "default", id: Optional[str] = None) -> str:
+        """As `Client.send`, to this execution."""
+        return self._client.send(self.execution_id, message, topic=topic, id=id)
+
+    def get_event(self, key: str, *, timeout: float = 0.0) -> Any:
+        """As `Client.get_event`, of this execution."""
+        return self._client.get_event(self.execution_id, key, timeout=timeout)
 
     def cancel(self, reason: Optional[str] = None) -> str:
         """Cancel the execution (see `yieldstar cancel`); returns its status afterwards, which
@@ -388,6 +440,40 @@ class Client(_Base):
         """Append `item` to a list store (a mailbox), waking its waiters; returns the new state."""
         return self._put(store, item)
 
+    def send(self, execution_id: str, message: Any, *, topic: str = "default", id: Optional[str] = None) -> str:
+        """Send `message` (any JSON value) to the execution's `topic`, where its `ctx.recv` takes
+        it; durable, kept in send order per topic, and waking a waiting `recv` at once. `id`
+        makes it idempotent: a repeat with the same id adds nothing (None: a new id is made).
+        Returns the message's id. Raises `UnknownExecution` for an unknown execution,
+        `ExecutionConflict` for a terminal one, `InvalidArgument` for a message JSON cannot
+        hold or a topic or id empty or too long (and then sends nothing)."""
+        return self._send(execution_id, message, topic, id)
+
+    def get_event(self, execution_id: str, key: str, *, timeout: float = 0.0) -> Any:
+        """The latest value the execution set as event `key` (`ctx.set_event`). A key not set yet
+        is waited for up to `timeout` seconds, woken by the commit that sets it; then None."""
+        timeout = _wait_timeout(timeout)
+        probe = self._event_probe(execution_id, key)
+        found, value = probe()
+        if found or timeout == 0:
+            return value
+        done = threading.Event()
+        got: list[Any] = []
+
+        def notify(value: Any) -> None:
+            got.append(value)
+            done.set()
+
+        watch = self._watching()
+        waiter = watch.add(execution_id, notify, probe=probe)
+        try:
+            found, value = probe()  # after registering: a set from before is seen here
+            if found:
+                return value
+            return got[0] if done.wait(timeout) else None
+        finally:
+            watch.remove(execution_id, waiter)
+
     def close(self) -> None:
         self._close()
 
@@ -439,6 +525,12 @@ class AsyncHandle:
         finally:
             watch.remove(self.execution_id, key)
         return outcome_of(record)
+
+    async def send(self, message: Any, *, topic: str = "default", id: Optional[str] = None) -> str:
+        return await self._client.send(self.execution_id, message, topic=topic, id=id)
+
+    async def get_event(self, key: str, *, timeout: float = 0.0) -> Any:
+        return await self._client.get_event(self.execution_id, key, timeout=timeout)
 
     async def cancel(self, reason: Optional[str] = None) -> str:
         record = await self._client._call(self._client.backend.executions.cancel, self.execution_id, reason=reason)
@@ -502,6 +594,39 @@ class AsyncClient(_Base):
 
     async def put(self, store: str, item: Any) -> Any:
         return await self._call(self._put, store, item)
+
+    async def send(self, execution_id: str, message: Any, *, topic: str = "default", id: Optional[str] = None) -> str:
+        """As `Client.send`."""
+        return await self._call(self._send, execution_id, message, topic, id)
+
+    async def get_event(self, execution_id: str, key: str, *, timeout: float = 0.0) -> Any:
+        """As `Client.get_event`; waiting blocks no thread of the event loop's."""
+        import asyncio  # loaded already: this runs in its event loop
+
+        timeout = _wait_timeout(timeout)
+        probe = self._event_probe(execution_id, key)
+        found, value = await self._call(probe)
+        if found or timeout == 0:
+            return value
+        loop = asyncio.get_running_loop()
+        got: asyncio.Future = loop.create_future()
+
+        def settle(value: Any) -> None:
+            if not got.done():
+                got.set_result(value)
+
+        watch = await self._call(self._watching)
+        waiter = watch.add(execution_id, lambda value: loop.call_soon_threadsafe(settle, value), probe=probe)
+        try:
+            found, value = await self._call(probe)
+            if found:
+                return value
+            try:
+                return await asyncio.wait_for(got, timeout)
+            except asyncio.TimeoutError:
+                return None
+        finally:
+            watch.remove(execution_id, waiter)
 
     async def close(self) -> None:
         await self._call(self._close)

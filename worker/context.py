@@ -54,6 +54,7 @@ from supervisor.ledger.values import ExecutionRecord, HeapRecord
 
 from ._runtime.derived_ids import derived_id
 from .effects import EffectsMixin
+from .messages import MessagesMixin
 from ._runtime.fenced import FencedWriter
 from .parallel import ParallelMixin
 from .retry import RetryableError, RetryPolicy
@@ -142,7 +143,7 @@ def error_within(error: dict, fits: Callable[[dict], bool]) -> Optional[dict]:
     return cut if fits(cut) else None
 
 
-class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
+class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, MessagesMixin, ParallelMixin):
     """What a workflow function sees of its execution. One instance per delivery: once the
     delivery ended, every operation raises `DeliveryEnded` and writes nothing, wherever the
     instance was kept (see `worker._runtime.driver`)."""
@@ -331,7 +332,10 @@ class WorkflowContext(StartsMixin, EffectsMixin, StoresMixin, ParallelMixin):
         return self._claim_key(key, reach)
 
     def _auto_key(self, fn: Callable) -> str:
-        name = getattr(fn, '__qualname__', type(fn).__name__)
+        return self._auto_key_named(getattr(fn, '__qualname__', type(fn).__name__))
+
+    def _auto_key_named(self, name: str) -> str:
+        """The next unnamed step's key, `@<n>:<name>` (see the module doc)."""
         with self._lock:
             self._guard()
             in_flight = list(self._in_flight)

@@ -2,8 +2,9 @@
 
 The group and what every command shares live here; the commands live in one module per
 concern: `submit` (start, settle, stores), `show` (get, ls, steps, history, wake),
-`operate` (cancel, resume, purge), `views` (stats, metrics, top), `supervisors` (the live
-supervisors), `schedules` (the workflows' schedules), `run` (supervise, demo, chaos), `ui` (the web UI).
+`operate` (cancel, resume, purge), `messages` (send, events), `views` (stats, metrics, top),
+`supervisors` (the live supervisors), `schedules` (the workflows' schedules), `run` (supervise,
+demo, chaos), `ui` (the web UI).
 
 Every error is one line on stderr, `yieldstar: <message>`, without a traceback, and one exit
 code per kind of error, the same in every command:
@@ -286,4 +287,4 @@ def main(ctx: click.Context, db: str) -> None:
 
 
 # Registers every command on `main`.
-from . import check, operate, queues, run, schedules, show, submit, supervisors, ui, views  # noqa: F401
+from . import check, messages, operate, queues, run, schedules, show, submit, supervisors, ui, views  # noqa: F401

@@ -46,13 +46,34 @@ def get(ctx, execution_id: str, as_json_: bool, full: bool) -> None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         waiting = backend.executions.waiting_for(execution_id, now=now)
         served = record.workflow in backend.supervisors.served(now=now)
+        talk = talked_with(backend, execution_id)
     if as_json_:
-        click.echo(json_object(record, waiting_for=[asdict(w) for w in waiting], served=served))
+        click.echo(json_object(record, waiting_for=[asdict(w) for w in waiting], served=served, **talk))
         return
     lines = record_lines(record, waiting, now, full=full)
+    if "pending_messages" in talk:
+        counts = ", ".join(f"{count} on {json.dumps(topic)}" for topic, count in talk["pending_messages"].items())
+        lines.append(f"{'pending messages':<{LABEL}} {counts}")
+    for key, value in talk.get("events", {}).items():
+        lines.append(f"{'event ' + json.dumps(key):<{LABEL}} {shown(json.dumps(value), full)}")
     if not served and record.status not in TERMINAL_STATUSES:
         lines.append(f"{'served':<{LABEL}} no: no live supervisor serves workflow {record.workflow!r}; it waits for one")
     click.echo("\n".join(lines))
+
+
+def talked_with(backend, execution_id: str) -> dict:
+    """What `get` adds for an execution that has messages or events (SPEC section 14):
+    `pending_messages`, how many wait to be taken by topic, and `events`, each key's latest
+    value; each only when it has any, so the record of an execution that has neither reads as
+    it always did."""
+    talk: dict = {}
+    pending = backend.messages.pending(execution_id)
+    if pending:
+        talk["pending_messages"] = pending
+    events = backend.events.list(execution_id)
+    if events:
+        talk["events"] = {event.key: json.loads(event.value_json) for event in events}
+    return talk
 
 
 def record_lines(record: ExecutionRecord, waiting: list[WaitReason], now: int, *, full: bool = False) -> list[str]:
@@ -118,6 +139,8 @@ def describe_wait(reason: WaitReason, now: int) -> str:
         return f"effect {target} to be settled"
     if reason.kind == "store":
         return f"a change to store {target}" + (f" matching {reason.detail}" if reason.detail else "")
+    if reason.kind == "message":
+        return f"a message on topic {json.dumps(reason.detail)}: yieldstar send {target} JSON --topic ..."
     if reason.kind == "wake":
         return f"a wake requested for {at}" if reason.at is not None else "nothing: not due until something wakes it"
     if reason.kind == "code":

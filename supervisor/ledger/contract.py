@@ -51,6 +51,8 @@ from .values import (
     SettleConflict,
     StepWrite,
     StoreReceipt,
+    Message,
+    Event,
     StoreState,
     ScheduleRecord,
     SupervisorRecord,
@@ -471,6 +473,62 @@ class StoreClient(abc.ABC):
         of what a `take` looks for, is kept for operators (`waiting_for`)."""
 
 
+class MessageClient(abc.ABC):
+    """Messages sent to an execution from outside (SPEC section 14): kept in the order they were
+    sent per (execution, topic), each taken by exactly one `recv` step."""
+
+    @abc.abstractmethod
+    def send(self, execution_id: str, message_json: str, *, topic: str = "default",
+             message_id: str) -> tuple[Message, bool]:
+        """Append a message to the execution's topic and wake the execution if it waits for one,
+        in one transaction. Idempotent by (execution, `message_id`): a repeat adds nothing and
+        returns the message first sent. Returns the message and whether this call added it.
+
+        Raises:
+            UnknownExecution: no execution has that id.
+            ExecutionConflict: the execution is terminal: nothing will ever take the message.
+            InvalidArgument: a topic or id empty or too long, a text that is not JSON.
+            PayloadTooLarge: the message is above the payload limit.
+        """
+
+    @abc.abstractmethod
+    def take(self, lease: ExecutionLease, topic: str, *, step_key: str) -> Optional[Message] | LeaseLost:
+        """Fenced: take the topic's oldest pending message for the lease's step `step_key`, in one
+        transaction with the fencing check. Idempotent by step: if `step_key` took a message
+        already, that one is returned again (to a replay, or to a later holder), and no other.
+        None if the topic holds no pending message."""
+
+    @abc.abstractmethod
+    def wait(self, execution_id: str, topic: str) -> bool:
+        """Unfenced: register `execution_id` to be woken by the next message sent to it; True
+        (and nothing registered) if the topic holds a pending message already."""
+
+    @abc.abstractmethod
+    def pending(self, execution_id: str) -> dict[str, int]:
+        """How many messages wait to be taken, by topic."""
+
+    @abc.abstractmethod
+    def list(self, execution_id: str) -> list[Message]:
+        """Every message of the execution, taken or pending, in the order they were sent."""
+
+
+class EventClient(abc.ABC):
+    """Values an execution publishes under keys (SPEC section 14); the last one set is kept."""
+
+    @abc.abstractmethod
+    def set(self, lease: ExecutionLease, key: str, value_json: str) -> Event | LeaseLost:
+        """Fenced: set the event `key` of the lease's execution to `value_json`, and tell the
+        clients waiting for it (the announcement an outcome makes) once committed."""
+
+    @abc.abstractmethod
+    def get(self, execution_id: str, key: str) -> Optional[Event]:
+        """The event's latest value, or None if it was never set."""
+
+    @abc.abstractmethod
+    def list(self, execution_id: str) -> list[Event]:
+        """Every event of the execution, by key."""
+
+
 class SupervisorClient(abc.ABC):
     """The live supervisors (SPEC section 11): a registration each running supervisor keeps
     fresh. Unfenced: a hint for operators and for "is this workflow served", which nothing that
@@ -583,7 +641,7 @@ class Backend(abc.ABC):
     that is; where the two differ, a backend answers one of the questions below.
 
     Attributes:
-        executions, heap, starts, effects, stores, supervisors, schedules: the table clients (the
+        executions, heap, starts, effects, stores, messages, events, supervisors, schedules: the table clients (the
             interfaces above).
         clock: `() -> int` ms, the time the backend's calls take when given no `now`.
         path: what the ledger was opened from, as given (a file's path, or a URI).
@@ -601,6 +659,8 @@ class Backend(abc.ABC):
     starts: WorkflowStartClient
     effects: EffectClient
     stores: StoreClient
+    messages: MessageClient
+    events: EventClient
     supervisors: SupervisorClient
     schedules: ScheduleClient
     queues: QueueClient

@@ -258,6 +258,30 @@ class StoreState:
 
 
 @dataclass(frozen=True)
+class Message:
+    """One message sent to an execution (SPEC section 14), in the order of `seq` per execution.
+
+    `taken_step` is the step key of the `recv` that took it; None while it is pending."""
+    execution_id: str
+    message_id: str
+    topic: str
+    seq: int
+    message_json: str
+    sent_at: int
+    taken_step: Optional[str] = None
+    taken_at: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """The value last set under `key` by an execution (`ctx.set_event`)."""
+    execution_id: str
+    key: str
+    value_json: str
+    set_at: int
+
+
+@dataclass(frozen=True)
 class StoreReceipt:
     """The recorded result of one store change, keyed by (store, execution, step key).
 
@@ -285,6 +309,7 @@ class WaitReason:
     - `effect`: an effect to be settled (`settle`); `target` the effect id;
     - `store`: a change to a store; `target` the store's name, `detail` the match of a `take`
       as JSON, when there is one;
+    - `message`: a message sent to it (`ctx.recv`); `target` its own id, `detail` the topic;
     - `code`: new code: the execution is parked, its replay having diverged from its recorded
       steps (SPEC section 11); `target` its workflow, `detail` how the replay diverged. A
       supervisor that serves the workflow tries it again when it starts (`unpark`), as does

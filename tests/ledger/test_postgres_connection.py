@@ -206,7 +206,7 @@ def test_a_version_2_ledger_is_migrated_to_routing_and_live_supervisors_and_keep
                                      renew_ms=1_000)
         assert [s.id for s in backend.supervisors.live()] == ["s"]
     with psycopg.connect(pg_uri) as conn:
-        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(9,)]
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(10,)]
         indexes = {name for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'executions'")}
     assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
 
@@ -230,7 +230,7 @@ def test_a_version_3_ledger_is_migrated_to_queues_and_its_executions_join_the_de
         leases = backend.executions.claim_due(limit=10, duration=60_000, now=10, workflows={"order"})
         assert [lease.execution_id for lease in leases] == ["new-urgent", "old-early", "old-late"]
     with psycopg.connect(pg_uri) as conn:
-        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(9,)]
+        assert conn.execute("SELECT version FROM yieldstar_schema").fetchall() == [(SCHEMA_VERSION,)] == [(10,)]
         indexes = {name for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'executions'")}
     assert {"executions_claimable_by_workflow", "executions_running_by_queue"} <= indexes
     assert "executions_claimable" not in indexes  # one claimable index: (workflow, queue, priority, due_at)

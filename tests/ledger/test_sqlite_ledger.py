@@ -60,7 +60,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
         assert backend.executions.get("old").status == "admitted"
         assert backend.executions.waiting_for("old", now=10) == [WaitReason("effect", "e"), WaitReason("due", None, 5)]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
     assert "detail" in [row[1] for row in db.execute("PRAGMA table_info(waiters)")]
     # Version 3: a ledger from before epochs ran in epoch 0, and goes on in it.
     assert db.execute("SELECT epoch, reason FROM epochs").fetchall() == [(0, "created")]
@@ -87,7 +87,7 @@ def test_a_version_3_ledger_is_migrated_to_routing_and_live_supervisors_and_keep
                                      renew_ms=1_000)
         assert [s.id for s in backend.supervisors.live()] == ["s"]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
     indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"executions_claimable_by_workflow", "executions_ready_by_workflow"} <= indexes
 
@@ -114,7 +114,7 @@ def test_a_version_4_ledger_is_migrated_to_queues_and_its_executions_join_the_de
         backend.queues.declare("default", concurrency=1)
         assert [q.name for q in backend.queues.list()] == ["default"]
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
     indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"executions_claimable_by_workflow", "executions_running_by_queue"} <= indexes
     assert "executions_claimable" not in indexes  # one claimable index: (workflow, queue, priority, due_at)

@@ -166,6 +166,14 @@ class FencedWriter:
         except StorageError as exc:
             raise self.failed(exc) from exc
 
+    def fenced_call(self, what: str, method: Callable, *args, **kwargs):
+        """A fenced ledger call other than a step write (a message taken, an event set): as
+        `call`, and a `LeaseLost` reply stops the delivery as a refused step write does."""
+        reply = self.call(method, self.lease, *args, **kwargs)
+        if isinstance(reply, LeaseLost):
+            raise self._lost(what)
+        return reply
+
     def end_abandoned(self, why: str, step_key: str, attempt: int, done: bool, response_json: str,
                       wake_at: int) -> HeapRecord:
         """End the delivery for a step thread it could not stop (`worker.timeouts`): shut the door

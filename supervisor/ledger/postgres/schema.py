@@ -230,6 +230,32 @@ WHERE ready_at IS NOT NULL AND status <> 'running'"""
 # execution, as on SQLite.
 EXECUTIONS_TRACE_CONTEXT = "ALTER TABLE executions ADD COLUMN trace_context TEXT"
 
+# Version 10 (the SQLite ledger's version 11): messages and events, as on SQLite.
+MESSAGES = """
+CREATE TABLE messages (
+    execution_id TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    topic        TEXT NOT NULL,
+    seq          BIGINT NOT NULL,
+    message_json TEXT NOT NULL,
+    sent_at      BIGINT NOT NULL,
+    taken_step   TEXT,
+    taken_at     BIGINT,
+    PRIMARY KEY (execution_id, message_id)
+)"""
+MESSAGES_PENDING = """
+CREATE INDEX messages_pending ON messages (execution_id, topic, seq) WHERE taken_step IS NULL"""
+MESSAGES_TAKEN = """
+CREATE UNIQUE INDEX messages_taken ON messages (execution_id, taken_step) WHERE taken_step IS NOT NULL"""
+EVENTS = """
+CREATE TABLE events (
+    execution_id TEXT NOT NULL,
+    event_key    TEXT NOT NULL,
+    value_json   TEXT NOT NULL,
+    set_at       BIGINT NOT NULL,
+    PRIMARY KEY (execution_id, event_key)
+)"""
+
 # Each entry brings a database from version i to i + 1. Version 1 here is the SQLite ledger's
 # version 2: PostgreSQL ledgers start with everything the operators' calls need.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -246,12 +272,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
     (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
     (EXECUTIONS_TRACE_CONTEXT,),
+    (MESSAGES, MESSAGES_PENDING, MESSAGES_TAKEN, EVENTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # Each table, by the schema version that brought it.
 TABLES_SINCE = {"executions": 1, "lease_history": 1, "steps": 1, "waiters": 1, "starts": 1, "effects": 1, "stores": 1,
                 "store_receipts": 1, "epochs": 2, "supervisors": 3,
-                "schedules": 4, "queues": 5, "queue_claims": 5, "workflow_queues": 5}
+                "schedules": 4, "queues": 5, "queue_claims": 5, "workflow_queues": 5,
+                "messages": 10, "events": 10}
 TABLES = tuple(TABLES_SINCE)
 
 SCHEMA_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"

@@ -255,6 +255,35 @@ WHERE ready_at IS NOT NULL AND status <> 'running'"""
 # join the starter's trace. NULL for a start made outside any span.
 EXECUTIONS_TRACE_CONTEXT = "ALTER TABLE executions ADD COLUMN trace_context TEXT"
 
+# Version 11: talking to a running workflow (SPEC section 14). Messages are kept in the order
+# they were sent to an execution (`seq`), idempotent by their id; a message taken by a `recv`
+# names the step that took it, so the step's every holder gets that one again and no other
+# step can take it. Events are the latest value set under a key, per execution.
+MESSAGES = """
+CREATE TABLE messages (
+    execution_id TEXT NOT NULL,
+    message_id   TEXT NOT NULL,     -- the sender's idempotency key
+    topic        TEXT NOT NULL,
+    seq          INTEGER NOT NULL,  -- the order of the execution's messages, from 1
+    message_json TEXT NOT NULL,
+    sent_at      INTEGER NOT NULL,
+    taken_step   TEXT,              -- the step key of the recv that took it; NULL: pending
+    taken_at     INTEGER,
+    PRIMARY KEY (execution_id, message_id)
+) WITHOUT ROWID"""
+MESSAGES_PENDING = """
+CREATE INDEX messages_pending ON messages (execution_id, topic, seq) WHERE taken_step IS NULL"""
+MESSAGES_TAKEN = """
+CREATE UNIQUE INDEX messages_taken ON messages (execution_id, taken_step) WHERE taken_step IS NOT NULL"""
+EVENTS = """
+CREATE TABLE events (
+    execution_id TEXT NOT NULL,
+    event_key    TEXT NOT NULL,
+    value_json   TEXT NOT NULL,     -- the last value set
+    set_at       INTEGER NOT NULL,
+    PRIMARY KEY (execution_id, event_key)
+) WITHOUT ROWID"""
+
 # Each entry brings a file from version i to i + 1.
 MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS, EXECUTIONS_CLAIMABLE, EXECUTIONS_EXPIRING, EXECUTIONS_READY, EXECUTIONS_BY_STATUS, EXECUTIONS_BY_AGE,
@@ -270,6 +299,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
     (EXECUTIONS_TIMEOUT, EXECUTIONS_DEADLINE, EXECUTIONS_BY_DEADLINE, WORKFLOW_TIMEOUTS),
     (DROP_CLAIMABLE_BY_WORKFLOW, EXECUTIONS_CLAIMABLE_BY_QUEUE, EXECUTIONS_CLAIMABLE_BY_KEY),
     (EXECUTIONS_TRACE_CONTEXT,),
+    (MESSAGES, MESSAGES_PENDING, MESSAGES_TAKEN, EVENTS),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -11,6 +11,7 @@ Each module holds the statements of its tables and the logic of its client:
       execution_rows   what both halves share: the row, its statuses, how it reads as of a time
     lease_history    every statement for the lease history
     heap, starts, effects, stores, and the `waiters` they share; `epochs`.
+    messages, events  talking to a running execution (SPEC section 14)
     supervisors      the live supervisors (routing: who serves which workflows)
     schedules        the workflows' schedules: each tick admitted once (SPEC section 12)
 
@@ -33,8 +34,10 @@ from .. import arguments
 from ..contract import Backend
 from ..errors import InvalidArgument
 from .effects import EffectTable
+from .events import EventTable
 from .executions import ExecutionTable
 from .heap import HeapTable
+from .messages import MessageTable
 from .queues import QueueTable
 from .starts import StartTable
 from .stores import StoreTable
@@ -93,6 +96,9 @@ class LedgerTables(Backend):
         self.starts = StartTable(self._conn, self._clock, on_due=announce, max_payload_bytes=limit)
         self.effects = EffectTable(self._conn, self._clock, self.executions, on_due=announce, max_payload_bytes=limit)
         self.stores = StoreTable(self._conn, self._clock, self.executions, on_due=announce, max_payload_bytes=limit)
+        self.messages = MessageTable(self._conn, self._clock, self.executions, on_due=announce,
+                                     max_payload_bytes=limit)
+        self.events = EventTable(self._conn, self._clock, self._announce_ended, max_payload_bytes=limit)
         self.supervisors = SupervisorTable(self._conn, self._clock)
         self.schedules = ScheduleTable(self._conn, self._clock, on_due=announce)
         self.queues = QueueTable(self._conn, self._clock)

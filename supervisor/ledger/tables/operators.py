@@ -77,6 +77,8 @@ PURGE = (
     "DELETE FROM waiters WHERE waiter = $p",
     "DELETE FROM waiters WHERE kind = 'execution' AND target = $p",
     "DELETE FROM starts WHERE execution_id = $p",
+    "DELETE FROM messages WHERE execution_id = $p",
+    "DELETE FROM events WHERE execution_id = $p",
     "DELETE FROM executions WHERE execution_id = $p",
 )
 # The steps a due time may be for, latest first (`waiting_for`).
@@ -262,7 +264,7 @@ class ExecutionOperators(ExecutionRows):
 
     def purge(self, *, before, statuses=TERMINAL, now=None, dry_run=False) -> int:
         """Delete terminal executions whose `updated_at < before`, with their steps, lease
-        history, store receipts, waiter registrations and start receipts, `PURGE_BATCH` at a
+        history, store receipts, waiter registrations, start receipts, messages and events, `PURGE_BATCH` at a
         time, each batch its own short transaction. Effects and stores are shared by identity
         and kept. A child whose parent is not terminal is kept: the parent may still wait for it. Returns how many
         were deleted (with `dry_run`, how many would be, deleting nothing)."""

@@ -1,7 +1,8 @@
 """Waiter registrations: which executions want a wake when something changes.
 
 A registration names a target (an execution that will finish, an effect that will settle, a
-store that will change) and the waiting execution. It is one-shot: the change that wakes it
+store that will change, the waiting execution itself for a message sent to it) and the waiting
+execution. It is one-shot: the change that wakes it
 deletes it; a waiter that still needs to wait registers again. Registrations are unfenced
 (RFC 002): a stale one costs at most one extra delivery, which replay absorbs.
 
@@ -20,6 +21,7 @@ from ..errors import UnknownExecution
 from .execution_rows import SELECT_ONE
 
 EXECUTION = "execution"
+MESSAGE = "message"
 EFFECT = "effect"
 STORE = "store"
 
