@@ -322,6 +322,12 @@ class Supervisor:
         pool = self._pool
         return 0 if pool is None else len(pool.children)
 
+    @property
+    def workers_up(self) -> int:
+        """Worker processes that loaded the app and take deliveries: for a status line."""
+        pool = self._pool
+        return 0 if pool is None else pool.up
+
     @staticmethod
     def _close(*all_calls: Optional[LedgerCalls], timeout: float = 5.0) -> None:
         for calls in all_calls:

@@ -22,7 +22,7 @@ from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild,
 
 from .ledger.errors import AppLoadFailed, DiedWhileStarting, LedgerUnusable
 from .ledger.values import LeaseLost, Retry
-from .pool import START_ATTEMPTS, Child, describe_exit
+from .pool import START_ATTEMPTS, TOP_UP_BUDGET_S, Child, describe_exit
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -166,6 +166,10 @@ class WorkerWatch:
                 self.claim_wanted = True
                 self.worker_serves(child, message.workflows, message.queues, message.defaults, message.schedules)
                 self.worker_schedules(child, message.schedules, time.monotonic())
+                if not self.all_up and self.pool.up == self.pool.size:
+                    self.all_up = True
+                    log.info("workers %d/%d up, %.1f s after the start", self.pool.size, self.pool.size,
+                             time.monotonic() - self.pool.started_at)
                 return
             case LedgerNotOpened():  # the ledger, not the app: the message says what to do
                 self.fatal = self.fatal or LedgerUnusable(message.error)
@@ -248,10 +252,14 @@ class WorkerWatch:
     def top_up(self, now: float) -> None:
         """Start the children the pool lacks: at start-up, and after a start that failed."""
         if self.grace_deadline is not None or now < self.next_top_up:
+            self.topping_up = False
             return
         try:
-            self.pool.top_up()
+            # Within a budget: the loop comes back for more at once (`deadline`) while the pool
+            # lacks workers it may start now.
+            self.topping_up = self.pool.top_up(budget_s=TOP_UP_BUDGET_S) > 0 and len(self.pool.children) < self.pool.size
         except OSError as exc:
+            self.topping_up = False
             log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc,
                       extra={"event": "worker_start_failed"})
             self.next_top_up = now + TOP_UP_RETRY_S

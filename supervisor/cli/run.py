@@ -61,8 +61,8 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
               grace_ms, durability, max_payload, until_idle, summary_s, quiet, verbose, log_format) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
-    On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
-    place twice a second below the log lines (not with --log-format json)."""
+    On a terminal, the last line is a live status (claimed, done, failed, running, workers up),
+    redrawn in place twice a second below the log lines (not with --log-format json)."""
     from ..dispatcher import Supervisor, SupervisorConfig
     from ..ledger.errors import AppLoadFailed
     from ..log_format import LogFormat, configure
@@ -119,9 +119,8 @@ class StatusLine:
 
     def text(self) -> str:
         s = self.supervisor.stats
-        workers = self.supervisor.config.workers
-        running = f"running {self.supervisor.running}" + (f" in {self.supervisor.workers} workers" if workers else "")
-        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  {running}"
+        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  running {self.supervisor.running}"
+                f"  {workers_up(self.supervisor)}"
                 + (f"  suspended {s.suspended}" if s.suspended else "")
                 + (f"  worker deaths {s.child_deaths}" if s.child_deaths else ""))
 
@@ -272,6 +271,11 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, execu
     click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path)))  # and where it went
     sys.exit(0 if report["ok"] else 1)
 
+def workers_up(supervisor) -> str:
+    """`workers 250/256 up`: how many worker processes loaded the app and take deliveries, of how many."""
+    return f"workers {supervisor.workers_up}/{supervisor.config.processes} up"
+
+
 def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> None:
     summaries = logging.getLogger("yieldstar.summary")
     summaries.setLevel(logging.INFO)  # asked for: shown under --quiet too
@@ -281,7 +285,7 @@ def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> N
         while not stop.wait(every_s):
             s = supervisor.stats
             line = (f"claimed {s.claimed}  completed {s.completed}  failed {s.failed}  suspended {s.suspended}"
-                    f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}")
+                    f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}  {workers_up(supervisor)}")
             if status:
                 status.line(line)
             elif supervisor.config.log_format == "json":  # a log line like the others, its counts as fields

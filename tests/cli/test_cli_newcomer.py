@@ -432,7 +432,7 @@ def test_supervise_shows_a_live_status_line_on_a_terminal_and_plain_log_lines_ab
     for line in log_lines:  # each log line whole, never cut by the status line
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} yieldstar\[\d+\] [^\r]+", line), line
         assert "claimed " not in line
-    assert text.rstrip(" ").endswith("claimed 3  done 3  failed 0  running 0\n")  # the last status is kept
+    assert text.rstrip(" ").endswith("claimed 3  done 3  failed 0  running 0  workers 2/2 up\n")  # the last status is kept
 
 
 @pytest.mark.timeout(60)

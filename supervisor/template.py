@@ -1,0 +1,231 @@
+"""The supervisor's end of the template process, which forks its workers (`worker._runtime.template`).
+
+A worker started as a fresh interpreter spends about a tenth of a second of CPU importing the
+runtime and the app; 256 of them on two cores took half a minute to be up. The template imports
+both once, and each worker is then a fork of it: a few milliseconds. The pool asks the template
+for a worker, sending it one end of a new socket pair (the worker's pipe, as before), and gets
+back the worker's pid.
+
+The worker is the supervisor's child all the same: the template forks a go-between that forks
+the worker and exits, and the supervisor, a child subreaper (PR_SET_CHILD_SUBREAPER) while its
+pool runs, adopts it. So the worker's parent-death signal and parent checks watch the
+supervisor, never the template; the supervisor waits for it and reads its exit status like any
+child's; and a template that dies (killed, out of memory) takes no worker with it: the next
+worker is started as a fresh interpreter, as they all are where there is no template (not Linux,
+or an app that starts a thread when imported, from which a fork is unsafe).
+
+A child subreaper also adopts whatever a worker leaves behind when it dies (a subprocess of a
+step, say). The template and the pool wait for their own processes; an orphan adopted this way
+is reaped when the supervisor exits, or, in `yieldstar supervise` (where every child is the
+pool's), as soon as it exits (`reap_orphans`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Optional
+
+from worker._runtime.template import CAN_FORK, MAX_BATCH, PID, TEMPLATE_FLAG
+
+log = logging.getLogger("yieldstar.supervisor")
+
+PR_SET_CHILD_SUBREAPER = 36
+FORK_TIMEOUT_S = 5.0  # the template answers a fork in milliseconds; past this, it is taken for stuck
+
+
+def set_child_subreaper(on: bool) -> bool:
+    """Make this process the child subreaper of its descendants (Linux); False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+        return False
+
+
+class ForkedProcess:
+    """A worker forked by the template and adopted by this process, with the interface of
+    `pool.ChildProcess`: a pidfd `sentinel`, `exitcode` (negative: killed by that signal)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._status: Optional[int] = None
+        # The worker is this process's child (adopted before its pid was sent): its pid cannot be
+        # reused before it is waited for, here.
+        self._pidfd: Optional[int] = os.pidfd_open(pid)
+
+    @property
+    def sentinel(self):
+        return self._pidfd
+
+    def _poll(self, flags: int) -> Optional[int]:
+        if self._status is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # pragma: no cover - waited for elsewhere
+                pid, status = self.pid, 0
+            if pid:
+                self._status = os.waitstatus_to_exitcode(status)
+        return self._status
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self._poll(os.WNOHANG)
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        if self.is_alive():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # pragma: no cover - exited in between
+                pass
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        if self._status is not None:
+            return
+        if timeout is None:
+            self._poll(0)
+            return
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], max(0.0, timeout))
+        self._poll(os.WNOHANG)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+class Template:
+    """The template process: started once per pool, asked for each worker."""
+
+    def __init__(self, boot: str, settings: dict):
+        self._boot = boot
+        self._settings = settings
+        self.control: Optional[socket.socket] = None
+        self._popen: Optional[subprocess.Popen] = None
+        self.ready = False  # it imported the app and forks workers on request
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self._popen is None else self._popen.pid
+
+    def start(self) -> None:
+        """Start it (it then imports the app); OSError if it cannot be started."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        settings = dict(self._settings, control_fd=theirs.fileno())
+        try:
+            self._popen = subprocess.Popen([sys.executable, self._boot, TEMPLATE_FLAG, json.dumps(settings)],
+                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.control = ours
+
+    def take_answer(self) -> bool:
+        """Read its first word, once `control` is readable: True if it will fork workers."""
+        try:
+            self.ready = self.control.recv(1) == CAN_FORK
+        except OSError:
+            self.ready = False
+        return self.ready
+
+    def fork(self, count: int = 1) -> list[tuple[ForkedProcess, Connection]]:
+        """Up to `count` new workers (at most MAX_BATCH), adopted by this process, each with
+        this end of its pipe. OSError if the template is gone or could not fork any."""
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(max(1, min(count, MAX_BATCH)))]
+        try:
+            socket.send_fds(self.control, [b"w"], [theirs.fileno() for _, theirs in pairs])
+            for _, theirs in pairs:
+                theirs.close()
+            answer = self._receive(PID.size * len(pairs))
+        except BaseException:
+            for ours, theirs in pairs:
+                ours.close()
+                theirs.close()
+            raise
+        forked = []
+        for (ours, _), (pid,) in zip(pairs, PID.iter_unpack(answer)):
+            if pid > 0:
+                forked.append((ForkedProcess(pid), Connection(ours.detach())))
+            else:
+                ours.close()
+        if not forked:
+            raise OSError("the template process could not fork a worker")
+        return forked
+
+    def _receive(self, size: int) -> bytes:
+        data = b""
+        deadline = time.monotonic() + FORK_TIMEOUT_S
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.control], [], [], left)[0]:
+                raise OSError(f"the template process did not answer within {FORK_TIMEOUT_S:.0f} s")
+            chunk = self.control.recv(size - len(data))
+            if not chunk:
+                raise OSError("the template process is gone")
+            data += chunk
+        return data
+
+    def close(self) -> None:
+        """Make it exit (it exits when its end of the control socket closes) and wait for it."""
+        self.ready = False
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self._popen is not None:
+            try:
+                self._popen.wait(1.0)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+                self._popen.wait()
+            self._popen = None
+
+
+def reap_orphans(known: set[int]) -> int:
+    """Wait for this process's children that have exited and that are not in `known` (orphans a
+    worker left, adopted as their subreaper); returns how many. Linux only (reads /proc)."""
+    reaped = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as file:
+                pids = [int(p) for p in file.read().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            if pid in known or not _exited(pid):
+                continue
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    reaped += 1
+            except ChildProcessError:
+                pass
+    return reaped
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] == b"Z"
