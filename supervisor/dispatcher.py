@@ -166,18 +166,21 @@ class Stats:
 
 class Supervisor:
     def __init__(self, db_path: str, app: str, config: SupervisorConfig = SupervisorConfig(), *,
-                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None):
+                 on_delivery: Optional[Callable[[str, int, str, int], None]] = None, reap_orphans: bool = False):
         """
         Args:
             db_path: the ledger file, shared with any other supervisor on this host.
             app: the user's workflows, as a module name or a .py path (loaded by each child).
             on_delivery: called after each delivery with (execution_id, token, outcome, ms).
+            reap_orphans: every child of this process is the supervisor's (`yieldstar supervise`):
+                it may wait for the orphans a worker leaves behind, which it adopts (see `template`).
         """
         self.db_path = db_path
         self.app = app
         self.config = config
         self.stats = Stats()
         self._on_delivery = on_delivery
+        self._reap_orphans = reap_orphans
         self._stop_requests = 0
         self._signals = Wakeup()
         self._pool: Optional[Pool] = None
@@ -214,7 +217,7 @@ class Supervisor:
         pool = Pool(cfg.processes, app=self.app, db_path=self.db_path, durability=cfg.durability,
                     max_payload_bytes=cfg.max_payload_bytes,
                     heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses, slots=cfg.slots,
-                    log_format=cfg.log_format)
+                    log_format=cfg.log_format, reap_orphans=self._reap_orphans)
         self._pool = pool
         calls = renewals = nudges = loop = None
         try:

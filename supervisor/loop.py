@@ -54,7 +54,7 @@ from .pool import Child, Delivery, Pool
 from .scheduling import Scheduling
 from .serving import Serving, new_supervisor_id
 from .timeouts import WorkflowTimeouts
-from .worker_watch import RELEASE_LINE, WorkerWatch
+from .worker_watch import ORPHAN_CHECK_S, RELEASE_LINE, WorkerWatch
 
 __all__ = ["DispatchLoop", "ON_REPLY", "EXIT_STOPPED", "EXIT_KILLED", "EXIT_LEDGER_UNUSABLE",
            # the log lines: `chaos.evidence`
@@ -119,6 +119,7 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         self.next_renewal = now + self.cfg.renew_ms / 1000
         self.next_file_check = now + FILE_CHECK_S
         self.next_top_up = now
+        self.next_orphan_check = now + ORPHAN_CHECK_S
         self.topping_up = False  # the last top_up stopped at its time budget: more to start at once
         self.last_beat_at: Optional[float] = None
         self.grace_deadline: Optional[float] = None

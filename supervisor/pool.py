@@ -218,12 +218,13 @@ def describe_exit(process) -> str:
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
                  start_timeout_s: float = 60.0, slots: int = 1, log_format: str = "text",
-                 max_payload_bytes: Optional[int] = None, template: bool = True):
+                 max_payload_bytes: Optional[int] = None, template: bool = True,
+                 reap_orphans: bool = False):
         """`size` worker processes, each running up to `slots` deliveries at once, each opening
         the ledger as the supervisor does (`durability`, `max_payload_bytes`), logging in
         `log_format` (`log_format.LogFormat`) on the stderr they share with the supervisor;
         forked from a template process where one can be used (`template`), else each a fresh
-        interpreter."""
+        interpreter. `reap_orphans`: every child of this process is the pool's (see `reap_orphans`)."""
         self.size = size
         self.slots = slots
         self.log_format = log_format
@@ -235,6 +236,7 @@ class Pool:
         self.children: list[Child] = []
         self.template: Optional[Template] = None  # while it forks the workers
         self._use_template = template
+        self._reaps_orphans = reap_orphans
         self._subreaper = False  # this process was made a child subreaper, to adopt forked workers
         self.started_at = time.monotonic()
 
@@ -400,7 +402,7 @@ class Pool:
         """Wait for exited children that are neither workers nor the template: orphans a worker
         left, adopted as their subreaper. Only where every child of this process is the pool's
         (`yieldstar supervise`): another child's exit status would be taken from its owner."""
-        if not self._subreaper:
+        if not (self._subreaper and self._reaps_orphans):
             return 0
         known = {c.pid for c in self.children}
         if self.template is not None and self.template.pid is not None:

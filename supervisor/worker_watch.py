@@ -28,6 +28,8 @@ log = logging.getLogger("yieldstar.supervisor")
 
 # After a child could not be started (fork failed): when to try again.
 TOP_UP_RETRY_S = 1.0
+# How often exited orphans adopted from dead workers are waited for (`Pool.reap_orphans`).
+ORPHAN_CHECK_S = 5.0
 RELEASE_LINE = "execution %s token %d: %s; releasing it"  # its worker replaced (`replace_and_release`)
 
 
@@ -250,7 +252,11 @@ class WorkerWatch:
             self.end(delivery, Retry(why), now)
 
     def top_up(self, now: float) -> None:
-        """Start the children the pool lacks: at start-up, and after a start that failed."""
+        """Start the children the pool lacks (at start-up, and after a start that failed), and
+        now and then wait for the orphans of dead workers that exited (`Pool.reap_orphans`)."""
+        if now >= self.next_orphan_check:
+            self.next_orphan_check = now + ORPHAN_CHECK_S
+            self.pool.reap_orphans()
         if self.grace_deadline is not None or now < self.next_top_up:
             self.topping_up = False
             return

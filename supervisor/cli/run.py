@@ -74,7 +74,7 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
         heartbeat_misses=heartbeat_misses,
         poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability, log_format=log_format,
         max_payload_bytes=max_payload_bytes(max_payload))
-    supervisor = Supervisor(ctx.obj["db"], app, config)
+    supervisor = Supervisor(ctx.obj["db"], app, config, reap_orphans=True)
     as_json = config.log_format is LogFormat.JSON  # for a machine: every line an object, no status redrawn
     status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() and not as_json else None
     configure(status.log_handler() if status else logging.StreamHandler(sys.stderr), log_format,
