@@ -257,7 +257,7 @@ class Pool:
                 self.template = template
             except OSError as exc:
                 log.warning("cannot start the template process (%s): each worker is started as a fresh interpreter",
-                            exc)
+                            exc, extra={"event": "template_failed"})
         if self.template is None:
             self.top_up()
 
@@ -308,7 +308,7 @@ class Pool:
                 return self.template.fork(count)
             except OSError as exc:
                 log.warning("the template process failed (%s): each worker from now on is started as a fresh"
-                            " interpreter", exc)
+                            " interpreter", exc, extra={"event": "template_failed"})
                 self.drop_template()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         settings = dict(self._settings(), fd=theirs.fileno())
@@ -381,13 +381,13 @@ class Pool:
             left = deadline - time.monotonic()
             if left <= 0:
                 log.warning("the template process did not import the app within %.0f s: each worker is started as"
-                            " a fresh interpreter", self.start_timeout_s)
+                            " a fresh interpreter", self.start_timeout_s, extra={"event": "template_failed"})
                 self.drop_template()
                 return True
             if template.control in wait([wakeup, template.control], left):
                 if not template.take_answer():
                     log.info("the app starts a thread when imported, so workers cannot be forked from a template"
-                             " process: each is started as a fresh interpreter")
+                             " process: each is started as a fresh interpreter", extra={"event": "template_unused"})
                     self.drop_template()
                 return True
         return False

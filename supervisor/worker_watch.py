@@ -170,8 +170,9 @@ class WorkerWatch:
                 self.worker_schedules(child, message.schedules, time.monotonic())
                 if not self.all_up and self.pool.up == self.pool.size:
                     self.all_up = True
-                    log.info("workers %d/%d up, %.1f s after the start", self.pool.size, self.pool.size,
-                             time.monotonic() - self.pool.started_at)
+                    up_s = time.monotonic() - self.pool.started_at
+                    log.info("workers %d/%d up, %.1f s after the start", self.pool.size, self.pool.size, up_s,
+                             extra={"event": "workers_up", "workers": self.pool.size, "up_ms": int(up_s * 1000)})
                 return
             case LedgerNotOpened():  # the ledger, not the app: the message says what to do
                 self.fatal = self.fatal or LedgerUnusable(message.error)
