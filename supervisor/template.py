@@ -3,8 +3,8 @@
 A worker started as a fresh interpreter spends about a tenth of a second of CPU importing the
 runtime and the app; 256 of them on two cores took half a minute to be up. The template imports
 both once, and each worker is then a fork of it: a few milliseconds. The pool asks the template
-for a worker, sending it one end of a new socket pair (the worker's pipe, as before), and gets
-back the worker's pid.
+for workers, sending it one end of a new socket pair for each (its pipe, as before), and gets
+back their pids.
 
 The worker is the supervisor's child all the same: the template forks a go-between that forks
 the worker and exits, and the supervisor, a child subreaper (PR_SET_CHILD_SUBREAPER) while its
@@ -16,15 +16,14 @@ or an app that starts a thread when imported, from which a fork is unsafe).
 
 A child subreaper also adopts whatever a worker leaves behind when it dies (a subprocess of a
 step, say). The template and the pool wait for their own processes; an orphan adopted this way
-is reaped when the supervisor exits, or, in `yieldstar supervise` (where every child is the
-pool's), as soon as it exits (`reap_orphans`).
+is reaped once the supervisor exits (by init), or, in `yieldstar supervise` (where every child
+is the pool's), within seconds of its own exit (`reap_orphans`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import os
 import select
 import signal
@@ -36,8 +35,6 @@ from multiprocessing.connection import Connection
 from typing import Optional
 
 from worker._runtime.template import CAN_FORK, MAX_BATCH, PID, TEMPLATE_FLAG
-
-log = logging.getLogger("yieldstar.supervisor")
 
 PR_SET_CHILD_SUBREAPER = 36
 FORK_TIMEOUT_S = 5.0  # the template answers a fork in milliseconds; past this, it is taken for stuck

@@ -35,6 +35,26 @@ def echo(ctx, input):
     return ctx.run("echo", lambda: input)
 '''
 
+ORPHAN_APP = """
+import subprocess
+import sys
+import time
+
+from worker import workflow
+
+
+def start_a_subprocess_and_hang(path, seconds):
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    with open(path, "w") as file:
+        file.write(str(child.pid))
+    time.sleep(3600)
+
+
+@workflow("orphans.leave")
+def leave(ctx, input):
+    return ctx.run("start", start_a_subprocess_and_hang, input["path"], input["seconds"])
+"""
+
 
 def children(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children()
@@ -125,3 +145,21 @@ def test_an_app_that_starts_a_thread_when_imported_gets_fresh_interpreters_not_f
     assert template_of(supervisor) == []
     admit(db, "threaded", "threads.echo", 7)
     wait_until(lambda: completed(db, "threaded"), timeout=15, message="a delivery to a fresh interpreter")
+
+
+@pytest.mark.timeout(120)
+def test_the_subprocess_a_killed_worker_leaves_is_adopted_by_its_supervisor_and_waited_for(tmp_path, supervisors):
+    app = tmp_path / "orphans_app.py"
+    app.write_text(ORPHAN_APP)
+    db = tmp_path / "ledger.db"
+    supervisor = supervisors.start(db, app=str(app), concurrency=1)
+    pid_file = tmp_path / "orphan.pid"
+    admit(db, "orphan", "orphans.leave", {"path": str(pid_file), "seconds": 3})
+    orphan = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), message="the step's subprocess"))
+    [worker] = supervisor.workers()
+    os.kill(worker, signal.SIGKILL)
+    # The supervisor is the child subreaper of what it starts (that is how it adopts its forked
+    # workers): the orphan is its child now, not init's ...
+    assert wait_until(lambda: psutil.Process(orphan).ppid() == supervisor.pid, message="the orphan adopted")
+    # ... and once the orphan exited, it is waited for: no zombie is left behind.
+    wait_until(lambda: not psutil.pid_exists(orphan), timeout=30, message="the orphan waited for")

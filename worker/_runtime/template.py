@@ -6,9 +6,10 @@ A fresh interpreter per worker costs about a tenth of a second of CPU for its im
 hundreds of workers on a small machine that is the whole start-up. A fork of the template costs
 a few milliseconds, and the worker starts with the app already imported.
 
-    supervisor --(a socketpair end, SCM_RIGHTS)--> template --fork--> go-between --fork--> worker
-               <--(the worker's pid, once the go-between exited and the supervisor, a child
-                   subreaper, adopted the worker)
+    supervisor --(up to MAX_BATCH socketpair ends, SCM_RIGHTS)--> template
+    template --fork--> go-between --fork--> a worker for each end; the go-between exits
+    supervisor <--(the workers' pids, once the go-between exited and the supervisor, a child
+                   subreaper, adopted them)
 
 Every worker is still its own process with its own pipe, and the supervisor's child: the go-between
 exits at once, and the supervisor, which asked to be the child subreaper of what it starts
@@ -21,7 +22,8 @@ too goes when the supervisor does.
 A fork is safe only from a process with one thread: the template checks after importing the app,
 and an app that starts a thread on import gets no template (its workers are started as fresh
 interpreters, as before). Nothing is opened here but the app: each worker opens its own ledger
-connection after the fork.
+connection after the fork. What the app itself does when imported is done once, for every
+worker (as with gunicorn's preload): a connection it opens at import is shared by all of them.
 
 The template's command line has `TEMPLATE_FLAG`, which the worker overwrites in place with
 `WORKER_FLAG` (same length), so that tools that tell workers by their command line (`ps`,
