@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Optional
@@ -40,15 +41,28 @@ PR_SET_CHILD_SUBREAPER = 36
 FORK_TIMEOUT_S = 5.0  # the template answers a fork in milliseconds; past this, it is taken for stuck
 
 
+# Pools in this process that need it to be a child subreaper (several supervisors may run in one
+# process): it stops being one when the last of them shuts down.
+_subreaper_pools = 0
+_subreaper_lock = threading.Lock()
+
+
 def set_child_subreaper(on: bool) -> bool:
-    """Make this process the child subreaper of its descendants (Linux); False where it cannot."""
+    """Make this process the child subreaper of its descendants (Linux), for one more pool (`on`),
+    or for one fewer; False where it cannot be one."""
+    global _subreaper_pools
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-    except (OSError, AttributeError):  # pragma: no cover - no libc prctl
-        return False
+    with _subreaper_lock:
+        if _subreaper_pools == (0 if on else 1):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+                    return False
+            except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+                return False
+        _subreaper_pools += 1 if on else -1
+        return True
 
 
 class ForkedProcess:
@@ -180,17 +194,14 @@ class Template:
         return data
 
     def close(self) -> None:
-        """Make it exit (it exits when its end of the control socket closes) and wait for it."""
+        """Kill it (it holds nothing to finish, and may be busy importing the app) and wait for it."""
         self.ready = False
         if self.control is not None:
             self.control.close()
             self.control = None
         if self._popen is not None:
-            try:
-                self._popen.wait(1.0)
-            except subprocess.TimeoutExpired:
-                self._popen.kill()
-                self._popen.wait()
+            self._popen.kill()
+            self._popen.wait()
             self._popen = None
 
 
