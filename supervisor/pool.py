@@ -51,6 +51,11 @@ def is_worker_command(command: Sequence[str]) -> bool:
     return BOOT in command[1:2] and TEMPLATE_FLAG not in command[2:3]
 
 
+def is_template_command(command: Sequence[str]) -> bool:
+    """Whether a process's command line is a pool's template process's (`template`)."""
+    return BOOT in command[1:2] and TEMPLATE_FLAG in command[2:3]
+
+
 class ChildProcess:
     """A child's process handle, with a `sentinel` that `multiprocessing.connection.wait()`
     reports ready when the process ends (a pidfd on Linux)."""
@@ -385,7 +390,13 @@ class Pool:
                 self.drop_template()
                 return True
             if template.control in wait([wakeup, template.control], left):
-                if not template.take_answer():
+                answer = template.take_answer()
+                if answer is None:
+                    template.join(1.0)
+                    log.warning("the template process died while importing the app (%s): each worker is started as a"
+                                " fresh interpreter", describe_exit(template), extra={"event": "template_failed"})
+                    self.drop_template()
+                elif not answer:
                     log.info("the app starts a thread when imported, so workers cannot be forked from a template"
                              " process: each is started as a fresh interpreter", extra={"event": "template_unused"})
                     self.drop_template()

@@ -148,13 +148,27 @@ class Template:
             theirs.close()
         self.control = ours
 
-    def take_answer(self) -> bool:
-        """Read its first word, once `control` is readable: True if it will fork workers."""
+    def take_answer(self) -> Optional[bool]:
+        """Read its first word, once `control` is readable: True if it will fork workers, False
+        if it will not (the app started a thread), None if it died first."""
         try:
-            self.ready = self.control.recv(1) == CAN_FORK
+            word = self.control.recv(1)
         except OSError:
-            self.ready = False
-        return self.ready
+            word = b""
+        self.ready = word == CAN_FORK
+        return None if not word else self.ready
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """Its exit code once it ended (negative: killed by that signal), else None."""
+        return None if self._popen is None else self._popen.poll()
+
+    def join(self, timeout: float) -> None:
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
 
     def fork(self, count: int = 1) -> list[tuple[ForkedProcess, Connection]]:
         """Up to `count` new workers (at most MAX_BATCH), adopted by this process, each with

@@ -163,3 +163,16 @@ def test_the_subprocess_a_killed_worker_leaves_is_adopted_by_its_supervisor_and_
     assert wait_until(lambda: psutil.Process(orphan).ppid() == supervisor.pid, message="the orphan adopted")
     # ... and once the orphan exited, it is waited for: no zombie is left behind.
     wait_until(lambda: not psutil.pid_exists(orphan), timeout=30, message="the orphan waited for")
+
+
+@pytest.mark.timeout(120)
+def test_a_template_killed_while_it_imports_the_app_leaves_the_workers_to_fresh_interpreters(tmp_path, supervisors):
+    db = tmp_path / "ledger.db"
+    supervisor = supervisors.start(db, concurrency=2, env={"SV_IMPORT_DELAY_S": "2"}, ready=False)
+    [template] = wait_until(lambda: template_of(supervisor), message="the template importing the app")
+    os.kill(template, signal.SIGKILL)
+    supervisor.wait_log("the template process died while importing the app (killed by SIGKILL): each worker is"
+                        " started as a fresh interpreter")
+    supervisor.wait_log("workers 2/2 up", timeout=30)
+    admit(db, "no-template", "sv.noop3")
+    wait_until(lambda: completed(db, "no-template"), timeout=15, message="a delivery to a fresh interpreter")
