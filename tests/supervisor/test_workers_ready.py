@@ -77,6 +77,18 @@ def completed(db, execution_id: str) -> bool:
         return backend.executions.get(execution_id).status == "completed"
 
 
+def delivers(db, execution_id: str, workflow: str = "sv.noop3", input=None) -> None:
+    """Admit an execution and wait until a worker has run it to completion."""
+    admit(db, execution_id, workflow, input)
+    wait_until(lambda: completed(db, execution_id), timeout=15, message=f"{execution_id} delivered and completed")
+
+
+def supervised_app(tmp_path, name: str, source: str) -> str:
+    app = tmp_path / name
+    app.write_text(source)
+    return str(app)
+
+
 @pytest.mark.timeout(180)
 def test_a_supervisor_of_256_workers_has_them_all_up_within_seconds_and_its_summary_line_says_so(tmp_path,
                                                                                                  supervisors):
@@ -96,8 +108,7 @@ def test_a_supervisor_of_256_workers_has_them_all_up_within_seconds_and_its_summ
     # signal and checks watch the supervisor.
     assert {p.pid for p in children(supervisor.pid) if is_worker_command(p.cmdline())} == set(workers)
     assert len(template_of(supervisor)) == 1
-    admit(db, "after-the-start", "sv.noop3")
-    wait_until(lambda: completed(db, "after-the-start"), timeout=15, message="a delivery to a forked worker")
+    delivers(db, "after-the-start")
 
 
 @pytest.mark.timeout(120)
@@ -130,29 +141,24 @@ def test_workers_outlive_a_killed_template_and_a_killed_worker_is_still_replaced
                message="the killed worker replaced")
     assert set(workers[1:]) <= set(supervisor.workers())
     supervisor.wait_log("the template process failed")
-    admit(db, "after-the-template", "sv.noop3")
-    wait_until(lambda: completed(db, "after-the-template"), timeout=15, message="a delivery after the template died")
+    delivers(db, "after-the-template")
 
 
 @pytest.mark.timeout(120)
 def test_an_app_that_starts_a_thread_when_imported_gets_fresh_interpreters_not_forks(tmp_path, supervisors):
-    app = tmp_path / "threads_app.py"
-    app.write_text(THREAD_ON_IMPORT_APP)
     db = tmp_path / "ledger.db"
-    supervisor = supervisors.start(db, app=str(app), workers=3, concurrency=3)
+    app = supervised_app(tmp_path, "threads_app.py", THREAD_ON_IMPORT_APP)
+    supervisor = supervisors.start(db, app=app, workers=3, concurrency=3)
     supervisor.wait_log("workers 3/3 up")
     assert "workers cannot be forked from a template process" in supervisor.log()
     assert template_of(supervisor) == []
-    admit(db, "threaded", "threads.echo", 7)
-    wait_until(lambda: completed(db, "threaded"), timeout=15, message="a delivery to a fresh interpreter")
+    delivers(db, "threaded", "threads.echo", 7)
 
 
 @pytest.mark.timeout(120)
 def test_the_subprocess_a_killed_worker_leaves_is_adopted_by_its_supervisor_and_waited_for(tmp_path, supervisors):
-    app = tmp_path / "orphans_app.py"
-    app.write_text(ORPHAN_APP)
     db = tmp_path / "ledger.db"
-    supervisor = supervisors.start(db, app=str(app), concurrency=1)
+    supervisor = supervisors.start(db, app=supervised_app(tmp_path, "orphans_app.py", ORPHAN_APP), concurrency=1)
     pid_file = tmp_path / "orphan.pid"
     admit(db, "orphan", "orphans.leave", {"path": str(pid_file), "seconds": 3})
     orphan = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), message="the step's subprocess"))
@@ -174,5 +180,4 @@ def test_a_template_killed_while_it_imports_the_app_leaves_the_workers_to_fresh_
     supervisor.wait_log("the template process died while importing the app (killed by SIGKILL): each worker is"
                         " started as a fresh interpreter")
     supervisor.wait_log("workers 2/2 up", timeout=30)
-    admit(db, "no-template", "sv.noop3")
-    wait_until(lambda: completed(db, "no-template"), timeout=15, message="a delivery to a fresh interpreter")
+    delivers(db, "no-template")
