@@ -266,18 +266,32 @@ class Pool:
         if self.template is None:
             self.top_up()
 
-    def top_up(self, budget_s: Optional[float] = None) -> int:
+    def top_up(self, budget_s: Optional[float] = None, wait: bool = True) -> int:
         """Start children until the pool has `size` of them, at most MAX_STARTING loading at
         once (MAX_FORKED_STARTING forked ones), and, with `budget_s`, for about that long at
-        most (the caller's loop has beats to send): returns how many were started."""
+        most (the caller's loop has beats to send): returns how many were started. Without
+        `wait`, workers are asked of the template and taken on a later call once it answered
+        (`forking`): the dispatcher loop never waits for another process to be scheduled."""
         began = time.monotonic()
         started = 0
         if self.template is not None and not self.template.ready:
             return 0  # it is still importing the app: the first workers are forked once it has
+        if self.template is not None and self.template.forking:
+            fresh = [self._child(*launched) for launched in self._collect()]
+            self.children += fresh
+            started += len(fresh)
         loading = sum(1 for c in self.children if not c.ready)
         limit = MAX_FORKED_STARTING if self.template is not None else MAX_STARTING
         while len(self.children) < self.size and loading < limit:
             if started and budget_s is not None and time.monotonic() - began >= budget_s:
+                break
+            if not wait and self.template is not None:
+                if not self.template.forking:
+                    try:
+                        self.template.request(min(self.size - len(self.children), limit - loading))
+                    except OSError as exc:
+                        self._template_failed(exc)
+                        continue
                 break
             fresh = [self._child(*launched) for launched in self._launch(min(self.size - len(self.children),
                                                                              limit - loading))]
@@ -285,6 +299,24 @@ class Pool:
             loading += len(fresh)
             started += len(fresh)
         return started
+
+    @property
+    def forking(self) -> bool:
+        """Workers were asked of the template and are not yet taken (`top_up(wait=False)`)."""
+        return self.template is not None and self.template.forking > 0
+
+    def _collect(self) -> list[tuple]:
+        """The workers the template forked since it was asked, if it answered."""
+        try:
+            return self.template.collect()
+        except OSError as exc:
+            self._template_failed(exc)
+            return []
+
+    def _template_failed(self, exc: OSError) -> None:
+        log.warning("the template process failed (%s): each worker from now on is started as a fresh"
+                    " interpreter", exc, extra={"event": "template_failed"})
+        self.drop_template()
 
     def _fresh(self) -> Child:
         return self._child(*self._launch(1)[0])
@@ -312,9 +344,7 @@ class Pool:
             try:
                 return self.template.fork(count)
             except OSError as exc:
-                log.warning("the template process failed (%s): each worker from now on is started as a fresh"
-                            " interpreter", exc, extra={"event": "template_failed"})
-                self.drop_template()
+                self._template_failed(exc)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         settings = dict(self._settings(), fd=theirs.fileno())
         try:
@@ -420,14 +450,16 @@ class Pool:
             known.add(self.template.pid)
         return reap_orphans(known)
 
-    def replace(self, child: Child) -> Child:
+    def replace(self, child: Child, wait: bool = True) -> None:
         """Kill `child` if it still runs, make sure it is gone, and start another in its place.
 
-        Returns at once: the new child is not `ready` until it reports that it loaded the app."""
+        Returns at once: the new child is not `ready` until it reports that it loaded the app.
+        Without `wait`, a worker forked by the template is only asked for: `top_up` takes it."""
         self.reap(child)
-        fresh = self._fresh()
-        self.children[self.children.index(child)] = fresh
-        return fresh
+        if not wait and self.template is not None:
+            self.children.remove(child)
+            return
+        self.children[self.children.index(child)] = self._fresh()
 
     def remove(self, child: Child) -> None:
         """Kill `child` if it still runs, make sure it is gone, and run on without it."""

@@ -38,7 +38,9 @@ from typing import Optional
 from worker._runtime.template import CAN_FORK, MAX_BATCH, PID, TEMPLATE_FLAG
 
 PR_SET_CHILD_SUBREAPER = 36
-FORK_TIMEOUT_S = 5.0  # the template answers a fork in milliseconds; past this, it is taken for stuck
+# The template answers in milliseconds, or seconds on a machine busy with deliveries; past this,
+# it is taken for stuck.
+FORK_TIMEOUT_S = 30.0
 
 
 # Pools in this process that need it to be a child subreaper (several supervisors may run in one
@@ -129,6 +131,9 @@ class Template:
         self.control: Optional[socket.socket] = None
         self._popen: Optional[subprocess.Popen] = None
         self.ready = False  # it imported the app and forks workers on request
+        self._pending: list[socket.socket] = []  # our ends of the pipes of workers asked for
+        self._answer = b""  # their pids, as much as came yet
+        self._asked_at = 0.0
 
     @property
     def pid(self) -> Optional[int]:
@@ -170,46 +175,72 @@ class Template:
             except subprocess.TimeoutExpired:
                 pass
 
-    def fork(self, count: int = 1) -> list[tuple[ForkedProcess, Connection]]:
-        """Up to `count` new workers (at most MAX_BATCH), adopted by this process, each with
-        this end of its pipe. OSError if the template is gone or could not fork any."""
+    @property
+    def forking(self) -> int:
+        """Workers asked for whose pids have not come back yet."""
+        return len(self._pending)
+
+    def request(self, count: int) -> None:
+        """Ask for up to `count` new workers (at most MAX_BATCH), unless some are asked for
+        already; `collect` takes them. OSError if the template is gone."""
+        if self._pending:
+            return
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(max(1, min(count, MAX_BATCH)))]
         try:
             socket.send_fds(self.control, [b"w"], [theirs.fileno() for _, theirs in pairs])
-            for _, theirs in pairs:
-                theirs.close()
-            answer = self._receive(PID.size * len(pairs))
         except BaseException:
             for ours, theirs in pairs:
                 ours.close()
                 theirs.close()
             raise
+        for _, theirs in pairs:
+            theirs.close()
+        self._pending = [ours for ours, _ in pairs]
+        self._answer = b""
+        self._asked_at = time.monotonic()
+
+    def collect(self, timeout: float = 0.0) -> list[tuple[ForkedProcess, Connection]]:
+        """The workers asked for, each adopted by this process and with this end of its pipe,
+        once the template has answered (within `timeout`), else []. OSError if the template is
+        gone, could not fork any, or has not answered within FORK_TIMEOUT_S: it is stuck."""
+        if not self._pending:
+            return []
+        size = PID.size * len(self._pending)
+        deadline = time.monotonic() + timeout
+        while len(self._answer) < size:
+            if not select.select([self.control], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                if time.monotonic() - self._asked_at > FORK_TIMEOUT_S:
+                    raise OSError(f"the template process did not answer within {FORK_TIMEOUT_S:.0f} s")
+                return []
+            chunk = self.control.recv(size - len(self._answer))
+            if not chunk:
+                raise OSError("the template process is gone")
+            self._answer += chunk
         forked = []
-        for (ours, _), (pid,) in zip(pairs, PID.iter_unpack(answer)):
+        for ours, (pid,) in zip(self._pending, PID.iter_unpack(self._answer)):
             if pid > 0:
                 forked.append((ForkedProcess(pid), Connection(ours.detach())))
             else:
                 ours.close()
+        self._pending, self._answer = [], b""
         if not forked:
             raise OSError("the template process could not fork a worker")
         return forked
 
-    def _receive(self, size: int) -> bytes:
-        data = b""
-        deadline = time.monotonic() + FORK_TIMEOUT_S
-        while len(data) < size:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.control], [], [], left)[0]:
-                raise OSError(f"the template process did not answer within {FORK_TIMEOUT_S:.0f} s")
-            chunk = self.control.recv(size - len(data))
-            if not chunk:
-                raise OSError("the template process is gone")
-            data += chunk
-        return data
+    def fork(self, count: int = 1) -> list[tuple[ForkedProcess, Connection]]:
+        """`request` and `collect`, waiting for the answer (before the dispatcher loop runs)."""
+        self.request(count)
+        forked = self.collect(timeout=FORK_TIMEOUT_S + 1)
+        if not forked:
+            raise OSError(f"the template process did not answer within {FORK_TIMEOUT_S:.0f} s")
+        return forked
 
     def close(self) -> None:
         """Kill it (it holds nothing to finish, and may be busy importing the app) and wait for it."""
         self.ready = False
+        for ours in self._pending:
+            ours.close()
+        self._pending = []
         if self.control is not None:
             self.control.close()
             self.control = None

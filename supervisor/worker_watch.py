@@ -28,6 +28,8 @@ log = logging.getLogger("yieldstar.supervisor")
 
 # After a child could not be started (fork failed): when to try again.
 TOP_UP_RETRY_S = 1.0
+# While the template forks workers asked for: how often the loop looks for its answer.
+FORK_POLL_S = 0.01
 # How often exited orphans adopted from dead workers are waited for (`Pool.reap_orphans`).
 ORPHAN_CHECK_S = 5.0
 RELEASE_LINE = "execution %s token %d: %s; releasing it"  # its worker replaced (`replace_and_release`)
@@ -233,7 +235,7 @@ class WorkerWatch:
             self.pool.remove(child)
             return
         try:
-            self.pool.replace(child)
+            self.pool.replace(child, wait=False)  # its successor is forked by `top_up`
         except OSError as exc:
             log.error("could not replace a worker: %s", exc, extra={"event": "worker_start_failed"})
             if child in self.pool.children:
@@ -264,7 +266,10 @@ class WorkerWatch:
         try:
             # Within a budget: the loop comes back for more at once (`deadline`) while the pool
             # lacks workers it may start now.
-            self.topping_up = self.pool.top_up(budget_s=TOP_UP_BUDGET_S) > 0 and len(self.pool.children) < self.pool.size
+            started = self.pool.top_up(budget_s=TOP_UP_BUDGET_S, wait=False)
+            self.topping_up = self.pool.forking or (started > 0 and len(self.pool.children) < self.pool.size)
+            if self.pool.forking:  # the template's answer is looked for again shortly
+                self.next_top_up = now + FORK_POLL_S
         except OSError as exc:
             self.topping_up = False
             log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc,
