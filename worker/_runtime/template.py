@@ -49,7 +49,7 @@ TEMPLATE_FLAG = "--yieldstar-template"
 WORKER_FLAG = "--yieldstar-forked--"  # as long as TEMPLATE_FLAG: written over it
 PID = struct.Struct("=i")  # the template's answer: the worker's pid, 0 if it could not fork
 CAN_FORK, CANNOT_FORK = b"\x01", b"\x00"  # the template's first word: whether it will fork workers
-MAX_BATCH = 16  # workers forked by one go-between, at most
+MAX_BATCH = 64  # workers forked by one go-between, at most
 ADOPTION_S = 5.0  # a worker waits at most this long for the go-between to exit
 
 
