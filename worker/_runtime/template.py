@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import socket
 import struct
@@ -50,7 +51,7 @@ WORKER_FLAG = "--yieldstar-forked--"  # as long as TEMPLATE_FLAG: written over i
 PID = struct.Struct("=i")  # the template's answer: the worker's pid, 0 if it could not fork
 CAN_FORK, CANNOT_FORK = b"\x01", b"\x00"  # the template's first word: whether it will fork workers
 MAX_BATCH = 64  # workers forked by one go-between, at most
-ADOPTION_S = 5.0  # a worker waits at most this long for the go-between to exit
+ADOPTION_S = 60.0  # a worker waits at most this long for the go-between to exit (a busy machine)
 
 
 def serve(control_fd: int, app: str, parent_pid: int) -> int:
@@ -102,6 +103,9 @@ def _go_between(control: socket.socket, write_pid: int, fds: list[int]) -> int:
     """Fork a worker for each pipe in `fds`, write their pids for the template, and exit so that
     the supervisor adopts them. Returns in each worker, with its pipe."""
     me = os.getpid()
+    # Closed when this process exits (each worker closes its own copy of the writing end): the
+    # workers wait for that end of file without polling, however long the forks of the batch take.
+    gone_r, gone_w = os.pipe()
     pids = []
     for fd in fds:
         try:
@@ -109,12 +113,13 @@ def _go_between(control: socket.socket, write_pid: int, fds: list[int]) -> int:
         except OSError:
             break
         if worker == 0:
+            os.close(gone_w)
             for other in fds:  # another worker's pipe held here would outlive that worker
                 if other != fd:
                     os.close(other)
             os.close(write_pid)
             control.close()
-            _wait_for_adoption(me)
+            _wait_for_adoption(me, gone_r)
             _rename_as_worker()
             return fd
         pids.append(worker)
@@ -122,10 +127,13 @@ def _go_between(control: socket.socket, write_pid: int, fds: list[int]) -> int:
     os._exit(0)
 
 
-def _wait_for_adoption(go_between: int) -> None:
-    """Wait until the go-between has exited and this process has a new parent: the supervisor
-    (`die_with_parent` checks that it is)."""
+def _wait_for_adoption(go_between: int, gone: int) -> None:
+    """Wait until the go-between has exited (`gone` reads end of file) and this process has a new
+    parent: the supervisor (`die_with_parent` checks that it is)."""
     deadline = time.monotonic() + ADOPTION_S
+    select.select([gone], [], [], ADOPTION_S)
+    os.close(gone)
+    # Its descriptors are closed before its children are handed on: moments.
     while os.getppid() == go_between:
         if time.monotonic() > deadline:
             os._exit(EXIT_PARENT_GONE)
