@@ -168,7 +168,7 @@ class Stats:
 class Supervisor:
     def __init__(self, db_path: str, app: str, config: SupervisorConfig = SupervisorConfig(), *,
                  on_delivery: Optional[Callable[[str, int, str, int], None]] = None,
-                 metrics: Optional[DeliveryMetrics] = None):
+                 metrics: Optional[DeliveryMetrics] = None, reap_orphans: bool = False):
         """
         Args:
             db_path: the ledger file, shared with any other supervisor on this host.
@@ -176,6 +176,8 @@ class Supervisor:
             on_delivery: called after each delivery with (execution_id, token, outcome, ms).
             metrics: told of each claim, step report, delivery's end and storage error (the
                 `PrometheusMetrics` of `supervise --metrics`); None: nobody is.
+            reap_orphans: every child of this process is the supervisor's (`yieldstar supervise`):
+                it may wait for the orphans a worker leaves behind, which it adopts (see `template`).
         """
         self.db_path = db_path
         self.app = app
@@ -183,6 +185,7 @@ class Supervisor:
         self.stats = Stats()
         self._on_delivery = on_delivery
         self._metrics = metrics
+        self._reap_orphans = reap_orphans
         self._stop_requests = 0
         self._signals = Wakeup()
         self._pool: Optional[Pool] = None
@@ -219,7 +222,7 @@ class Supervisor:
         pool = Pool(cfg.processes, app=self.app, db_path=self.db_path, durability=cfg.durability,
                     max_payload_bytes=cfg.max_payload_bytes,
                     heartbeat_s=cfg.heartbeat_ms / 1000, misses=cfg.heartbeat_misses, slots=cfg.slots,
-                    log_format=cfg.log_format)
+                    log_format=cfg.log_format, reap_orphans=self._reap_orphans)
         self._pool = pool
         calls = renewals = nudges = loop = None
         try:
@@ -327,6 +330,12 @@ class Supervisor:
         """Worker processes now (started, loading the app or ready): for a status line."""
         pool = self._pool
         return 0 if pool is None else len(pool.children)
+
+    @property
+    def workers_up(self) -> int:
+        """Worker processes that loaded the app and take deliveries: for a status line."""
+        pool = self._pool
+        return 0 if pool is None else pool.up
 
     @staticmethod
     def _close(*all_calls: Optional[LedgerCalls], timeout: float = 5.0) -> None:

@@ -55,7 +55,7 @@ from .pool import Child, Delivery, Pool
 from .scheduling import Scheduling
 from .serving import Serving, new_supervisor_id
 from .timeouts import WorkflowTimeouts
-from .worker_watch import RELEASE_LINE, WorkerWatch
+from .worker_watch import ORPHAN_CHECK_S, RELEASE_LINE, WorkerWatch
 
 __all__ = ["DispatchLoop", "ON_REPLY", "EXIT_STOPPED", "EXIT_KILLED", "EXIT_LEDGER_UNUSABLE",
            # the log lines: `chaos.evidence`
@@ -124,12 +124,15 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
         self.next_renewal = now + self.cfg.renew_ms / 1000
         self.next_file_check = now + FILE_CHECK_S
         self.next_top_up = now
+        self.next_orphan_check = now + ORPHAN_CHECK_S
+        self.topping_up = False  # the last top_up stopped at its time budget: more to start at once
         self.last_beat_at: Optional[float] = None
         self.grace_deadline: Optional[float] = None
         self.settle_deadline: Optional[float] = None  # after the grace period: how long releases may take
         self.ending: dict[tuple[str, int], Delivery] = {}  # replied to by their child, not yet settled
         self.start_deaths = 0  # children that died while loading the app, in a row
         self.ever_ready = False
+        self.all_up = False  # every worker of the pool was up once (and it was logged)
         self.idle_checked = False  # until_idle: nothing runs anywhere and nothing is due
         # Workers of several deliveries each (`--workers`): one delivery is stopped with a message,
         # and a worker killed or dead costs its deliveries a release. Else one per process: a
@@ -546,6 +549,8 @@ class DispatchLoop(LeaseKeeping, WorkerWatch, Serving, Scheduling, WorkflowTimeo
 
     def deadline(self, now: float) -> float:
         deadlines = [self.next_beat, self.next_file_check]
+        if self.topping_up:
+            deadlines.append(self.next_top_up)
         if self.grace_deadline is None and self.free_slots(now) > self.promised:
             deadlines.append(self.next_poll)
         elif self.grace_deadline is not None:

@@ -5,7 +5,10 @@ fork-and-exec, which is safe beside the supervisor's threads (a bare fork could 
 another thread holds), and which, unlike multiprocessing's `spawn`, never re-imports the
 supervisor's `__main__`. It is started by the path of its first file, not with `-m`, so that a
 `worker.py` or `supervisor.py` in its working folder (often the app's) cannot take the place of
-yieldstar's packages (see `worker._runtime.boot`). The child
+yieldstar's packages (see `worker._runtime.boot`). On Linux, one such interpreter, the
+template, imports the runtime and the app once and forks each worker (`template`): a fork is
+milliseconds where an interpreter's imports are a tenth of a second of CPU, and hundreds of
+workers are up in seconds on a small machine. The child
 gets one end of a Unix socket pair as its pipe. Each child loads the user's app once, at start,
 and then runs one delivery at a time, or up to `slots` at once (`supervise --workers`). Nothing here waits for a child to load the app: the
 dispatcher reads each child's first report (`Ready`, or why not) like any other message, beating the children that are
@@ -29,10 +32,12 @@ from typing import Optional
 
 from worker._runtime import protocol
 from worker._runtime.protocol import EXIT_CODES, AppNotLoaded, Exit, FromChild, ToChild
+from worker._runtime.template import TEMPLATE_FLAG
 
 from .ledger.backends import anywhere
 from .ledger.errors import AppLoadFailed, DiedWhileStarting
 from .ledger.values import ExecutionLease
+from .template import Template, reap_orphans, set_child_subreaper
 
 log = logging.getLogger("yieldstar.supervisor")
 
@@ -41,8 +46,14 @@ BOOT = os.path.join(os.path.dirname(os.path.abspath(protocol.__file__)), "boot.p
 
 
 def is_worker_command(command: Sequence[str]) -> bool:
-    """Whether a process's command line (`psutil.Process.cmdline()`) is a pool child's."""
-    return BOOT in command[1:2]
+    """Whether a process's command line (`psutil.Process.cmdline()`) is a pool child's (and not
+    the template process's, which forks them)."""
+    return BOOT in command[1:2] and TEMPLATE_FLAG not in command[2:3]
+
+
+def is_template_command(command: Sequence[str]) -> bool:
+    """Whether a process's command line is a pool's template process's (`template`)."""
+    return BOOT in command[1:2] and TEMPLATE_FLAG in command[2:3]
 
 
 class ChildProcess:
@@ -97,6 +108,11 @@ START_ATTEMPTS = 3
 # At most this many children load the app at once: a start-up of hundreds of workers on a small
 # machine must not thrash, and the ones that are ready take deliveries while the rest load.
 MAX_STARTING = 8
+# Forked from the template, a worker has only its ledger connection to open: this many at once.
+MAX_FORKED_STARTING = 64
+# How long one turn of the dispatcher loop may spend starting workers (a fork is milliseconds):
+# the workers already up must still hear their heartbeats.
+TOP_UP_BUDGET_S = 0.05
 
 # Worker processes per supervisor: past a few hundred, a host runs out of memory (each worker is
 # an interpreter with the app loaded) long before it runs out of work. More deliveries at once
@@ -211,10 +227,13 @@ def describe_exit(process) -> str:
 class Pool:
     def __init__(self, size: int, *, app: str, db_path: str, durability: str, heartbeat_s: float, misses: int,
                  start_timeout_s: float = 60.0, slots: int = 1, log_format: str = "text",
-                 max_payload_bytes: Optional[int] = None):
+                 max_payload_bytes: Optional[int] = None, template: bool = True,
+                 reap_orphans: bool = False):
         """`size` worker processes, each running up to `slots` deliveries at once, each opening
         the ledger as the supervisor does (`durability`, `max_payload_bytes`), logging in
-        `log_format` (`log_format.LogFormat`) on the stderr they share with the supervisor."""
+        `log_format` (`log_format.LogFormat`) on the stderr they share with the supervisor;
+        forked from a template process where one can be used (`template`), else each a fresh
+        interpreter. `reap_orphans`: every child of this process is the pool's (see `reap_orphans`)."""
         self.size = size
         self.slots = slots
         self.log_format = log_format
@@ -224,6 +243,11 @@ class Pool:
         self._misses = misses
         self.start_timeout_s = start_timeout_s
         self.children: list[Child] = []
+        self.template: Optional[Template] = None  # while it forks the workers
+        self._use_template = template
+        self._reaps_orphans = reap_orphans
+        self._subreaper = False  # this process was made a child subreaper, to adopt forked workers
+        self.started_at = time.monotonic()
 
     def start(self) -> None:
         """Start the first children and return at once.
@@ -231,43 +255,108 @@ class Pool:
         Nothing here waits for a child: each reports that it loaded the app (or why it could
         not) with a message the dispatcher reads like any other, and takes deliveries only
         then, while the dispatcher beats the ones already ready and acts on stop signals.
-        `top_up` starts the rest as the first ones finish loading."""
-        self.top_up()
+        `top_up` starts the rest as the first ones finish loading. With a template process, the
+        first ones are forked once it has imported the app (`wait_for_the_app`)."""
+        self.started_at = time.monotonic()
+        if self._use_template and set_child_subreaper(True):
+            self._subreaper = True
+            template = Template(BOOT, self._settings())
+            try:
+                template.start()
+                self.template = template
+            except OSError as exc:
+                log.warning("cannot start the template process (%s): each worker is started as a fresh interpreter",
+                            exc, extra={"event": "template_failed"})
+        if self.template is None:
+            self.top_up()
 
-    def top_up(self) -> int:
+    def top_up(self, budget_s: Optional[float] = None, wait: bool = True) -> int:
         """Start children until the pool has `size` of them, at most MAX_STARTING loading at
-        once; returns how many were started."""
+        once (MAX_FORKED_STARTING forked ones), and, with `budget_s`, for about that long at
+        most (the caller's loop has beats to send): returns how many were started. Without
+        `wait`, workers are asked of the template and taken on a later call once it answered
+        (`forking`): the dispatcher loop never waits for another process to be scheduled."""
+        began = time.monotonic()
         started = 0
+        if self.template is not None and not self.template.ready:
+            return 0  # it is still importing the app: the first workers are forked once it has
+        if self.template is not None and self.template.forking:
+            fresh = [self._child(*launched) for launched in self._collect()]
+            self.children += fresh
+            started += len(fresh)
         loading = sum(1 for c in self.children if not c.ready)
-        while len(self.children) < self.size and loading < MAX_STARTING:
-            self.children.append(self._fresh())
-            loading += 1
-            started += 1
+        limit = MAX_FORKED_STARTING if self.template is not None else MAX_STARTING
+        while len(self.children) < self.size and loading < limit:
+            if started and budget_s is not None and time.monotonic() - began >= budget_s:
+                break
+            if not wait and self.template is not None:
+                if not self.template.forking:
+                    try:
+                        self.template.request(min(self.size - len(self.children), limit - loading))
+                    except OSError as exc:
+                        self._template_failed(exc)
+                        continue
+                break
+            fresh = [self._child(*launched) for launched in self._launch(min(self.size - len(self.children),
+                                                                             limit - loading))]
+            self.children += fresh
+            loading += len(fresh)
+            started += len(fresh)
         return started
 
+    @property
+    def forking(self) -> bool:
+        """Workers were asked of the template and are not yet taken (`top_up(wait=False)`)."""
+        return self.template is not None and self.template.forking > 0
+
+    def _collect(self) -> list[tuple]:
+        """The workers the template forked since it was asked, if it answered."""
+        try:
+            return self.template.collect()
+        except OSError as exc:
+            self._template_failed(exc)
+            return []
+
+    def _template_failed(self, exc: OSError) -> None:
+        log.warning("the template process failed (%s): each worker from now on is started as a fresh"
+                    " interpreter", exc, extra={"event": "template_failed"})
+        self.drop_template()
+
     def _fresh(self) -> Child:
-        process, conn = self._launch()
+        return self._child(*self._launch(1)[0])
+
+    def _child(self, process, conn) -> Child:
         return Child(process, conn, process.pid, start_deadline=time.monotonic() + self.start_timeout_s,
                      slots=self.slots)
 
-    def _launch(self):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    def _settings(self) -> dict:
+        """What a child is told (the template too): its pipe's descriptor is added to it."""
         app, db_path, durability = self._args
-        settings = {
-            "fd": theirs.fileno(), "app": app, "db_path": anywhere(db_path), "durability": durability,
-            "max_payload_bytes": self._max_payload_bytes,
-            "parent_pid": os.getpid(),
+        return {
+            "app": app, "db_path": anywhere(db_path), "durability": durability,
+            "max_payload_bytes": self._max_payload_bytes, "parent_pid": os.getpid(),
             "heartbeat_s": self._heartbeat_s, "misses": self._misses, "slots": self.slots,
             "log_format": self.log_format,
             # The child imports what the supervisor could import, as multiprocessing would arrange.
             "sys_path": [p for p in sys.path if p],
         }
+
+    def _launch(self, count: int) -> list[tuple]:
+        """Up to `count` new children's (process, this end of its pipe): forked by the template
+        (one batch), or one fresh interpreter."""
+        if self.template is not None and self.template.ready:
+            try:
+                return self.template.fork(count)
+            except OSError as exc:
+                self._template_failed(exc)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        settings = dict(self._settings(), fd=theirs.fileno())
         try:
             popen = subprocess.Popen([sys.executable, BOOT, json.dumps(settings)],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        return ChildProcess(popen), Connection(ours.detach())
+        return [(ChildProcess(popen), Connection(ours.detach()))]
 
     def wait_for_the_app(self, wakeup, stopping: Callable[[], bool]) -> tuple[Child, FromChild] | None:
         """Wait for the first child's report on loading the app, before the ledger is opened.
@@ -278,6 +367,11 @@ class Pool:
         dies before reporting. Returns None if `stopping()` turns true first (`wakeup` is
         readable then), or once a child outlives its start deadline (the loop deals with it).
         This costs no time: no delivery can begin before a child has loaded the app anyway."""
+        if self.template is not None and not self.template.ready:
+            if not self._wait_for_the_template(wakeup, stopping):
+                return None
+            # A few only: the ones ready before the dispatcher loop runs have nobody to beat them.
+            self.top_up(budget_s=TOP_UP_BUDGET_S)
         deaths = 0
         while not stopping():
             owners: list[tuple[object, Child]] = []
@@ -316,14 +410,60 @@ class Pool:
                 self.replace(child)
         return None
 
-    def replace(self, child: Child) -> Child:
+    def _wait_for_the_template(self, wakeup, stopping: Callable[[], bool]) -> bool:
+        """Wait until the template has imported the app, and keep it if it can fork workers
+        (else each worker is started as a fresh interpreter). False if `stopping()` turns true
+        first."""
+        template = self.template
+        deadline = time.monotonic() + self.start_timeout_s
+        while not stopping():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("the template process did not import the app within %.0f s: each worker is started as"
+                            " a fresh interpreter", self.start_timeout_s, extra={"event": "template_failed"})
+                self.drop_template()
+                return True
+            if template.control in wait([wakeup, template.control], left):
+                answer = template.take_answer()
+                if answer is None:
+                    template.join(1.0)
+                    log.warning("the template process died while importing the app (%s): each worker is started as a"
+                                " fresh interpreter", describe_exit(template), extra={"event": "template_failed"})
+                    self.drop_template()
+                elif not answer:
+                    log.info("the app starts a thread when imported, so workers cannot be forked from a template"
+                             " process: each is started as a fresh interpreter", extra={"event": "template_unused"})
+                    self.drop_template()
+                return True
+        return False
+
+    def drop_template(self) -> None:
+        """Stop the template process (if any): the workers it forked run on."""
+        if self.template is not None:
+            self.template.close()
+            self.template = None
+
+    def reap_orphans(self) -> int:
+        """Wait for exited children that are neither workers nor the template: orphans a worker
+        left, adopted as their subreaper. Only where every child of this process is the pool's
+        (`yieldstar supervise`): another child's exit status would be taken from its owner."""
+        if not (self._subreaper and self._reaps_orphans):
+            return 0
+        known = {c.pid for c in self.children}
+        if self.template is not None and self.template.pid is not None:
+            known.add(self.template.pid)
+        return reap_orphans(known)
+
+    def replace(self, child: Child, wait: bool = True) -> None:
         """Kill `child` if it still runs, make sure it is gone, and start another in its place.
 
-        Returns at once: the new child is not `ready` until it reports that it loaded the app."""
+        Returns at once: the new child is not `ready` until it reports that it loaded the app.
+        Without `wait`, a worker forked by the template is only asked for: `top_up` takes it."""
         self.reap(child)
-        fresh = self._fresh()
-        self.children[self.children.index(child)] = fresh
-        return fresh
+        if not wait and self.template is not None:
+            self.children.remove(child)
+            return
+        self.children[self.children.index(child)] = self._fresh()
 
     def remove(self, child: Child) -> None:
         """Kill `child` if it still runs, make sure it is gone, and run on without it."""
@@ -336,6 +476,11 @@ class Pool:
         child.process.join()
         child.process.close()
         child.conn.close()
+
+    @property
+    def up(self) -> int:
+        """How many children loaded the app (read from any thread: a status line)."""
+        return sum(1 for c in list(self.children) if c.ready)
 
     def idle(self) -> list[Child]:
         """The ready children with a free slot."""
@@ -356,3 +501,7 @@ class Pool:
             child.process.join(max(0.0, deadline - time.monotonic()))
             self.reap(child)
         self.children = []
+        self.drop_template()
+        if self._subreaper:
+            set_child_subreaper(False)
+            self._subreaper = False

@@ -22,12 +22,16 @@ from worker._runtime.protocol import AppNotLoaded, Alive, Beat, Done, FromChild,
 
 from .ledger.errors import AppLoadFailed, DiedWhileStarting, LedgerUnusable
 from .ledger.values import LeaseLost, Retry
-from .pool import START_ATTEMPTS, Child, describe_exit
+from .pool import START_ATTEMPTS, TOP_UP_BUDGET_S, Child, describe_exit
 
 log = logging.getLogger("yieldstar.supervisor")
 
 # After a child could not be started (fork failed): when to try again.
 TOP_UP_RETRY_S = 1.0
+# While the template forks workers asked for: how often the loop looks for its answer.
+FORK_POLL_S = 0.01
+# How often exited orphans adopted from dead workers are waited for (`Pool.reap_orphans`).
+ORPHAN_CHECK_S = 5.0
 RELEASE_LINE = "execution %s token %d: %s; releasing it"  # its worker replaced (`replace_and_release`)
 
 
@@ -168,6 +172,11 @@ class WorkerWatch:
                 self.claim_wanted = True
                 self.worker_serves(child, message.workflows, message.queues, message.defaults, message.schedules)
                 self.worker_schedules(child, message.schedules, time.monotonic())
+                if not self.all_up and self.pool.up == self.pool.size:
+                    self.all_up = True
+                    up_s = time.monotonic() - self.pool.started_at
+                    log.info("workers %d/%d up, %.1f s after the start", self.pool.size, self.pool.size, up_s,
+                             extra={"event": "workers_up", "workers": self.pool.size, "up_ms": int(up_s * 1000)})
                 return
             case LedgerNotOpened():  # the ledger, not the app: the message says what to do
                 self.fatal = self.fatal or LedgerUnusable(message.error)
@@ -229,7 +238,7 @@ class WorkerWatch:
             self.pool.remove(child)
             return
         try:
-            self.pool.replace(child)
+            self.pool.replace(child, wait=False)  # its successor is forked by `top_up`
         except OSError as exc:
             log.error("could not replace a worker: %s", exc, extra={"event": "worker_start_failed"})
             if child in self.pool.children:
@@ -249,12 +258,23 @@ class WorkerWatch:
             self.end(delivery, Retry(why), now)
 
     def top_up(self, now: float) -> None:
-        """Start the children the pool lacks: at start-up, and after a start that failed."""
+        """Start the children the pool lacks (at start-up, and after a start that failed), and
+        now and then wait for the orphans of dead workers that exited (`Pool.reap_orphans`)."""
+        if now >= self.next_orphan_check:
+            self.next_orphan_check = now + ORPHAN_CHECK_S
+            self.pool.reap_orphans()
         if self.grace_deadline is not None or now < self.next_top_up:
+            self.topping_up = False
             return
         try:
-            self.pool.top_up()
+            # Within a budget: the loop comes back for more at once (`deadline`) while the pool
+            # lacks workers it may start now.
+            started = self.pool.top_up(budget_s=TOP_UP_BUDGET_S, wait=False)
+            self.topping_up = self.pool.forking or (started > 0 and len(self.pool.children) < self.pool.size)
+            if self.pool.forking:  # the template's answer is looked for again shortly
+                self.next_top_up = now + FORK_POLL_S
         except OSError as exc:
+            self.topping_up = False
             log.error("could not start a worker, will try again in %.0f s: %s", TOP_UP_RETRY_S, exc,
                       extra={"event": "worker_start_failed"})
             self.next_top_up = now + TOP_UP_RETRY_S

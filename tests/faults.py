@@ -38,7 +38,7 @@ import psutil
 import pytest
 
 from supervisor import open_backend
-from supervisor.pool import is_worker_command
+from supervisor.pool import BOOT, is_worker_command
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -170,6 +170,18 @@ class SupervisorProcess:
 
     def workers(self) -> list[int]:
         return sorted(p.pid for p in self.tree() if is_worker(p))
+
+    def loading(self) -> list[int]:
+        """Its processes that run yieldstar's worker runtime: the workers, and the template
+        process that imports the app once and forks them."""
+        found = []
+        for process in self.tree():
+            try:
+                if BOOT in process.cmdline()[1:2]:
+                    found.append(process.pid)
+            except psutil.Error:
+                continue
+        return found
 
     def wait_ready(self, timeout: float = 30.0) -> list[int]:
         """Wait until the supervisor logged its start and all its children are up."""

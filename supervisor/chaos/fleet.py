@@ -32,7 +32,7 @@ import psutil
 
 from worker.apps.chaos import IMPORT_DELAY_ENV, IMPORT_LOG_ENV
 
-from ..pool import is_worker_command
+from ..pool import is_template_command, is_worker_command
 
 from . import faults
 from .watch import IMPORT_LOG
@@ -89,6 +89,22 @@ class SupervisorHandle:
                 if is_worker_command(child.cmdline()) and faults.alive(child):
                     found.append(child)
                     self.workers_seen.setdefault(child.pid, child)
+            except psutil.Error:
+                continue
+        return found
+
+    def loaders(self) -> list[psutil.Process]:
+        """Its processes that may be importing the app: its workers, and the template process
+        that imports it once to fork them (`supervisor.template`)."""
+        found = self.workers()
+        try:
+            children = self.process.children()
+        except psutil.Error:
+            return found
+        for child in children:
+            try:
+                if is_template_command(child.cmdline()) and faults.alive(child):
+                    found.append(child)
             except psutil.Error:
                 continue
         return found

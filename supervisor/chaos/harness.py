@@ -373,7 +373,9 @@ class ChaosRun(HostFaults):
         now_ns = time.time_ns()
         for start in list(self.slow_starts):
             killed = {k["pid"] for k in start.killed}
-            for child in start.handle.workers() if len(killed) < start.wanted else ():
+            # The template process imports the app for the workers it forks; killed, the workers
+            # are started as fresh interpreters, each importing the app.
+            for child in start.handle.loaders() if len(killed) < start.wanted else ():
                 began = self.imports.importing_since(child)
                 if began is None or child.pid in killed or now_ns - began < start.offset * start.delay_ms * 10**6:
                     continue

@@ -105,8 +105,8 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
               metrics_addr) -> None:
     """Run a supervisor for the workflows defined in APP (a module name or a .py path).
 
-    On a terminal, the last line is a live status (claimed, done, failed, running), redrawn in
-    place twice a second below the log lines (not with --log-format json)."""
+    On a terminal, the last line is a live status (claimed, done, failed, running, workers up),
+    redrawn in place twice a second below the log lines (not with --log-format json)."""
     from ..dispatcher import Supervisor, SupervisorConfig
     from ..ledger.errors import AppLoadFailed
     from ..log_format import LogFormat, configure
@@ -119,7 +119,7 @@ def supervise(ctx, app, concurrency, workers, lease_ms, renew_ms, heartbeat_ms, 
         poll_ms=poll_ms, listen=not poll_only, grace_ms=grace_ms, durability=durability, log_format=log_format,
         max_payload_bytes=max_payload_bytes(max_payload))
     server = None if metrics_addr is None else _serve_metrics(metrics_addr, ctx.obj["db"], durability)
-    supervisor = Supervisor(ctx.obj["db"], app, config, metrics=server.metrics if server else None)
+    supervisor = Supervisor(ctx.obj["db"], app, config, metrics=server.metrics if server else None, reap_orphans=True)
     as_json = config.log_format is LogFormat.JSON  # for a machine: every line an object, no status redrawn
     status = StatusLine(supervisor, sys.stderr) if sys.stderr.isatty() and not as_json else None
     configure(status.log_handler() if status else logging.StreamHandler(sys.stderr), log_format,
@@ -172,9 +172,8 @@ class StatusLine:
 
     def text(self) -> str:
         s = self.supervisor.stats
-        workers = self.supervisor.config.workers
-        running = f"running {self.supervisor.running}" + (f" in {self.supervisor.workers} workers" if workers else "")
-        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  {running}"
+        return (f"claimed {s.claimed}  done {s.completed}  failed {s.failed}  running {self.supervisor.running}"
+                f"  {workers_up(self.supervisor)}"
                 + (f"  suspended {s.suspended}" if s.suspended else "")
                 + (f"  worker deaths {s.child_deaths}" if s.child_deaths else ""))
 
@@ -325,6 +324,11 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, execu
     click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path)))  # and where it went
     sys.exit(0 if report["ok"] else 1)
 
+def workers_up(supervisor) -> str:
+    """`workers 250/256 up`: how many worker processes loaded the app and take deliveries, of how many."""
+    return f"workers {supervisor.workers_up}/{supervisor.config.processes} up"
+
+
 def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> None:
     summaries = logging.getLogger("yieldstar.summary")
     summaries.setLevel(logging.INFO)  # asked for: shown under --quiet too
@@ -334,7 +338,7 @@ def _print_summaries(supervisor, every_s: float, status: StatusLine | None) -> N
         while not stop.wait(every_s):
             s = supervisor.stats
             line = (f"claimed {s.claimed}  completed {s.completed}  failed {s.failed}  suspended {s.suspended}"
-                    f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}")
+                    f"  released {s.released}  lost {s.lost}  worker deaths {s.child_deaths}  {workers_up(supervisor)}")
             if status:
                 status.line(line)
             elif supervisor.config.log_format == "json":  # a log line like the others, its counts as fields

@@ -107,7 +107,7 @@ def test_the_ledger_is_created_only_once_a_worker_has_loaded_the_app_and_the_fir
     db = tmp_path / "new.db"
     started = time.monotonic()
     supervisor = supervisors.start(db, concurrency=1, env={"SV_IMPORT_DELAY_S": "1.5"}, ready=False)
-    wait_until(supervisor.workers, message="a worker loading the app")
+    wait_until(supervisor.loading, message="the template process (or a worker) loading the app")
     assert ledger_files(db) == [], "the ledger was opened before the app was known to load"
     supervisor.wait_log("supervising", timeout=20)
     assert time.monotonic() - started >= 1.5
@@ -432,7 +432,9 @@ def test_supervise_shows_a_live_status_line_on_a_terminal_and_plain_log_lines_ab
     for line in log_lines:  # each log line whole, never cut by the status line
         assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} yieldstar\[\d+\] [^\r]+", line), line
         assert "claimed " not in line
-    assert text.rstrip(" ").endswith("claimed 3  done 3  failed 0  running 0\n")  # the last status is kept
+    assert "\rclaimed 3  done 3  failed 0  running 0  workers 2/2 up" in text  # how many workers are up
+    # The last status is kept: after the stop, no worker is up.
+    assert text.rstrip(" ").endswith("claimed 3  done 3  failed 0  running 0  workers 0/2 up\n")
 
 
 @pytest.mark.timeout(60)

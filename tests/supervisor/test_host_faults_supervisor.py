@@ -216,7 +216,8 @@ def test_finding_5_a_lease_handed_to_a_dead_worker_is_released_at_once(sqlite_pa
 @pytest.mark.timeout(60)
 def test_finding_5_a_stop_signal_is_honoured_while_the_pool_is_still_starting(sqlite_path, supervisors):
     supervisor = supervisors.start(sqlite_path, concurrency=4, env={"SV_IMPORT_DELAY_S": "20"}, ready=False)
-    workers = wait_until(lambda: len(w := supervisor.workers()) == 4 and w, message="4 workers loading the app")
+    # The template process that forks the workers is importing the app (or, without one, the 4 workers are).
+    workers = wait_until(supervisor.loading, message="the app being loaded")
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(timeout=5) == 0, supervisor.log()
     wait_gone(workers, timeout=5)

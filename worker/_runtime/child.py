@@ -26,7 +26,7 @@ import traceback
 from typing import Optional
 
 from supervisor.ledger.errors import StorageError
-from supervisor.ledger.backends import open_backend
+from supervisor.ledger.backends import is_uri, open_backend
 from supervisor.ledger.sqlite import socket_folder
 from supervisor.log_format import configure
 
@@ -37,6 +37,7 @@ from .parent_watch import ParentWatch, die_with_parent
 from .pipe import Pipe
 from .protocol import EXIT_APP_FAILED, EXIT_LEDGER_UNUSABLE, EXIT_OK, AppNotLoaded, Done, LedgerNotOpened, Ready, Run
 from .loading import describe_load_failure, load_app
+from .template import TEMPLATE_FLAG, serve as serve_as_template
 
 
 def child_main(conn, app: str, db_path: str, durability: str, parent_pid: int, heartbeat_s: float,
@@ -114,15 +115,29 @@ def _open_ledger(conn, db_path: str, durability: str, max_payload_bytes: Optiona
 
 
 def main(argv: list[str]) -> None:
-    """Serve as `boot` was asked to: `argv` is `[.../boot.py, SETTINGS_JSON]`."""
-    settings = json.loads(argv[1])
+    """Serve as `boot` was asked to: `argv` is `[.../boot.py, SETTINGS_JSON]`, or for the
+    template process that forks workers `[.../boot.py, TEMPLATE_FLAG, SETTINGS_JSON]`."""
+    settings = json.loads(argv[-1])
     # After yieldstar's own packages were imported (this module's imports): the app's folder
     # comes first for the app's imports, and cannot take their place.
     for entry in reversed(settings["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    if argv[1:2] == [TEMPLATE_FLAG]:
+        _preload(settings["db_path"], settings.get("slots", 1))
+        # Returns in each worker it forks, with that worker's pipe.
+        settings["fd"] = serve_as_template(settings["control_fd"], settings["app"], settings["parent_pid"])
     child_main(Pipe(settings["fd"]), settings["app"], settings["db_path"], settings["durability"],
                settings["parent_pid"], settings["heartbeat_s"], settings["misses"], settings.get("slots", 1),
                settings.get("log_format", "text"), settings.get("max_payload_bytes"))
 
 
+def _preload(db_path: str, slots: int) -> None:
+    """In the template: import what every worker it forks will import, once for all of them."""
+    if slots > 1:
+        from . import deliveries  # noqa: F401
+    if is_uri(db_path):
+        try:
+            from supervisor.ledger.postgres import backend  # noqa: F401
+        except ImportError:  # no psycopg: each worker reports it, as it would without a template
+            pass
