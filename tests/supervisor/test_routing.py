@@ -146,8 +146,14 @@ def test_get_json_says_whether_a_live_supervisor_serves_the_workflow_and_start_n
     assert json.loads(cli(each_backend, "get", "order-1", "--json").stdout)["served"] is False
 
 
+# The app starts a thread when imported, so its workers are fresh interpreters that each import
+# it from disk (a template's forks would all run the version the template imported).
 CHANGING_APP = """
+import threading
+
 from worker import workflow
+
+threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 
 @workflow("rt.order")
@@ -164,6 +170,9 @@ def extra(ctx, input):
 
 def test_an_app_changed_on_disk_under_a_running_supervisor_is_served_what_every_worker_runs(
         sqlite_path, sqlite_ledger, supervisors, tmp_path):
+    """Workers that are fresh interpreters (the app starts a thread on import) each load the app
+    from disk: one replaced after the file changed may run another version than its siblings, and
+    the supervisor claims only what every worker runs."""
     app = tmp_path / "changing_app.py"
     app.write_text(CHANGING_APP + EXTRA)
     supervisor = supervisors.start(sqlite_path, app=str(app), concurrency=2)
@@ -183,3 +192,24 @@ def test_an_app_changed_on_disk_under_a_running_supervisor_is_served_what_every_
     extra = sqlite_ledger.executions.get("extra-1")
     assert (extra.status, extra.token, extra.error_json) == ("admitted", 0, None)
     assert "UnknownWorkflow" not in supervisor.log()
+
+
+def test_a_worker_forked_from_the_template_runs_the_app_the_supervisor_started_with(
+        sqlite_path, sqlite_ledger, supervisors, tmp_path):
+    """Workers forked from the template run the version of the app it imported when the
+    supervisor started: one replaced after the file changed on disk runs that version too, so a
+    supervisor never mixes versions; a new version is deployed by restarting the supervisor."""
+    app = tmp_path / "versioned_app.py"
+    app.write_text(CHANGING_APP.replace("threading.Thread(target=threading.Event().wait, daemon=True).start()\n", "")
+                   + EXTRA)
+    supervisor = supervisors.start(sqlite_path, app=str(app), concurrency=2)
+    wait_until(lambda: [s["workflows"] for s in live(sqlite_path)] == [["rt.extra", "rt.order"]], 20,
+               message="registered with both workflows")
+    app.write_text("raise RuntimeError('a worker loaded the changed file')\n")
+    old = supervisor.workers()
+    sigkill(old[0])
+    wait_until(lambda: len(set(supervisor.workers()) - set(old)) == 1, 30, message="the killed worker was replaced")
+    admit(sqlite_path, "extra-1", "rt.extra")
+    wait_until(lambda: sqlite_ledger.executions.get("extra-1").status == "completed", 30, message="extra-1 completed")
+    assert [s["workflows"] for s in live(sqlite_path)] == [["rt.extra", "rt.order"]]
+    assert "changed file" not in supervisor.log() and "claiming only" not in supervisor.log()
