@@ -247,9 +247,11 @@ def _blocked_reading_stdin(pid: int) -> bool:
 @pytest.mark.timeout(60)
 def test_ctrl_c_exits_130_quietly_and_admits_nothing(tmp_path):
     db = tmp_path / "ledger.db"
+    # SIGINT as a terminal gives it: a suite run in the background of a shell inherits it ignored,
+    # and so would the command (Python then raises no KeyboardInterrupt, and it reads an empty stdin).
     command = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", str(db), "start", "shop.order",
                                 "--input", "-"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: _blocked_reading_stdin(command.pid), message="start waiting for its input on stdin")
         command.send_signal(signal.SIGINT)
