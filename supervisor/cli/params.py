@@ -72,3 +72,26 @@ class Seconds(click.ParamType):
 
     def get_metavar(self, param, *args, **kwargs) -> str:  # click 8.1 passes param; 8.2 and later ctx too, by keyword
         return "SECONDS"
+
+
+def listen_address(option: str, text: str, example: int) -> tuple[str, int]:
+    """Where a server of ours listens (`ui --addr`, `supervise --metrics`): a port alone, on
+    loopback (nothing listens beyond this host unless asked), or `HOST:PORT` (`[HOST]:PORT` for
+    an IPv6 address); port 0 takes any free one.
+
+    Raises:
+        ValueError: not an address; the message names `option` and gives `example` as a port.
+    """
+    spelled = str(text).strip()
+    if spelled.isascii() and spelled.isdigit():
+        host, port = "127.0.0.1", spelled
+    elif spelled.startswith("[") and "]:" in spelled:
+        host, port = spelled[1:].split("]:", 1)
+    elif spelled.count(":") == 1:
+        host, port = spelled.split(":")
+    else:
+        host, port = "", ""
+    if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"{option} {text!r} is not an address: write a port alone (loopback) or HOST:PORT,"
+                         f" e.g. {example}, 127.0.0.1:{example} or [::1]:{example}")
+    return host, int(port)

@@ -23,26 +23,17 @@ from . import (
 
 
 class ListenAddress(click.ParamType):
-    """`--metrics ADDR`: PORT alone (loopback: nothing listens beyond this host unless asked), or
-    HOST:PORT ([HOST]:PORT for an IPv6 address); port 0 takes any free one (the log says which)."""
+    """`--metrics ADDR`, as `params.listen_address` reads it."""
 
     name = "address"
 
     def convert(self, value, param, ctx) -> tuple[str, int]:
         if isinstance(value, tuple):
             return value
-        text = str(value).strip()
-        host, sep, port = text.rpartition(":")
-        if not sep:
-            host = "127.0.0.1"
-        elif host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if sep and (not host or ":" in host and not text.startswith("[")):
-            self.fail(f"{value!r} is not PORT or HOST:PORT (e.g. 9464, 127.0.0.1:9464, [::1]:9464)", param, ctx)
-        if not (port.isascii() and port.isdigit()) or int(port) > 65535:
-            self.fail(f"{value!r}: the port must be a number from 0 to 65535 (e.g. 9464, or 127.0.0.1:9464)",
-                      param, ctx)
-        return host, int(port)
+        try:
+            return params.listen_address("--metrics", value, 9464)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _serve_metrics(address: tuple[str, int], db: str, durability: str):

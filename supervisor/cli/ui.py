@@ -13,31 +13,15 @@ import sys
 import click
 
 from ..ledger.backends import shown
-from . import backend_of, closed_down, fail, handles_errors, main
+from . import backend_of, closed_down, fail, handles_errors, main, params
 
 DEFAULT_ADDR = "127.0.0.1:8080"
 INSTALL = "pip install 'yieldstar[ui]'"
 
 
 def parse_addr(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[IPv6]:PORT`, or `PORT` alone (loopback: `127.0.0.1:PORT`).
-
-    Raises:
-        ValueError: not an address (the message names `--addr`).
-    """
-    spelled = text.strip()
-    if spelled.isdigit():
-        host, port = "127.0.0.1", spelled
-    elif spelled.startswith("[") and "]:" in spelled:
-        host, port = spelled[1:].split("]:", 1)
-    elif spelled.count(":") == 1:
-        host, port = spelled.split(":")
-    else:
-        host, port = "", ""
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--addr {text!r} is not an address: write HOST:PORT (127.0.0.1:8080, [::1]:8080)"
-                         " or a port alone (loopback)")
-    return host, int(port)
+    """`--addr`, as `params.listen_address` reads it (a ValueError names `--addr`)."""
+    return params.listen_address("--addr", text, 8080)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
