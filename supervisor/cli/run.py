@@ -33,7 +33,7 @@ class ListenAddress(click.ParamType):
         try:
             return params.listen_address("--metrics", value, 9464)
         except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(str(exc).removeprefix("--metrics "), param, ctx)  # click names the option itself
 
 
 def _serve_metrics(address: tuple[str, int], db: str, durability: str):
