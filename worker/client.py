@@ -443,9 +443,10 @@ class Client(_Base):
     def send(self, execution_id: str, message: Any, *, topic: str = "default", id: Optional[str] = None) -> str:
         """Send `message` (any JSON value) to the execution's `topic`, where its `ctx.recv` takes
         it; durable, kept in send order per topic, and waking a waiting `recv` at once. `id`
-        makes it idempotent: a repeat with the same id adds nothing (None: a new id is made).
-        Returns the message's id. Raises `UnknownExecution` for an unknown execution,
-        `ExecutionConflict` for a terminal one, `InvalidArgument` for a message JSON cannot
+        makes it idempotent: a repeat with the same id adds nothing and succeeds, even once the
+        execution has ended (None: a new id is made). Returns the message's id. Raises
+        `UnknownExecution` for an unknown execution, `ExecutionConflict` for a new message to a
+        terminal one, `InvalidArgument` for a message JSON cannot
         hold or a topic or id empty or too long (and then sends nothing)."""
         return self._send(execution_id, message, topic, id)
 

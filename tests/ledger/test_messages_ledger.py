@@ -43,6 +43,24 @@ def test_messages_are_taken_in_the_order_sent_per_topic_and_a_repeated_id_adds_n
 
 
 @pytest.mark.timeout(60)
+def test_a_repeated_send_after_the_execution_ended_answers_as_the_first_did(backend):
+    """A sender that lost the first answer and retries after the workflow took the message and
+    completed is told what the first send was told, not that the execution is terminal."""
+    backend.executions.admit("order-1", "order")
+    first, added = backend.messages.send("order-1", '"yes"', topic="approval", message_id="a1")
+    assert added
+    lease = claim(backend, "order-1")
+    assert backend.messages.take(lease, "approval", step_key="s1").message_id == "a1"
+    backend.executions.acknowledge(lease, Completed("1"))
+    again, added = backend.messages.send("order-1", '"yes"', topic="approval", message_id="a1")
+    assert not added
+    assert (again.message_id, again.seq, again.message_json, again.taken_step) == ("a1", first.seq, '"yes"', "s1")
+    with pytest.raises(ExecutionConflict, match="completed"):
+        backend.messages.send("order-1", '"yes"', topic="approval", message_id="a2")  # a new one is refused
+    assert [m.message_id for m in backend.messages.list("order-1")] == ["a1"]
+
+
+@pytest.mark.timeout(60)
 def test_a_take_is_fenced_by_the_token_and_a_later_holder_gets_the_same_message(backend, clock):
     backend.executions.admit("order-1", "order")
     backend.messages.send("order-1", '"one"', message_id="m1")

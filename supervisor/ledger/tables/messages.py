@@ -1,7 +1,8 @@
 """Messages sent to an execution (SPEC section 14): every statement for `messages`.
 
 A send appends a message to its execution, numbered after the execution's last (`seq`), and
-wakes the execution if it waits for one, in one transaction; a repeat of its id adds nothing.
+wakes the execution if it waits for one, in one transaction; a repeat of its id adds nothing
+(and answers as the first send did, even once the execution has ended).
 A `recv` step takes the oldest pending message of its topic under its step key, fenced by the
 delivery's token: the key is the message's receipt, so the step's every holder (a replay, a
 later delivery after a crash between taking and recording) gets the same message, and no other
@@ -61,13 +62,16 @@ class MessageTable(MessageClient):
             row = db.execute(self._sql[SELECT_ONE_LOCKED], (execution_id,)).fetchone()
             if row is None:
                 raise UnknownExecution(f"execution_id {execution_id!r} is not admitted: no message can be sent to it")
+            # A repeat of a send that was kept answers as the first did, even once the execution
+            # has ended: a sender retrying after a lost answer must not see an error for a
+            # message that was delivered.
+            kept = db.execute(self._sql[BY_ID], (execution_id, message_id)).fetchone()
+            if kept is not None:
+                return Message(*kept), False
             status = row[3]
             if status in TERMINAL:
                 raise ExecutionConflict(f"execution {execution_id!r} is {status}: nothing will take a message sent"
                                         " to it")
-            kept = db.execute(self._sql[BY_ID], (execution_id, message_id)).fetchone()
-            if kept is not None:
-                return Message(*kept), False
             (seq,) = db.execute(self._sql[NEXT_SEQ], (execution_id,)).fetchone() or (1,)
             db.execute(self._sql[INSERT], (execution_id, message_id, topic, seq, message_json, now))
             woke = waiters.wake(db, self._sql, waiters.MESSAGE, execution_id, now, self._executions.wake_in)
