@@ -37,6 +37,7 @@ from typing import Any, Optional, Union, cast
 from supervisor import open_backend
 from supervisor.ledger import arguments
 from supervisor.ledger.contract import Backend
+from supervisor.ledger.values import WORKFLOWS_TIMEOUT
 from supervisor.ledger.errors import (
     InvalidArgument,
     UnknownEffect,
@@ -244,14 +245,14 @@ class _Base:
         """Admit, in the queue, at the priority and with the timeout (seconds) given, or else the
         workflow's defaults: those the app declares (`@workflow(queue=, priority=, timeout=)`),
         as its supervisor records them in the ledger when it starts (the ledger's `admit` of None
-        for the queue and priority; the timeout as recorded at the start, none before any
-        record). Inside an OpenTelemetry span, the execution stores its trace context, and its
+        for the queue and priority, and of WORKFLOWS_TIMEOUT for the timeout: before any record,
+        the first record's, the deadline still counted from the admission). Inside an OpenTelemetry span, the execution stores its trace context, and its
         deliveries' spans are children of that span (`worker._runtime.tracing`)."""
         timeout_ms = arguments.seconds_to_ms("timeout", timeout)
         if isinstance(queue, Queue):
             queue = queue.name
         if timeout_ms is None:
-            timeout_ms = self.backend.queues.timeout_of(workflow)
+            timeout_ms = WORKFLOWS_TIMEOUT
         return self.backend.executions.admit(uuid.uuid4().hex if id is None else id, workflow, input_json,
                                              queue=queue, key=key, priority=priority, timeout_ms=timeout_ms,
                                              trace_context=tracing.current_context())

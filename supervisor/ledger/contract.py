@@ -104,7 +104,9 @@ class ExecutionClient(abc.ABC):
         its claims obey: `QueueClient`), with `key` (counted by the queue's `per_key`; None: not
         limited by it) and `priority` (higher first, a 32-bit int). With `timeout_ms` (an int
         >= 1), its `deadline_at` is `now + timeout_ms`: not terminal by then, it is failed as
-        `WorkflowTimedOut` (`time_out_due`); None: no timeout. `trace_context` (the JSON text of
+        `WorkflowTimedOut` (`time_out_due`); None: no timeout; `values.WORKFLOWS_TIMEOUT`: the
+        workflow's default as recorded, or before any record the first record's (its deadline
+        still counted from the admission). `trace_context` (the JSON text of
         an OpenTelemetry propagator's carrier, such as `{"traceparent": "00-..."}`; None: none) is
         stored with a new execution and handed with each of its deliveries (`Claimed`), whose
         spans join that trace (SPEC section 13); it is not part of the execution's identity: an
@@ -116,8 +118,8 @@ class ExecutionClient(abc.ABC):
         then), so that a start made before any supervisor ran still obeys its workflow's queue.
 
         Admitting an existing id with the same workflow, input (compared as JSON values), queue,
-        key, priority (a None accepting the execution's own) and timeout returns the stored record
-        unchanged.
+        key, priority (a None accepting the execution's own) and timeout (WORKFLOWS_TIMEOUT
+        accepting the execution's own) returns the stored record unchanged.
 
         Raises:
             ExecutionConflict: the id was admitted with a different workflow, input, queue, key,

@@ -10,6 +10,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Optional, Union
 
 
+class _WorkflowsTimeout:
+    """The type of WORKFLOWS_TIMEOUT (one value)."""
+
+    def __repr__(self) -> str:
+        return "WORKFLOWS_TIMEOUT"
+
+
+# `admit(timeout_ms=WORKFLOWS_TIMEOUT)`: the execution takes its workflow's default timeout as
+# recorded (`QueueClient.record_defaults`), or, before any record, the one the first record
+# gives (its deadline still counted from the admission). A start that names no timeout means this.
+WORKFLOWS_TIMEOUT = _WorkflowsTimeout()
+
+
 class ExecutionStatus(str, enum.Enum):
     ADMITTED = "admitted"
     RUNNING = "running"

@@ -54,6 +54,9 @@ VARYING = [
     (re.compile(r'(holder=|"holder": )("?)[^\s"]+'), r"\1\2<holder>"),
     (re.compile(r"(yieldstar\[|\(pid |worker (?:pid )?)\d+"), r"\1<pid>"),
     (re.compile(r"duration_ms=\d+"), "duration_ms=<n>"),
+    # How long the workers took to be up, or a worker to load the app: a loaded machine's figure.
+    (re.compile(r"\d+\.\d s after the start"), "<n> s after the start"),
+    (re.compile(r"loaded the app in \d+\.\d s"), "loaded the app in <n> s"),
     (re.compile(r"(yieldstar_oldest_due_seconds) \S+"), r"\1 <n>"),
 ]
 FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+, in (\S+)$')

@@ -13,6 +13,7 @@ import pytest
 
 from supervisor import Completed, ExecutionConflict, InvalidArgument, LeaseLost, Suspended
 from supervisor.ledger.ticks import schedule_of, tick_id
+from supervisor.ledger.values import WORKFLOWS_TIMEOUT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,6 +131,38 @@ def test_child_starts_and_schedule_ticks_take_their_workflows_default_timeout(ba
     (record,) = backend.schedules.admit_due([every_2], now=start + 2001)
     assert record.admitted
     assert backend.executions.get(tick_id("tick", start + 2000)).deadline_at == start + 2001 + 7000
+
+
+def test_a_start_made_before_any_record_of_its_workflow_takes_the_first_records_timeout(backend, clock):
+    """A start that leaves the timeout to its workflow, made before any supervisor recorded the
+    workflow's defaults, takes the timeout the first record gives, its deadline counted from
+    its admission; one that said "no timeout" (None) keeps none, and a live lease waits for
+    the next record, as it does for the queue."""
+    executions = backend.executions
+    admitted = clock.now
+    executions.admit("early", "wf", queue=None, priority=None, timeout_ms=WORKFLOWS_TIMEOUT)
+    executions.admit("held", "wf", queue=None, priority=None, timeout_ms=WORKFLOWS_TIMEOUT)
+    executions.admit("untimed", "wf", queue=None, priority=None)
+    assert executions.get("early").deadline_at is None
+    leases = claim_all(backend)
+    assert set(leases) == {"early", "held", "untimed"}
+    for execution_id in ("early", "untimed"):
+        executions.release(leases[execution_id])
+    clock.advance(1000)
+
+    backend.queues.record_defaults({"wf": ("default", 0, 5000)})
+
+    early = executions.get("early")
+    assert (early.deadline_at, executions.get("untimed").deadline_at) == (admitted + 5000, None)
+    assert executions.get("held").deadline_at is None  # its live lease: the next record
+    assert executions.admit("early", "wf", queue=None, priority=None, timeout_ms=WORKFLOWS_TIMEOUT) == \
+        executions.get("early")  # a repeat of the start accepts the timeout it took
+    clock.advance(4000)
+    assert executions.time_out_due() == ["early"]
+    executions.release(leases["held"])
+    backend.queues.record_defaults({"wf": ("default", 0, 5000)})
+    assert executions.get("held").deadline_at == admitted + 5000
+    assert executions.time_out_due() == ["held"]
 
 
 BAD_TIMEOUTS = [0, -1, 1.5, float("nan"), float("inf"), "1000", True, 2 ** 60]

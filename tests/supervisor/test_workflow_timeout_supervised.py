@@ -94,3 +94,19 @@ def test_until_idle_fails_at_once_what_passed_its_deadline_while_no_supervisor_r
     assert executions.history("missed") == []  # failed before any claim could deliver it
     assert executions.history("running")[-1].ended_by == "timed_out"
     assert executions.get("waiting").status == "suspended"  # its deadline, an hour away, was not waited for
+
+
+def test_a_client_start_made_before_any_supervisor_ran_takes_its_workflows_timeout_when_one_starts(
+        each_backend, each_ledger, supervisors):
+    """A web app that starts work before the first supervisor ever ran: the execution waits in
+    the ledger without a deadline, takes the workflow's `timeout=` when the supervisor records
+    it, counted from the admission, and is failed as `WorkflowTimedOut`."""
+    with Client(each_backend) as client:
+        handle = client.start("wt.slow", id="early-1")
+        assert each_ledger.executions.get("early-1").deadline_at is None
+        serving(each_backend, each_ledger, supervisors)
+        record = each_ledger.executions.get("early-1")
+        assert record.deadline_at == record.created_at + 1000
+        with pytest.raises(WorkflowFailed) as failed:
+            handle.result(timeout=15)
+    assert failed.value.error["type"] == "WorkflowTimedOut"

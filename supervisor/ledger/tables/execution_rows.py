@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from .. import arguments
 from ..connection import Connection, Transaction
 from ..errors import UnknownExecution
-from ..values import TERMINAL_STATUSES, ExecutionLease, ExecutionRecord, ExecutionStatus
+from ..values import TERMINAL_STATUSES, WORKFLOWS_TIMEOUT, ExecutionLease, ExecutionRecord, ExecutionStatus
 from . import parking, queues
 from .epochs import FLOOR
 
@@ -59,23 +59,21 @@ INSERT INTO executions (execution_id, workflow, input_json, status, token, due_a
     defaults_pending, timeout_ms, deadline_at, trace_context)
 VALUES ($p, $p, $p, 'admitted', {FLOOR}, $p, 0, 0, $p, $p, $p, $p, $p, $p, $p, $p, $p, $p)
 ON CONFLICT (execution_id) DO NOTHING"""
-# `insert`'s `timeout_ms` for a start that leaves the timeout to its workflow's recorded default
-# (a child start, a schedule's tick).
-WORKFLOWS_TIMEOUT = "the workflow's default"
 
 
 def insert(db: Transaction, sql, execution_id: str, workflow: str, input_json: str, now: int, *,
            queue: Optional[str], key: Optional[str], priority: Optional[int], take_turns: bool,
-           timeout_ms: Optional[int] | str = None, trace_context: Optional[str] = None) -> bool:
+           timeout_ms: Optional[int] | object = None, trace_context: Optional[str] = None) -> bool:
     """Admit a new execution, due now, in the write transaction `db`, unless its id is taken;
     whether it was. A `queue` or `priority` of None is its workflow's recorded default
     (`queues.defaults_for`; `take_turns` on PostgreSQL, where a record of the defaults must not
     slip in between). With `timeout_ms` (or WORKFLOWS_TIMEOUT: the workflow's recorded one, if
-    any), its deadline is `now + timeout_ms` (the workflow timeout, SPEC section 12).
+    any; before any record, the first record's), its deadline is `now + timeout_ms` (the
+    workflow timeout, SPEC section 12).
     `trace_context`: the starter's trace context, handed to every delivery (`Claimed`)."""
     queue, priority, default_timeout, pending = queues.defaults_for(
-        db, sql, workflow, queue, priority, take_turns=take_turns, timeout=timeout_ms == WORKFLOWS_TIMEOUT)
-    if timeout_ms == WORKFLOWS_TIMEOUT:
+        db, sql, workflow, queue, priority, take_turns=take_turns, timeout=timeout_ms is WORKFLOWS_TIMEOUT)
+    if timeout_ms is WORKFLOWS_TIMEOUT:
         timeout_ms = default_timeout
     deadline = None if timeout_ms is None else now + timeout_ms
     return db.execute(sql[INSERT], (execution_id, workflow, input_json, now, now, now, now, queue, key, priority,

@@ -25,6 +25,7 @@ from ..values import (
     Outcome,
     Released,
     Renewed,
+    WORKFLOWS_TIMEOUT,
 )
 from . import parking, queues, waiters
 from .acknowledgements import Acknowledgement, ended_executions
@@ -149,7 +150,8 @@ class ExecutionLeases(ExecutionRows):
             arguments.identifier("key", key)
         if priority is not None:
             queues.priority("priority", priority)
-        arguments.timeout_ms("timeout_ms", timeout_ms)
+        if timeout_ms is not WORKFLOWS_TIMEOUT:
+            arguments.timeout_ms("timeout_ms", timeout_ms)
         arguments.trace_context("trace_context", trace_context)
         now = self._now(now)
         with self._conn.write() as db:
@@ -175,7 +177,7 @@ class ExecutionLeases(ExecutionRows):
                 f"execution_id {execution_id!r} was already admitted in queue {row.queue!r} with key"
                 f" {row.queue_key!r} and priority {row.priority}; refusing queue {queue!r}, key {key!r},"
                 f" priority {priority}")
-        if row.timeout_ms != timeout_ms:
+        if timeout_ms is not WORKFLOWS_TIMEOUT and row.timeout_ms != timeout_ms:
             raise ExecutionConflict(
                 f"execution_id {execution_id!r} was already admitted with timeout_ms {row.timeout_ms};"
                 f" refusing timeout_ms {timeout_ms}")

@@ -143,11 +143,15 @@ DEFAULTS_OF = "SELECT queue, priority, timeout_ms FROM workflow_queues WHERE wor
 # default queue at priority 0 for now, `defaults_pending` saying which of the two its start left
 # to the defaults (PENDING_QUEUE | PENDING_PRIORITY); the first record of the defaults moves it,
 # unless a live lease holds it then (the queue's limits count that lease where it is: the next
-# record moves it, if it is still not terminal).
-PENDING_QUEUE, PENDING_PRIORITY = 1, 2
+# record moves it, if it is still not terminal). A start that left the timeout to its workflow
+# (PENDING_TIMEOUT) takes the recorded one then, its deadline counted from its admission.
+PENDING_QUEUE, PENDING_PRIORITY, PENDING_TIMEOUT = 1, 2, 4
 TAKE_DEFAULTS = """
-UPDATE executions SET queue = CASE WHEN defaults_pending IN (1, 3) THEN $p ELSE queue END,
-    priority = CASE WHEN defaults_pending IN (2, 3) THEN $p ELSE priority END, defaults_pending = 0
+UPDATE executions SET queue = CASE WHEN (defaults_pending & 1) <> 0 THEN $p ELSE queue END,
+    priority = CASE WHEN (defaults_pending & 2) <> 0 THEN $p ELSE priority END,
+    timeout_ms = CASE WHEN (defaults_pending & 4) <> 0 THEN CAST($p AS BIGINT) ELSE timeout_ms END,
+    deadline_at = CASE WHEN (defaults_pending & 4) <> 0 THEN created_at + CAST($p AS BIGINT) ELSE deadline_at END,
+    defaults_pending = 0
 WHERE workflow = $p AND defaults_pending <> 0 AND (status <> 'running' OR lease_expires_at <= $p)"""
 # On PostgreSQL an admit that looks a workflow's defaults up and a record of them take turns (an
 # advisory lock per workflow, shared by admits; its two-key space is apart from the schema's
@@ -175,8 +179,8 @@ def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], prio
                  take_turns: bool, timeout: bool = False) -> tuple[str, int, Optional[int], int]:
     """The queue and priority of a new execution of `workflow`, given those its start named
     (None: its workflow's default), with `timeout` its workflow's default timeout (else None),
-    and which of the queue and priority still wait for recorded defaults. (A default timeout
-    recorded after the admission is not taken: the deadline counts from the admission.)"""
+    and which of the queue, priority and (with `timeout`) timeout still wait for recorded
+    defaults (`TAKE_DEFAULTS`)."""
     if queue is not None and priority is not None and not timeout:
         return queue, priority, None, 0
     if take_turns:
@@ -185,7 +189,8 @@ def defaults_for(db: Transaction, sql, workflow: str, queue: Optional[str], prio
     if found is not None:
         return ((found[0] if queue is None else queue), (found[1] if priority is None else priority),
                 found[2] if timeout else None, 0)
-    pending = (PENDING_QUEUE if queue is None else 0) | (PENDING_PRIORITY if priority is None else 0)
+    pending = ((PENDING_QUEUE if queue is None else 0) | (PENDING_PRIORITY if priority is None else 0)
+               | (PENDING_TIMEOUT if timeout else 0))
     return (DEFAULT_QUEUE if queue is None else queue), (0 if priority is None else priority), None, pending
 
 
@@ -333,7 +338,7 @@ class QueueTable(ClockedTable, QueueClient):
                 if take_turns:
                     db.execute(self._sql[DEFAULTS_TURN], (workflow,))
                 db.execute(self._sql[RECORD_DEFAULTS], (workflow, queue, prio, timeout_ms, now))
-                db.execute(self._sql[TAKE_DEFAULTS], (queue, prio, workflow, now))
+                db.execute(self._sql[TAKE_DEFAULTS], (queue, prio, timeout_ms, timeout_ms, workflow, now))
 
     def defaults_of(self, workflow) -> tuple[str, int]:
         return self._defaults(workflow)[:2]

@@ -34,7 +34,8 @@ from ..contract import ScheduleClient
 from ..errors import InvalidArgument
 from ..ticks import Schedule, latest_tick, next_tick, tick_id, tick_input
 from ..values import ScheduleRecord
-from .execution_rows import WORKFLOWS_TIMEOUT, insert
+from ..values import WORKFLOWS_TIMEOUT
+from .execution_rows import insert
 from .clocked import ClockedTable
 
 COLUMNS = "name, spec, timezone, last_tick, next_tick, updated_at"

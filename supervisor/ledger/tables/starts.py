@@ -12,7 +12,8 @@ from .. import arguments
 from ..connection import Connection
 from ..contract import WorkflowStartClient
 from ..errors import ExecutionConflict
-from .execution_rows import SELECT_ONE, WORKFLOWS_TIMEOUT, insert
+from ..values import WORKFLOWS_TIMEOUT
+from .execution_rows import SELECT_ONE, insert
 
 FIND = "SELECT execution_id FROM starts WHERE start_request_id = $p"
 RECORD = """
