@@ -31,6 +31,7 @@ from supervisor.ledger.errors import (
     StepTimeout,
     UnknownEffect,
     UnknownExecution,
+    UnknownStep,
     WorkflowCancelled,
     WorkflowError,
     WorkflowFailed,
@@ -55,7 +56,7 @@ __all__ = [
     # the client, and the values its calls return
     "Client", "AsyncClient", "Handle", "AsyncHandle", "ExecutionStatus", "EffectState", "SettleConflict",
     # the errors users catch
-    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect", "PayloadTooLarge",
-    "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout", "ReplayDiverged",
-    "DeliveryEnded", "AppNotFound",
+    "YieldstarError", "InvalidArgument", "ExecutionConflict", "UnknownExecution", "UnknownEffect", "UnknownStep",
+    "PayloadTooLarge", "WorkflowError", "WorkflowFailed", "WorkflowCancelled", "StepFailed", "StepTimeout",
+    "ReplayDiverged", "DeliveryEnded", "AppNotFound",
 ]

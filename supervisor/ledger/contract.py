@@ -324,6 +324,27 @@ class ExecutionClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    def fork(self, execution_id: str, new_id: str, *, from_step: str, trace_context: Optional[str] = None,
+             now: Optional[int] = None) -> ExecutionRecord:
+        """SPEC section 14: admit `new_id`, an execution of the same workflow and input, in the same
+        queue, with the same key, priority and timeout (its deadline `now` + that timeout), due at
+        `now`, whose recorded steps are copies of the original's up to, not including, step
+        `from_step`: every step row recorded before the first row of `from_step`, in recording
+        order, each attempt as stored. Its first delivery replays them and runs on from there.
+        The original, whatever its status, is unchanged. The original's events that no step from
+        `from_step` on set are copied too; its messages, lease history and waits are not
+        (`tables.forks` says why). `trace_context`: as `admit`'s. All in one transaction.
+
+        Not idempotent by `new_id`: a fork is a new execution, and an id already taken is refused,
+        even one an earlier fork of the same step took. A refused fork writes nothing.
+
+        Raises:
+            UnknownExecution: `execution_id` was never admitted.
+            UnknownStep: `from_step` is not a recorded step of it (the message lists its steps).
+            ExecutionConflict: `new_id` is taken.
+        """
+
+    @abc.abstractmethod
     def unpark(self, workflows: Collection[str], *, now: Optional[int] = None) -> int:
         """Every parked execution of `workflows` becomes due at `now` and parked no more (its
         `code` registration removed), in one transaction; returns how many. A supervisor calls it

@@ -4,6 +4,7 @@
     +-- InvalidArgument (a ValueError)  bad input; nothing was written
     |   +-- ExecutionConflict           an id admitted again with another workflow or input
     |   +-- UnknownExecution            no execution has that id
+    |   +-- UnknownStep                 a fork from a step the execution has not recorded
     |   +-- UnknownEffect               a settle of an effect no execution has begun
     |   +-- PayloadTooLarge             a JSON payload above the ledger's max_payload_bytes
     +-- WorkflowError                   a workflow or step ended without the value asked for
@@ -69,6 +70,33 @@ class ExecutionConflict(InvalidArgument):
 
 class UnknownExecution(InvalidArgument):
     """Raised when an operation names an execution that was never admitted."""
+
+
+class UnknownStep(InvalidArgument):
+    """Raised when a step key names no step recorded for the execution (a fork's `from_step`);
+    nothing was written.
+
+    Attributes:
+        name: the argument that gave the key, as the message names it (`from_step`, or on the
+            command line `--from-step`).
+        execution_id: the execution whose steps were looked in.
+        step_key: the key that is not among them.
+        recorded: the execution's recorded step keys, in the order they were first recorded.
+    """
+
+    SHOWN = 10  # recorded keys the message lists at most
+
+    def __init__(self, name: str, execution_id: str, step_key: str, recorded: tuple[str, ...]):
+        shown = ", ".join(repr(key) for key in recorded[:self.SHOWN])
+        if len(recorded) > self.SHOWN:
+            shown += f" and {len(recorded) - self.SHOWN} more"
+        super().__init__(f"{name} {step_key!r} is not a recorded step of execution {execution_id!r}"
+                         f" ({f'its recorded steps: {shown}' if recorded else 'it has recorded no step'});"
+                         " nothing was forked")
+        self.name, self.execution_id, self.step_key, self.recorded = name, execution_id, step_key, recorded
+
+    def __reduce__(self):
+        return type(self), (self.name, self.execution_id, self.step_key, self.recorded)
 
 
 class UnknownEffect(InvalidArgument):

@@ -1,12 +1,13 @@
 """The executions client, written once for both backends: `ExecutionTable`.
 
-It does three jobs, one module each, as the contract's `ExecutionClient` lists them:
+It does four jobs, one module each, as the contract's `ExecutionClient` lists them:
 
     leases.ExecutionLeases          the lease state machine: admit, get, wakes, claims, renewals,
                                     releases, acknowledgements (alone or a batch with a claim)
     operators.ExecutionOperators    the operators' queries: list, stats, waiting_for, history,
                                     cancel, resume, unpark, purge
     deadlines.ExecutionDeadlines    the workflow timeout: executions past their deadline failed
+    forks.ExecutionForks            a fork: a new execution with a copy of the first of its steps
 
 Both build on `execution_rows.ExecutionRows` (the client's state, and how a stored row reads as
 of a time, is stamped and is woken), and both write the lease history through `lease_history`.
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 from ..contract import ExecutionClient
 from .deadlines import ExecutionDeadlines
+from .forks import ExecutionForks
 from .leases import ExecutionLeases, renewal_lock_wait_ms
 from .operators import ExecutionOperators
 
 __all__ = ["ExecutionTable", "renewal_lock_wait_ms"]
 
 
-class ExecutionTable(ExecutionLeases, ExecutionOperators, ExecutionDeadlines, ExecutionClient):
+class ExecutionTable(ExecutionLeases, ExecutionOperators, ExecutionDeadlines, ExecutionForks, ExecutionClient):
     """The executions client on a backend's connection (see the module docstring)."""
