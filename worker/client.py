@@ -6,8 +6,9 @@
         handle = client.start("order", {"order_id": 42}, id="order-42")
         receipt = handle.result(timeout=30)
 
-`start` admits an execution (idempotent by `id`); any supervisor on the ledger runs it. A
-`Handle` names one execution: `status()`, `result(timeout=None)`, `cancel()`. `AsyncClient`
+`start` admits an execution (idempotent by `id`); any supervisor on the ledger runs it. `fork`
+admits a copy of one that runs again from a recorded step. A `Handle` names one execution:
+`status()`, `result(timeout=None)`, `cancel()`, `fork(from_step=...)`. `AsyncClient`
 has the same calls as coroutines, for asyncio code (`await handle.result()`), and never blocks
 its event loop: ledger calls run on a thread of the client's own.
 
@@ -37,8 +38,10 @@ from typing import Any, Optional, Union, cast
 from supervisor import open_backend
 from supervisor.ledger import arguments
 from supervisor.ledger.contract import Backend
+from supervisor.ledger.tables.forks import id_taken
 from supervisor.ledger.values import WORKFLOWS_TIMEOUT
 from supervisor.ledger.errors import (
+    ExecutionConflict,
     InvalidArgument,
     UnknownEffect,
     UnknownExecution,
@@ -257,6 +260,18 @@ class _Base:
                                              queue=queue, key=key, priority=priority, timeout_ms=timeout_ms,
                                              trace_context=tracing.current_context())
 
+    def _fork(self, execution_id: str, from_step: str, id: Optional[str]) -> ExecutionRecord:
+        """Fork with the id given, or a new one made as `start` makes one; inside an OpenTelemetry
+        span, the fork stores its trace context as a start does."""
+        arguments.identifier("execution_id", execution_id)
+        arguments.identifier("from_step", from_step)
+        new_id = uuid.uuid4().hex if id is None else arguments.identifier("id", id)
+        try:
+            return self.backend.executions.fork(execution_id, new_id, from_step=from_step,
+                                                trace_context=tracing.current_context())
+        except ExecutionConflict:  # the ledger names its own argument, new_id
+            raise id_taken("id", new_id) from None
+
     def _record(self, execution_id: str) -> ExecutionRecord:
         record = self.backend.executions.get(execution_id)
         if record is None:
@@ -381,6 +396,10 @@ class Handle:
         is that of its outcome if it had already finished."""
         return self._client.backend.executions.cancel(self.execution_id, reason=reason).status
 
+    def fork(self, *, from_step: str, id: Optional[str] = None) -> "Handle":
+        """As `Client.fork`, of this execution."""
+        return self._client.fork(self.execution_id, from_step=from_step, id=id)
+
     def __repr__(self) -> str:
         return f"Handle({self.execution_id!r}, workflow={self.workflow!r})"
 
@@ -419,6 +438,19 @@ class Client(_Base):
                    timeout: Optional[float] = None) -> Handle:
         """As `start`, with the input as JSON text, recorded as given (`yieldstar start --input`)."""
         record = self._start_json(workflow, input_json, id, queue, key, priority, timeout)
+        return Handle(self, record.execution_id, record.workflow)
+
+    def fork(self, execution_id: str, *, from_step: str, id: Optional[str] = None) -> Handle:
+        """Run execution `execution_id` again from its step `from_step` (SPEC section 14): admit a
+        new execution of the same workflow and input (in the same queue, with the same key,
+        priority and timeout, counted from now) whose recorded steps are copies of the original's
+        up to, not including, `from_step`, and return its handle. Any supervisor runs it from
+        there: the steps before are replayed, `from_step` and every step after run again. The
+        original is unchanged. `id` names the new execution (None: a new id is made); unlike
+        `start`'s, it is not an idempotency key: an id already taken raises `ExecutionConflict`.
+        A `from_step` the execution has not recorded raises `UnknownStep`, an unknown execution
+        `UnknownExecution`; neither writes anything."""
+        record = self._fork(execution_id, from_step, id)
         return Handle(self, record.execution_id, record.workflow)
 
     def handle(self, execution_id: str) -> Handle:
@@ -538,6 +570,9 @@ class AsyncHandle:
         record = await self._client._call(self._client.backend.executions.cancel, self.execution_id, reason=reason)
         return record.status
 
+    async def fork(self, *, from_step: str, id: Optional[str] = None) -> "AsyncHandle":
+        return await self._client.fork(self.execution_id, from_step=from_step, id=id)
+
     def __repr__(self) -> str:
         return f"AsyncHandle({self.execution_id!r}, workflow={self.workflow!r})"
 
@@ -580,6 +615,11 @@ class AsyncClient(_Base):
                          timeout: Optional[float] = None) -> AsyncHandle:
         """As `Client.start_json`."""
         record = await self._call(self._start_json, workflow, input_json, id, queue, key, priority, timeout)
+        return AsyncHandle(self, record.execution_id, record.workflow)
+
+    async def fork(self, execution_id: str, *, from_step: str, id: Optional[str] = None) -> AsyncHandle:
+        """As `Client.fork`."""
+        record = await self._call(self._fork, execution_id, from_step, id)
         return AsyncHandle(self, record.execution_id, record.workflow)
 
     async def handle(self, execution_id: str) -> AsyncHandle:

@@ -2,7 +2,7 @@
 
 The group and what every command shares live here; the commands live in one module per
 concern: `submit` (start, settle, stores), `show` (get, ls, steps, history, wake),
-`operate` (cancel, resume, purge), `messages` (send, events), `views` (stats, metrics, top),
+`operate` (cancel, resume, purge, fork), `messages` (send, events), `views` (stats, metrics, top),
 `supervisors` (the live supervisors), `schedules` (the workflows' schedules), `run` (supervise,
 demo, chaos), `ui` (the web UI).
 
@@ -11,7 +11,7 @@ code per kind of error, the same in every command:
 
 - 0: done.
 - 1: the thing asked for is not there (an unknown execution for `get`, `steps`, `history`,
-  `wake`, `cancel`, `resume`; an unknown store for `store get`); also `demo` or `chaos` finding
+  `wake`, `cancel`, `resume`, `fork`; an unknown store for `store get`); also `demo` or `chaos` finding
   a verdict or invariant that does not hold, and `supervise` stopped by a second signal.
 - 2: bad input: a usage error (an unknown option, a missing argument, a bad choice: one line
   and a hint to `--help`), a value that is not valid JSON, a missing file, a conflict, an app

@@ -1,12 +1,18 @@
-"""Commands that act on executions: `cancel`, `resume`, and `purge` (SPEC section 8)."""
+"""Commands that act on executions: `cancel`, `resume`, `purge` (SPEC section 8), and `fork`
+(section 14)."""
 
 from __future__ import annotations
 
 import click
 
+from worker.client import Client
+
 from ..ledger.arguments import MAX_TIME_MS
+from ..ledger.errors import ExecutionConflict, UnknownExecution, UnknownStep
+from ..ledger.tables.forks import id_taken
 from ..ledger.values import TERMINAL_STATUSES
-from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, main, params
+from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, ledger_of, main, params
+from .submit import note_unserved
 
 
 @main.command()
@@ -40,6 +46,33 @@ def resume(ctx, execution_id: str) -> None:
             fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
         record = backend.executions.resume(execution_id)
     click.echo(f"{execution_id} resumed: {record.status}, due now")
+
+
+@main.command()
+@click.argument("execution_id", metavar="ID", callback=params.identifier)
+@click.option("--from-step", "from_step", required=True, metavar="KEY", callback=params.identifier,
+              help="The recorded step to run again from (yieldstar steps ID lists them): the steps before it are"
+                   " copied, it and those after run again.")
+@click.option("--id", "new_id", callback=params.identifier,
+              help="The new execution's id, which no execution may have (default: a new id).")
+@click.pass_context
+@handles_errors
+def fork(ctx, execution_id: str, from_step: str, new_id: str | None) -> None:
+    """Admit a new execution of ID's workflow and input that runs again from its step KEY, and
+    print its id. Its recorded steps are copies of ID's up to, not including, KEY; ID is
+    unchanged. An unknown execution exits 1; a step ID has not recorded, or an --id that is
+    taken, exits 2 and writes nothing."""
+    with Client(ledger_of(ctx), create=False) as client:
+        try:
+            handle = client.fork(execution_id, from_step=from_step, id=new_id)
+        except UnknownExecution:
+            fail(f"no execution {execution_id!r}", EXIT_UNKNOWN)
+        except UnknownStep as exc:
+            fail(str(UnknownStep("--from-step", exc.execution_id, exc.step_key, exc.recorded)))
+        except ExecutionConflict:
+            fail(str(id_taken("--id", new_id)))
+    click.echo(handle.execution_id)
+    note_unserved(ctx, handle.workflow)
 
 
 @main.command()

@@ -76,7 +76,9 @@ class Claimed:
 
     `input_json` is the execution's input when this is its first delivery (token 1: nothing was
     recorded under an earlier one, so the worker need not read its steps from the ledger), and
-    None when the execution was delivered before: its worker reads its record and steps.
+    None when the execution was delivered before: its worker reads its record and steps. (A fork
+    with copied steps is admitted past token 0 for this reason, and is first claimed with token 2:
+    `tables.forks`.)
     `trace_context` is the trace context its start stored (`admit(trace_context=)`), on every
     delivery: the worker's delivery span is a child of it (SPEC section 13). None: none stored.
     `queue` and `due_at` label and time the claim for the supervisor's metrics: `due_at` (ms) is

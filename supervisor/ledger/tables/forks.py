@@ -24,7 +24,9 @@ What a fork copies and what it does not, and why:
                                                  what a fork is for); a copied step that started a
                                                  child keeps naming the original's child
 
-Nothing records where a fork came from: the schema has no place for it, and a fork needs none
+A fork with copied steps is admitted with token 1, not 0, so that its first claim is not token 1,
+which tells a worker that nothing is recorded yet (`COPY_STEPS`). Nothing records where a fork
+came from: the schema has no place for it, and a fork needs none
 to run. All of it is one transaction: a fork that is refused (an unknown execution or step, a
 taken id) writes nothing.
 """
@@ -35,17 +37,21 @@ from .. import arguments
 from ..errors import ExecutionConflict, UnknownStep
 from ..values import ExecutionRecord
 from .events import COLUMNS as EVENT_COLUMNS, LIST as EVENTS
-from .execution_rows import SELECT_ONE, ExecutionRows, Row, insert
+from .execution_rows import SELECT_ONE, ExecutionRows, insert
 
 # The first row of a step, in recording order (an attempt recorded later keeps its step's place).
 FIRST_ROW = "SELECT min($row_order) FROM steps WHERE execution_id = $p AND step_key = $p"
 STEP_KEYS = "SELECT step_key FROM steps WHERE execution_id = $p ORDER BY $row_order"
 # The rows before it, copied in recording order, so that the fork's rows number in the same order.
-# Each carries the fork's token as admitted (the epoch's floor: no delivery of the fork holds it).
+# They carry the token one above the fork's as admitted, which the fork then takes (PAST_FIRST_TOKEN):
+# a first claim, of token 1, tells its worker that nothing is recorded (`values.Claimed`), and a fork
+# with copied steps has steps recorded before its first claim; so its first claim issues token 2,
+# and the copies carry a token no delivery of the fork holds.
 COPY_STEPS = """
 INSERT INTO steps (execution_id, step_key, attempt, done, step_response_json, token, written_at)
 SELECT $p, step_key, attempt, done, step_response_json, $p, written_at FROM steps
 WHERE execution_id = $p AND $row_order < $p ORDER BY $row_order"""
+PAST_FIRST_TOKEN = "UPDATE executions SET token = token + 1 WHERE execution_id = $p"
 STEPS_FROM = "SELECT DISTINCT step_key FROM steps WHERE execution_id = $p AND $row_order >= $p"
 COPY_EVENT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ($p, $p, $p, $p)"
 
@@ -73,18 +79,16 @@ class ExecutionForks(ExecutionRows):
             if fork_at is None:
                 keys = [key for (key,) in db.execute(self._sql[STEP_KEYS], (execution_id,)).fetchall()]
                 raise UnknownStep("from_step", execution_id, from_step, tuple(dict.fromkeys(keys)))
-            taken = db.execute(self._sql[SELECT_ONE], (new_id,)).fetchone()
-            if taken is None and insert(db, self._sql, new_id, original.workflow, original.input_json, now,
+            if db.execute(self._sql[SELECT_ONE], (new_id,)).fetchone() is None and insert(db, self._sql, new_id, original.workflow, original.input_json, now,
                                         queue=original.queue, key=original.queue_key, priority=original.priority,
                                         take_turns=not self._conn.whole_database_write_lock,
                                         timeout_ms=original.timeout_ms, trace_context=trace_context):
                 row = self._row(db, new_id)
             else:  # taken before, or by a start that committed in between (PostgreSQL)
-                taken = taken or db.execute(self._sql[SELECT_ONE], (new_id,)).fetchone()
-                raise ExecutionConflict(
-                    f"new_id {new_id!r} is taken (by an execution of workflow {Row(taken).workflow!r}): a fork is a"
-                    " new execution and needs an id no execution has; nothing was forked")
-            db.execute(self._sql[COPY_STEPS], (new_id, row.token, execution_id, fork_at))
+                raise id_taken("new_id", new_id)
+            if db.execute(self._sql[COPY_STEPS], (new_id, row.token + 1, execution_id, fork_at)).rowcount:
+                db.execute(self._sql[PAST_FIRST_TOKEN], (new_id,))
+                row = self._row(db, new_id)
             self._copy_events(db, execution_id, new_id, fork_at)
         self._on_due()
         return self._as_of(row, now)
@@ -99,6 +103,13 @@ class ExecutionForks(ExecutionRows):
         for _, key, value_json, set_at in events:
             if not any(step_key == _set_event_step(step_key, key) for step_key in later):
                 db.execute(self._sql[COPY_EVENT], (new_id, key, value_json, set_at))
+
+
+def id_taken(name: str, new_id: str) -> ExecutionConflict:
+    """The error of a fork to an id that is taken, naming the argument that gave it (`new_id`;
+    the client's `id`, the command line's `--id`)."""
+    return ExecutionConflict(f"{name} {new_id!r} is taken: a fork is a new execution and needs an id no execution"
+                             " has; nothing was forked")
 
 
 def _sets_an_event(step_key: str) -> bool:
