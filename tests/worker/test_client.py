@@ -345,3 +345,41 @@ def test_bad_client_options_are_a_value_error_naming_them_and_create_no_ledger(t
     with pytest.raises(ValueError, match=message):
         Client(tmp_path / "ledger.db", **options)
     assert not (tmp_path / "ledger.db").exists()
+
+
+# -- fork -------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_fork_refusals_name_the_clients_arguments_and_write_nothing(each_backend, db_snapshot):
+    from supervisor import Completed, InvalidArgument
+    from worker import UnknownStep
+
+    with Client(each_backend) as client:
+        original = client.start("cl.echo", {"order_id": 1}, id="order-1")
+        (lease,) = client.backend.executions.claim_due(limit=1, duration=30_000)
+        client.backend.heap.write_step(lease, step_key="a", step_attempt=1, done=True, step_response_json="1")
+        client.backend.executions.acknowledge(lease, Completed("1"))
+        client.start("cl.echo", None, id="taken")
+        before = db_snapshot(each_backend)
+        refusals = [
+            (lambda: original.fork(from_step="a", id="taken"), ExecutionConflict, "id 'taken' is taken"),
+            (lambda: client.fork("order-1", from_step="b"), UnknownStep,
+             "from_step 'b' is not a recorded step of execution 'order-1' (its recorded steps: 'a')"),
+            (lambda: client.fork("nobody", from_step="a"), UnknownExecution, "'nobody'"),
+            (lambda: client.fork("order-1", from_step="a", id=" "), InvalidArgument, "id ' ' is blank"),
+            (lambda: client.fork("order-1", from_step=None), InvalidArgument, "from_step must be a str"),
+        ]
+        for call, error, message in refusals:
+            with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+                call()
+        assert db_snapshot(each_backend) == before
+
+    async def refused():
+        async with AsyncClient(each_backend) as aclient:
+            with pytest.raises(ExecutionConflict, match="id 'taken' is taken"):
+                await aclient.fork("order-1", from_step="a", id="taken")
+            with pytest.raises(UnknownStep):
+                await (await aclient.handle("order-1")).fork(from_step="b")
+
+    asyncio.run(refused())
+    assert db_snapshot(each_backend) == before
