@@ -158,6 +158,16 @@ CASES = {
     # read_step
     "read_step execution_id empty": ("execution_id", lambda b, l: b.heap.read_step("", "charge")),
     "read_step step_key None": ("step_key", lambda b, l: b.heap.read_step("order-42", None)),
+    # fork
+    "fork execution_id int": ("execution_id", lambda b, l: b.executions.fork(42, "f", from_step="charge")),
+    "fork new_id None": ("new_id", lambda b, l: b.executions.fork("order-42", None, from_step="charge")),
+    "fork new_id too long": ("new_id", lambda b, l: b.executions.fork("order-42", "f" * 256, from_step="charge")),
+    "fork new_id taken": ("new_id", lambda b, l: b.executions.fork("order-42", "idle", from_step="charge")),
+    "fork from_step int": ("from_step", lambda b, l: b.executions.fork("order-42", "f", from_step=1)),
+    "fork from_step not recorded": ("from_step", lambda b, l: b.executions.fork("order-42", "f", from_step="ship")),
+    "fork trace_context not JSON": ("trace_context", lambda b, l: b.executions.fork(
+        "order-42", "f", from_step="charge", trace_context="{")),
+    "fork now str": ("now", lambda b, l: b.executions.fork("order-42", "f", from_step="charge", now="soon")),
 }
 
 
