@@ -10,7 +10,9 @@ the send's commit) and suspends. With a `timeout`, a durable timer step comes fi
 the recv's outcome as None, so a replay agrees even if a message arrives later.
 
 `set_event` sets the event through the fenced ledger call, then records an unnamed step, so a
-replay does not set it again once recorded (and sets the same value again if it was not).
+replay does not set it again once recorded (and sets the same value again if it was not). A fork
+reads that step's key (`@<n>:set_event:<key>`) to tell which events its copied steps set
+(`supervisor.ledger.tables.forks`).
 """
 
 from __future__ import annotations

@@ -21,11 +21,14 @@ def record(log: str, name: str) -> str:
 
 @workflow("fork.three")
 def three(ctx, input):
-    """Steps a, b and c, then an effect: c's notice, whose effect id is the execution's own."""
+    """Steps a, b and c, each result published as an event, then an effect: c's notice, whose
+    effect id is the execution's own."""
     log = input["log"]
     a = ctx.run("a", record, log, "a")
+    ctx.set_event("a", a)
     b = ctx.run("b", record, log, "b")
     c = ctx.run("c", record, log, "c")
+    ctx.set_event("c", c)
     ctx.effect("notify", lambda effect_id: record(log, f"notify {effect_id}"))
     return [a, b, c]
 

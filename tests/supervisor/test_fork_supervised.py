@@ -57,8 +57,13 @@ def test_a_fork_from_the_cli_reruns_only_the_tail(each_backend, supervisors, tmp
     assert again[0] == first[0]  # a's result, copied: a did not run again
     assert again[1] != first[1] and again[2] != first[2]  # b and c made new ones
     assert lines(log)[4:] == ["b", "c", f"notify {derived_id('order-1-again', 'notify')}"]
-    assert [key for key, _, _ in steps_of(each_backend, "order-1-again")] == ["a", "b", "c", "notify"]
+    assert [key for key, _, _ in steps_of(each_backend, "order-1-again")] == ["a", "@1:set_event:a", "b", "c",
+                                                                             "@2:set_event:c", "notify"]
     assert steps_of(each_backend, "order-1-again")[0] == steps_of(each_backend, "order-1")[0]
+    # The event a's step set was copied (its set_event step was, so the fork did not set it);
+    # the one after the fork point the fork set itself.
+    assert json.loads(cli(each_backend, "events", "order-1-again", "--json").stdout) == {"a": first[0],
+                                                                                      "c": again[2]}
     assert everything_of(each_backend, "order-1") == before
 
 

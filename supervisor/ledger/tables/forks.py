@@ -79,13 +79,14 @@ class ExecutionForks(ExecutionRows):
             if fork_at is None:
                 keys = [key for (key,) in db.execute(self._sql[STEP_KEYS], (execution_id,)).fetchall()]
                 raise UnknownStep("from_step", execution_id, from_step, tuple(dict.fromkeys(keys)))
-            if db.execute(self._sql[SELECT_ONE], (new_id,)).fetchone() is None and insert(db, self._sql, new_id, original.workflow, original.input_json, now,
-                                        queue=original.queue, key=original.queue_key, priority=original.priority,
-                                        take_turns=not self._conn.whole_database_write_lock,
-                                        timeout_ms=original.timeout_ms, trace_context=trace_context):
-                row = self._row(db, new_id)
-            else:  # taken before, or by a start that committed in between (PostgreSQL)
+            # Taken before, or (on PostgreSQL) by a start that committed in between.
+            taken = db.execute(self._sql[SELECT_ONE], (new_id,)).fetchone() is not None
+            if taken or not insert(db, self._sql, new_id, original.workflow, original.input_json, now,
+                                   queue=original.queue, key=original.queue_key, priority=original.priority,
+                                   take_turns=not self._conn.whole_database_write_lock,
+                                   timeout_ms=original.timeout_ms, trace_context=trace_context):
                 raise id_taken("new_id", new_id)
+            row = self._row(db, new_id)
             if db.execute(self._sql[COPY_STEPS], (new_id, row.token + 1, execution_id, fork_at)).rowcount:
                 db.execute(self._sql[PAST_FIRST_TOKEN], (new_id,))
                 row = self._row(db, new_id)
@@ -119,6 +120,6 @@ def _sets_an_event(step_key: str) -> bool:
 
 
 def _set_event_step(step_key: str, event_key: str) -> str:
-    """The key the `set_event` step numbered as `step_key` is would have for `event_key`."""
+    """The key the `set_event` step numbered as `step_key` would have if it set `event_key`."""
     number = step_key.partition(":")[0]
     return f"{number}:{SET_EVENT}{event_key}"[:MAX_KEY]
