@@ -97,6 +97,22 @@ def test_a_fork_from_the_first_step_or_from_a_retried_one_copies_what_came_befor
 
 
 @pytest.mark.timeout(60)
+def test_a_fork_leaves_to_the_workflows_defaults_what_the_original_left_to_them(backend, clock):
+    from supervisor.ledger.values import WORKFLOWS_TIMEOUT
+
+    backend.executions.admit("early", "order", queue=None, priority=None, timeout_ms=WORKFLOWS_TIMEOUT)
+    lease = claim(backend, "early")
+    step(backend, lease, "a", {"value": 1})
+    step(backend, lease, "b", {"value": 2})
+    backend.executions.release(lease)
+    fork = backend.executions.fork("early", "early-fork", from_step="b")
+    assert (fork.queue, fork.priority, fork.deadline_at) == ("default", 0, None)
+    backend.queues.record_defaults({"order": ("shop", 5, 60_000)})  # the first record of them
+    again = backend.executions.get("early-fork")
+    assert (again.queue, again.priority, again.deadline_at) == ("shop", 5, fork.created_at + 60_000)
+
+
+@pytest.mark.timeout(60)
 def test_a_running_execution_can_be_forked_and_goes_on_unchanged(backend):
     backend.executions.admit("order-2", "order")
     lease = claim(backend, "order-2")

@@ -7,7 +7,9 @@ What a fork copies and what it does not, and why:
     copied                                       not copied
     the workflow, input, queue, key, priority    the original's lease history, waits and wakes:
     and timeout (the deadline counted again      the fork is admitted, due now, and its first
-    from the fork, as a new start's is)          delivery replays the copied steps
+    from the fork, as a new start's is; those    delivery replays the copied steps
+    still left to the workflow's defaults, not
+    recorded yet, left to them too)
     the step rows recorded before the first      the step `from_step` and every row recorded after
     row of `from_step`, in recording order,      it: the fork runs them again, with the code now
     each attempt as stored (done or not, its     deployed
@@ -35,11 +37,13 @@ from __future__ import annotations
 
 from .. import arguments
 from ..errors import ExecutionConflict, UnknownStep
-from ..values import ExecutionRecord
+from ..values import WORKFLOWS_TIMEOUT, ExecutionRecord
+from . import queues
 from .events import COLUMNS as EVENT_COLUMNS, LIST as EVENTS
 from .execution_rows import SELECT_ONE, ExecutionRows, insert
 
 # The first row of a step, in recording order (an attempt recorded later keeps its step's place).
+DEFAULTS_PENDING = "SELECT defaults_pending FROM executions WHERE execution_id = $p"
 FIRST_ROW = "SELECT min($row_order) FROM steps WHERE execution_id = $p AND step_key = $p"
 STEP_KEYS = "SELECT step_key FROM steps WHERE execution_id = $p ORDER BY $row_order"
 # The rows before it, copied in recording order, so that the fork's rows number in the same order.
@@ -81,10 +85,15 @@ class ExecutionForks(ExecutionRows):
                 raise UnknownStep("from_step", execution_id, from_step, tuple(dict.fromkeys(keys)))
             # Taken before, or (on PostgreSQL) by a start that committed in between.
             taken = db.execute(self._sql[SELECT_ONE], (new_id,)).fetchone() is not None
-            if taken or not insert(db, self._sql, new_id, original.workflow, original.input_json, now,
-                                   queue=original.queue, key=original.queue_key, priority=original.priority,
-                                   take_turns=not self._conn.whole_database_write_lock,
-                                   timeout_ms=original.timeout_ms, trace_context=trace_context):
+            # What the original leaves to its workflow's defaults, not recorded yet, the fork does too.
+            (pending,) = db.execute(self._sql[DEFAULTS_PENDING], (execution_id,)).fetchone()
+            if taken or not insert(
+                    db, self._sql, new_id, original.workflow, original.input_json, now,
+                    queue=None if pending & queues.PENDING_QUEUE else original.queue, key=original.queue_key,
+                    priority=None if pending & queues.PENDING_PRIORITY else original.priority,
+                    take_turns=not self._conn.whole_database_write_lock,
+                    timeout_ms=WORKFLOWS_TIMEOUT if pending & queues.PENDING_TIMEOUT else original.timeout_ms,
+                    trace_context=trace_context):
                 raise id_taken("new_id", new_id)
             row = self._row(db, new_id)
             if db.execute(self._sql[COPY_STEPS], (new_id, row.token + 1, execution_id, fork_at)).rowcount:
