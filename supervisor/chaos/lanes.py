@@ -305,8 +305,13 @@ def _execution(e: dict, y: int, faults: dict[int, dict]) -> str:
         f = faults.get(d.get("cause"))
         if f is not None:
             fx = x(f["at"])
+            span = ""
+            if f.get("ms"):  # what lasted (a freeze, a held lock...): how long, beside the lease it cost
+                fx2 = min(x(f["at"] + f["ms"]), EXEC_LABEL + EXEC_PLOT)
+                span = (f'<rect class="span" x="{fx:.1f}" y="{y + 3}" width="{max(fx2 - fx, 1):.1f}" height="20"'
+                        f' fill="{colour(f["kind"])}"/>')
             out.append(f'<a href="#f{f["i"]}"><g class="cause"><title>caused the takeover of token {esc(d["t"])}:'
-                       f' {fault_title(f)}</title><line x1="{fx:.1f}" x2="{fx:.1f}" y1="{y + 2}" y2="{y + 24}"'
+                       f' {fault_title(f)}</title>{span}<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{y + 2}" y2="{y + 24}"'
                        f' stroke="{colour(f["kind"])}" stroke-width="2" stroke-dasharray="3 2"/>'
                        f'<text class="code" x="{fx + 2:.1f}" y="{y + 33}" fill="{colour(f["kind"])}">'
                        f'{esc(SHORT_NAMES.get(f["kind"], f["kind"]))} {esc(f["kind"])}</text></g></a>')

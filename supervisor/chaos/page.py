@@ -50,12 +50,13 @@ svg.lanes text.axis { fill: #78909c; font-size: 10px; } svg.lanes line.grid { st
 svg.lanes rect.phase { fill: #fff8e1; } svg.lanes text.host { font-weight: 700; }
 svg.lanes text.row { fill: #78909c; } svg.lanes text.code { font-size: 9px; font-weight: 600; }
 g.life rect { fill: #b0bec5; } g.life.skewed rect { fill: #80cbc4; } g.life.lenient rect { stroke: #546e7a; stroke-dasharray: 3 2; }
-rect.worker { fill: #90a4ae; } rect.span { opacity: .35; } rect.band { opacity: .18; }
+rect.worker { fill: #90a4ae; } rect.span { opacity: .35; } g.cause rect.span { opacity: .2; } rect.band { opacity: .18; }
 g.fault:target rect, g.fault:target path, g.fault:target line { stroke: #000; stroke-width: 3; }
 rect.lane { fill: #fff; } g.execution.violated rect.lane { fill: #ffebee; }
 g.execution text.id { font-weight: 600; } g.execution text.meta { fill: #607d8b; }
 g.execution text.note { fill: #455a64; } g.execution.violated text.note { fill: #c62828; font-weight: 600; }
-rect.lapsed { opacity: .35; } text.token { fill: #fff !important; font-size: 10px !important; }
+rect.lapsed { opacity: .35; }
+svg.lanes text.token { font-size: 10px; paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; margin: 4px 0 8px; }
 .legend span::before { content: ""; display: inline-block; width: 11px; height: 11px; margin-right: 4px;
   vertical-align: -1px; background: var(--c); border-radius: 2px; }

@@ -192,3 +192,25 @@ def test_chromium_renders_the_page_from_a_file(chaos_ledger, tmp_path):
         chromium(tmp_path, f"--screenshot={shots[name]}", "--window-size=1200,900", url)
         assert shots[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shots["page"].stat().st_size > 8 * shots["blank"].stat().st_size, {n: p.stat().st_size for n, p in shots.items()}
+
+
+@pytest.mark.timeout(60)
+def test_each_host_gets_its_lanes_and_a_cut_off_host_its_band():
+    """(`--hosts`) supervisors grouped by host, a partition drawn over its host's lanes, a server
+    restart on the ledger's row."""
+    lives = {2000 + n: [SupervisorLife(n, 2000 + n, 1_000 + n, host=n % 2)] for n in (1, 2, 3)}
+    journal = [{"kind": "partition", "at_s": 1.0, "at_ms": 5_000, "target": {"host": 1, "supervisors": [1, 3]},
+                "step": None, "params": {"seconds": 2.0, "healed_ms": 7_100}},
+               {"kind": "server_restart", "at_s": 2.0, "at_ms": 9_000, "target": {"server": "the run's own"},
+                "step": None, "params": {"began_ms": 9_000, "stopped_ms": 9_300, "started_ms": 9_900}}]
+    timeline = TimelineBuilder(history={}, executions={}, clocks=Clocks(lives), faults=journal, lock_holds={},
+                               step_pids={}, reasons={}, violations=[], lease_ms=1500).build()
+    partition, restart = timeline["faults"]
+    assert (partition["at"], partition["ms"], partition["sups"]) == (5_000 - 1_001, 2_100, [1, 3])
+    assert (restart["at"], restart["ms"]) == (9_000 - 1_001, 900)
+    page = render({"yieldstar_chaos_report": 1, "ok": True, "check": {}, "timeline": timeline})
+    hosts = page[page.index('<svg class="lanes hosts"'):page.index("</svg>")]
+    assert hosts.index(">host 0</text>") < hosts.index(">host 1</text>")
+    assert hosts.count('<g class="fault partition" id="f0"><title>partition at 4.0 s for 2100 ms') == 1
+    assert hosts.index('<g class="fault partition"') > hosts.index(">host 1</text>")  # over host 1's lanes
+    assert '<g class="fault server_restart" id="f1">' in hosts and ">ledger</text>" in hosts
