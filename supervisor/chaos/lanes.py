@@ -172,7 +172,8 @@ class HostLanes:
                     self.rows.setdefault(w["sup"], (y, {}))[1][w["pid"]] = wy
                     out.append(f'<rect class="worker" x="{self.x(w["from"]):.1f}" y="{wy}"'
                                f' width="{max(self.x(w["to"]) - self.x(w["from"]), 1):.1f}" height="4">'
-                               f'<title>worker pid {esc(w["pid"])} of supervisor {esc(w["sup"])}: {esc(w["deliveries"])}'
+                               f'<title>worker pid {esc(w["pid"])} of supervisor {esc(w["sup"])}:'
+                               f' {esc(w["deliveries"])}'
                                f' deliveries, {seconds(w["from"])} to {seconds(w["to"])}</title></rect>')
             for s in row:
                 self.rows.setdefault(s["n"], (y, {}))
@@ -211,13 +212,14 @@ class HostLanes:
         parts = [self._mark(f, y, SUP_ROW, block=max(workers.values(), default=y) + WORKER_ROW - y)]
         for pid, at in f.get("kills") or []:  # a slow start's workers, killed while loading the app
             replacement = self.rows.get(f.get("to_sup"), (y, {}))[0]
-            parts.append(f'<g class="fault kill_child"><title>{esc(f"worker pid {pid} of the slow start, killed while loading the app, at {seconds(at)}")}</title>'
+            what = f"worker pid {pid} of the slow start, killed while loading the app, at {seconds(at)}"
+            parts.append(f'<g class="fault kill_child"><title>{esc(what)}</title>'
                          f'{_cross(self.x(at), replacement + SUP_ROW + 4, 3, colour("kill_child"))}</g>')
         return "".join(parts)
 
     def _band(self, f: dict, y: int, height: int) -> str:
         x1, x2 = self.x(f["at"]), self.x(f["at"] + f.get("ms", 0))
-        return (f'<g class="fault {esc(f["kind"])}" id="f{f["i"]}"><title>{fault_title(f)}</title>'
+        return (f'<g class="fault {esc(f["kind"])}" id="f{esc(f["i"])}"><title>{fault_title(f)}</title>'
                 f'<rect class="band" x="{x1:.1f}" y="{y}" width="{max(x2 - x1, 2):.1f}" height="{height}"'
                 f' fill="{colour(f["kind"])}"/><text class="code" x="{x1:.1f}" y="{y + 10}">'
                 f'{esc(SHORT_NAMES.get(f["kind"], f["kind"]))}</text></g>')
@@ -236,14 +238,16 @@ class HostLanes:
         elif kind in KILLS:
             shape = _cross(x1, y + height / 2, max(3, height / 3), c)
         else:
-            shape = f'<line x1="{x1:.1f}" x2="{x1:.1f}" y1="{y - 1}" y2="{y + height + 1}" stroke="{c}" stroke-width="2"/>'
+            shape = (f'<line x1="{x1:.1f}" x2="{x1:.1f}" y1="{y - 1}" y2="{y + height + 1}" stroke="{c}"'
+                     f' stroke-width="2"/>')
         label = (f'<text class="code" x="{x1 + 2:.1f}" y="{y + 8}" fill="{c}">{esc(code)}</text>'
                  if height >= SUP_ROW else "")
-        return f'<g class="fault {esc(kind)}" id="f{f["i"]}"><title>{fault_title(f)}</title>{shape}{label}</g>'
+        return f'<g class="fault {esc(kind)}" id="f{esc(f["i"])}"><title>{fault_title(f)}</title>{shape}{label}</g>'
 
 
 def _cross(x: float, y: float, r: float, c: str) -> str:
-    return (f'<path d="M{x - r:.1f} {y - r:.1f}L{x + r:.1f} {y + r:.1f}M{x - r:.1f} {y + r:.1f}L{x + r:.1f} {y - r:.1f}"'
+    return (f'<path d="M{x - r:.1f} {y - r:.1f}L{x + r:.1f} {y + r:.1f}'
+            f'M{x - r:.1f} {y + r:.1f}L{x + r:.1f} {y - r:.1f}"'
             f' stroke="{c}" stroke-width="2"/>')
 
 
@@ -278,8 +282,10 @@ def _execution(e: dict, y: int, faults: dict[int, dict]) -> str:
     ident = e.get("id") or ""
     shown = ident if len(ident) <= 36 else ident[:35] + "…"
     cls = "execution" + (" violated" if e.get("violations") else "")
-    out = [f'<g class="{cls}"><rect class="lane" x="0" y="{y}" width="{EXEC_LABEL + EXEC_PLOT + 10}" height="{EXEC_ROW - 4}"/>'
-           f'<text class="id" x="6" y="{y + 15}"><title>{esc(ident)} ({esc(e.get("workflow"))})</title>{esc(shown)}</text>'
+    workflow = f" ({e['workflow']})" if e.get("workflow") else ""
+    out = [f'<g class="{cls}"><rect class="lane" x="0" y="{y}" width="{EXEC_LABEL + EXEC_PLOT + 10}"'
+           f' height="{EXEC_ROW - 4}"/>'
+           f'<text class="id" x="6" y="{y + 15}"><title>{esc(ident + workflow)}</title>{esc(shown)}</text>'
            f'<text class="meta" x="6" y="{y + 32}">{esc(e.get("status") or "?")} · {esc(e.get("why"))}'
            f' · {len(deliveries) + e.get("deliveries_left_out", 0)} deliveries · {seconds(start)} to'
            f' {seconds(end)}</text>']
@@ -292,7 +298,8 @@ def _execution(e: dict, y: int, faults: dict[int, dict]) -> str:
                  + (f", worker pid {d['worker']}" if d.get("worker") else "")
                  + f": claimed at {seconds(d.get('from'))}, {d.get('end')} at {seconds(d.get('to'))}"
                  + (f" ({d['outcome']})" if d.get("outcome") else "")
-                 + (f"; last renewed at {seconds(d['renewed'])}; taken over: {d.get('reason')}" if "reason" in d else ""))
+                 + (f"; last renewed at {seconds(d['renewed'])}; taken over: {d.get('reason')}"
+                    if "reason" in d else ""))
         renewed = x(d["renewed"]) if "renewed" in d else x2
         renewed = min(max(renewed, x1), x2)
         out.append(f'<g class="delivery {esc(d.get("end"))}" data-token="{esc(d["t"])}"><title>{esc(title)}</title>'
@@ -310,7 +317,7 @@ def _execution(e: dict, y: int, faults: dict[int, dict]) -> str:
                 fx2 = min(x(f["at"] + f["ms"]), EXEC_LABEL + EXEC_PLOT)
                 span = (f'<rect class="span" x="{fx:.1f}" y="{y + 3}" width="{max(fx2 - fx, 1):.1f}" height="20"'
                         f' fill="{colour(f["kind"])}"/>')
-            out.append(f'<a href="#f{f["i"]}"><g class="cause"><title>caused the takeover of token {esc(d["t"])}:'
+            out.append(f'<a href="#f{esc(f["i"])}"><g class="cause"><title>caused the takeover of token {esc(d["t"])}:'
                        f' {fault_title(f)}</title>{span}<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{y + 2}" y2="{y + 24}"'
                        f' stroke="{colour(f["kind"])}" stroke-width="2" stroke-dasharray="3 2"/>'
                        f'<text class="code" x="{fx + 2:.1f}" y="{y + 33}" fill="{colour(f["kind"])}">'

@@ -41,7 +41,8 @@ h2 { font-size: 17px; margin: 26px 0 6px; }
 .figures { display: flex; flex-wrap: wrap; gap: 10px; margin: 14px 0; }
 .figure { background: #fff; border: 1px solid #e0e0e0; border-radius: 6px; padding: 6px 12px; min-width: 120px; }
 .figure b { display: block; font-size: 20px; } .figure.bad b { color: #c62828; }
-pre { background: #fff; border: 1px solid #e0e0e0; padding: 8px 10px; overflow: auto; font-size: 12px; max-height: 22em; }
+pre { background: #fff; border: 1px solid #e0e0e0; padding: 8px 10px; overflow: auto; font-size: 12px;
+  max-height: 22em; }
 header h1 { font-size: 22px; margin: 0; } header .result { font-weight: 600; }
 .scroll { overflow-x: auto; background: #fff; border: 1px solid #e0e0e0; }
 svg.fitted { width: 100%; height: auto; }
@@ -49,8 +50,10 @@ svg.lanes text { font: 11px system-ui, sans-serif; fill: #263238; }
 svg.lanes text.axis { fill: #78909c; font-size: 10px; } svg.lanes line.grid { stroke: #eceff1; }
 svg.lanes rect.phase { fill: #fff8e1; } svg.lanes text.host { font-weight: 700; }
 svg.lanes text.row { fill: #78909c; } svg.lanes text.code { font-size: 9px; font-weight: 600; }
-g.life rect { fill: #b0bec5; } g.life.skewed rect { fill: #80cbc4; } g.life.lenient rect { stroke: #546e7a; stroke-dasharray: 3 2; }
-rect.worker { fill: #90a4ae; } rect.span { opacity: .35; } g.cause rect.span { opacity: .2; } rect.band { opacity: .18; }
+g.life rect { fill: #b0bec5; } g.life.skewed rect { fill: #80cbc4; }
+g.life.lenient rect { stroke: #546e7a; stroke-dasharray: 3 2; }
+rect.worker { fill: #90a4ae; } rect.span { opacity: .35; } rect.band { opacity: .18; }
+g.cause rect.span { opacity: .2; }
 g.fault:target rect, g.fault:target path, g.fault:target line { stroke: #000; stroke-width: 3; }
 rect.lane { fill: #fff; } g.execution.violated rect.lane { fill: #ffebee; }
 g.execution text.id { font-weight: 600; } g.execution text.meta { fill: #607d8b; }
@@ -174,7 +177,8 @@ def render(report: dict) -> str:
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
         f'<header><span class="verdict {verdict.lower()}">{verdict}</span><div><h1>{esc(title)}</h1>'
         f'<span class="result">{esc(lines[-1])}</span>'
-        + (f' <span class="note">{esc(began)} to {esc(report.get("ended"))}</span>' if began else "") + "</div></header>",
+        + (f' <span class="note">{esc(began)} to {esc(report.get("ended"))}</span>' if began else "")
+        + "</div></header>",
         _figures(report),
         f"<details open><summary>The summary</summary><pre>{esc(summary)}</pre></details>",
         _violations(check),
