@@ -858,10 +858,10 @@ def assert_queue_limits_bound(check_: dict, summary: str) -> None:
     assert not {kind for kind in check_["violations_by_kind"] if kind.startswith("queue_")}, summary
 
 
-def assert_the_page_tells_the_story(report: dict, kinds: list) -> None:
+def assert_the_page_tells_the_story(report: dict, kinds: list) -> str:
     """The report saved as the chaos command saves it: its JSON keeps a timeline, and the page
     beside it draws every supervisor, every kind of fault injected, and the deliveries of the
-    executions that had takeovers, each takeover's cause linked to its mark."""
+    executions that had takeovers, each takeover's cause linked to its mark. Returns the page."""
     lines = save(report)
     folder = report["work_folder"]
     assert lines[-1] == f"page     {os.path.join(folder, 'report.html')}"
@@ -881,6 +881,7 @@ def assert_the_page_tells_the_story(report: dict, kinds: list) -> None:
     for d in takeovers:
         if "cause" in d:
             assert f'<a href="#f{d["cause"]}"><g class="cause">' in page
+    return page
 
 
 @pytest.mark.slow
