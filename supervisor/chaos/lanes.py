@@ -290,9 +290,17 @@ def _execution(e: dict, y: int, faults: dict[int, dict]) -> str:
            f' · {len(deliveries) + e.get("deliveries_left_out", 0)} deliveries · {seconds(start)} to'
            f' {seconds(end)}</text>']
     notes = []
+    # Where the checker found leases that overlap, a bar that starts before an earlier one ended
+    # drops half a bar, outlined, so that both show. (Elsewhere a skewed clock may make a claim
+    # look a few ms early: the checker judged that, not the drawing.)
+    overlapped = "lease_overlap" in (e.get("violations") or ())
+    live_until = None
     for d in deliveries:
         x1, x2 = x(d.get("from", 0)), x(d.get("to", 0))
         c = DELIVERY_COLOURS.get(d.get("end"), UNKNOWN_COLOUR)
+        overlapping = overlapped and live_until is not None and d.get("from", 0) < live_until
+        live_until = max(live_until or d.get("to", 0), d.get("to", 0))
+        by = y + (12 if overlapping else 6)
         who = f"s{d['sup']}" if d.get("sup") is not None else d.get("holder") or "?"
         title = (f"token {d['t']} held by {'supervisor ' + str(d['sup']) if d.get('sup') is not None else who}"
                  + (f", worker pid {d['worker']}" if d.get("worker") else "")
@@ -302,11 +310,12 @@ def _execution(e: dict, y: int, faults: dict[int, dict]) -> str:
                     if "reason" in d else ""))
         renewed = x(d["renewed"]) if "renewed" in d else x2
         renewed = min(max(renewed, x1), x2)
-        out.append(f'<g class="delivery {esc(d.get("end"))}" data-token="{esc(d["t"])}"><title>{esc(title)}</title>'
-                   f'<rect x="{x1:.1f}" y="{y + 6}" width="{max(renewed - x1, 2):.1f}" height="14" fill="{c}"/>'
-                   + (f'<rect class="lapsed" x="{renewed:.1f}" y="{y + 6}" width="{x2 - renewed:.1f}" height="14"'
+        out.append(f'<g class="delivery {esc(d.get("end"))}{" overlapping" if overlapping else ""}"'
+                   f' data-token="{esc(d["t"])}"><title>{esc(title)}</title>'
+                   f'<rect x="{x1:.1f}" y="{by}" width="{max(renewed - x1, 2):.1f}" height="14" fill="{c}"/>'
+                   + (f'<rect class="lapsed" x="{renewed:.1f}" y="{by}" width="{x2 - renewed:.1f}" height="14"'
                       f' fill="{c}"/>' if x2 > renewed else "")
-                   + f'<text class="token" x="{x1 + 2:.1f}" y="{y + 17}">{esc(d["t"])} {esc(who)}</text></g>')
+                   + f'<text class="token" x="{x1 + 2:.1f}" y="{by + 11}">{esc(d["t"])} {esc(who)}</text></g>')
         if "reason" in d:
             notes.append((x2, f"{d['t']}: {d['reason']}"))
         f = faults.get(d.get("cause"))

@@ -58,7 +58,7 @@ g.fault:target rect, g.fault:target path, g.fault:target line { stroke: #000; st
 rect.lane { fill: #fff; } g.execution.violated rect.lane { fill: #ffebee; }
 g.execution text.id { font-weight: 600; } g.execution text.meta { fill: #607d8b; }
 g.execution text.note { fill: #455a64; } g.execution.violated text.note { fill: #c62828; font-weight: 600; }
-rect.lapsed { opacity: .35; }
+rect.lapsed { opacity: .35; } g.delivery.overlapping rect { stroke: #c62828; stroke-width: 1.5; }
 svg.lanes text.token { font-size: 10px; paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; margin: 4px 0 8px; }
 .legend span::before { content: ""; display: inline-block; width: 11px; height: 11px; margin-right: 4px;

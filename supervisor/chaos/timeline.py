@@ -248,11 +248,12 @@ class TimelineBuilder:
                  "end": ended_by or "live", "outcome": outcome}
         if ended_by in TAKEN_OVER:
             found["renewed"] = self.rel(self.clocks.true_ms(holder, expires_at - self.lease_ms))
-            reason = self.reasons.get((eid, token))
-            found["reason"] = reason or "unexplained"
-            cause = self._cause(reason, life.number if life else None, eid, token, self.rel(ended), faults)
-            if cause is not None:
-                found["cause"] = cause
+            if (eid, token) in self.reasons:  # not when the takeovers could not be checked
+                reason = self.reasons[(eid, token)]
+                found["reason"] = reason or "unexplained"
+                cause = self._cause(reason, life.number if life else None, eid, token, self.rel(ended), faults)
+                if cause is not None:
+                    found["cause"] = cause
         return found
 
     def _cause(self, reason: Optional[str], number: Optional[int], eid: str, token: int, expired: int,

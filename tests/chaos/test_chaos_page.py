@@ -216,3 +216,18 @@ def test_each_host_gets_its_lanes_and_a_cut_off_host_its_band():
     assert hosts.count('<g class="fault partition" id="f0"><title>partition at 4.0 s for 2100 ms') == 1
     assert hosts.index('<g class="fault partition"') > hosts.index(">host 1</text>")  # over host 1's lanes
     assert '<g class="fault server_restart" id="f1">' in hosts and ">ledger</text>" in hosts
+
+
+@pytest.mark.timeout(60)
+def test_leases_that_overlap_are_drawn_apart_and_outlined(chaos_ledger):
+    sound_history(chaos_ledger)
+    # Token 2 claimed while token 1's lease was still live, as in test_chaos.
+    chaos_ledger.sql("UPDATE lease_history SET claimed_at = (SELECT claimed_at + 500 FROM lease_history"
+                     " WHERE execution_id = 'e1' AND token = 1) WHERE execution_id = 'e1' AND token = 2")
+    result = chaos_ledger.check()
+    assert "lease_overlap" in result.violation_counts
+    (e1,) = result.timeline["executions"]
+    assert "reason" not in e1["deliveries"][0]  # no fleet journal: the takeovers were not checked
+    page = render(report_of(result))
+    assert '<g class="delivery superseded" data-token="1">' in page
+    assert '<g class="delivery acknowledged overlapping" data-token="2">' in page
