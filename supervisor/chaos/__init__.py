@@ -4,7 +4,8 @@ from the ledger and the workflows' own evidence, that nothing was lost or writte
     from supervisor.chaos import ChaosConfig, run_chaos, check
 
 `run_chaos` is what `yieldstar chaos` runs; `check(ledger, folder)` works on its own, on any
-ledger (and, given the work folder of a chaos run, its evidence).
+ledger (and, given the work folder of a chaos run, its evidence). `page.render(report)` draws a
+report as a self-contained web page (`python -m supervisor.chaos.page report.json`).
 """
 
 from .checker import CheckResult, check

@@ -97,6 +97,7 @@ from .queue_limits import POSTGRES_END_SLACK_MS, QueueLimits, check_queue_limits
 from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
 from .takeovers import TAKEN_OVER, check_takeovers
+from .timeline import TimelineBuilder
 
 # A step write samples its time before it waits for the write lock, and so does the claim that
 # ends the previous holder's delivery; either may wait out a held lock (up to the busy timeout,
@@ -122,6 +123,7 @@ class CheckResult:
     figures: dict = field(default_factory=dict)
     violation_counts: Counter = field(default_factory=Counter)
     violations: list = field(default_factory=list)
+    timeline: Optional[dict] = None  # what happened when, for the report's page (`timeline`); not in as_dict
 
     def violate(self, kind: str, execution_id: Optional[str], detail: str) -> None:
         self.violation_counts[kind] += 1
@@ -186,6 +188,7 @@ class Checker(SharingChecks, FailureChecks):
             self._check_takeovers()
             self._count_refusals()
             self.result.figures["faults"] = read_faults(self.folder)
+            self.result.timeline = self._timeline()
         return self.result
 
     def _load(self, conn: LedgerReader) -> None:
@@ -498,6 +501,15 @@ class Checker(SharingChecks, FailureChecks):
             if fault and number in host_of:
                 hosts[host_of[number]][f"stale_refused_after_{fault}"] += 1
         return hosts
+
+    def _timeline(self) -> dict:
+        config = read_run_config(self.folder) or {}
+        return TimelineBuilder(
+            history=self.history, executions=self.executions, clocks=self.clocks,
+            faults=read_fault_journal(self.folder), lock_holds=read_lock_holds(self.folder),
+            step_pids=self.step_pids, reasons=self.takeover_reasons, violations=self.result.violations,
+            lease_ms=config.get("lease_ms", 0)).build()
+
 
 def check(db_path: str, folder: Optional[str] = None, *,
           late_write_tolerance_ms: int = LATE_WRITE_TOLERANCE_MS) -> CheckResult:

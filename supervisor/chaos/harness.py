@@ -18,7 +18,7 @@
     SIGSTOPped whole, the server is restarted; all of it torn down at the end
              |  after the fault phase: thaw everything, restore the fleet, wait until every
              v  execution is terminal, stop the supervisors gracefully, then run the checker
-    checker (ledger + steps.log + external/*.log)  ->  report (JSON) + one-screen summary
+    checker (ledger + steps.log + external/*.log)  ->  report (JSON) + one-screen summary + page
 
 Phases: (1) set up the work folder (and, for `disk_full`, the tmpfs) and a fresh ledger, and start
 the supervisors, until each is supervising (on a loaded machine that takes seconds, which would

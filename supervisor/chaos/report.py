@@ -1,7 +1,8 @@
-"""The chaos report: one JSON document for machines, one screen of text for people.
+"""The chaos report: one JSON document for machines, one screen of text for people, and a web
+page drawn from the JSON (`page`).
 
-The JSON holds the run's configuration, timings, the checker's figures and violations, and what
-the harness saw of its processes. The summary groups the checker's violation kinds under the
+The JSON holds the run's configuration, timings, the checker's figures and violations, what
+the harness saw of its processes, and the timeline the page draws (`timeline`). The summary groups the checker's violation kinds under the
 invariants the issue names, each with its count and PASS/FAIL.
 """
 
@@ -79,6 +80,7 @@ def build_report(config, result, *, harness: dict, timings: dict, folder: str, d
         "ledger": db_path,
         "check": result.as_dict(),
         "harness": harness,
+        "timeline": result.timeline,  # for the page (`timeline`, `page`)
     }
 
 
@@ -257,15 +259,21 @@ def _host_lines(check: dict, config: Optional[dict]) -> list[str]:
     return lines
 
 
-def save(report: dict, *, json_path: Optional[str] = None, summary_path: Optional[str] = None) -> list[str]:
-    """Write the JSON report and the summary (by default as report.json and summary.txt in the
-    run's work folder); return the lines to print: the summary, then where both were written."""
+def save(report: dict, *, json_path: Optional[str] = None, summary_path: Optional[str] = None,
+         html_path: Optional[str] = None) -> list[str]:
+    """Write the JSON report, the summary and the page (by default as report.json, summary.txt
+    and report.html in the run's work folder); return the lines to print: the summary, then
+    where the three were written."""
+    from .page import write_page
+
     folder = report.get("work_folder") or "."
     json_path = os.path.abspath(json_path or os.path.join(folder, "report.json"))
     summary_path = os.path.abspath(summary_path or os.path.join(folder, "summary.txt"))
+    html_path = os.path.abspath(html_path or os.path.join(folder, "report.html"))
     lines = summary_lines(report)
     write_report(report, json_path)
     os.makedirs(os.path.dirname(summary_path), exist_ok=True)
     with open(summary_path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    return lines + [f"report   {json_path}", f"summary  {summary_path}"]
+    write_page(report, html_path)
+    return lines + [f"report   {json_path}", f"summary  {summary_path}", f"page     {html_path}"]

@@ -292,15 +292,19 @@ def demo(acts: tuple[int, ...], keep: bool) -> None:
               help="Write the JSON report to this file (default: report.json in the work folder).")
 @click.option("--summary", "summary_path", default=None,
               help="Write the one-screen summary to this file too (default: summary.txt in the work folder).")
+@click.option("--html", "html_path", default=None,
+              help="Write the report as a self-contained web page to this file (default: report.html in the work"
+                   " folder): the verdict, a timeline per host with its supervisors, workers and faults, and the"
+                   " deliveries of the executions that had takeovers or violations.")
 @handles_errors
 def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, executions, lease_ms, renew_ms, heartbeat_ms,
           fault_kinds, fault_interval_ms, lenient_supervisors, drain_timeout_s, chaos_db, workdir, report_path,
-          summary_path) -> None:
+          summary_path, html_path) -> None:
     """Kill, freeze and orphan supervisors and workers mid-step, then prove nothing was lost.
 
     The progress line abbreviates the fault kinds (kc kill_child, sc freeze_child, ...): a legend
     line printed at the start spells them out. At the end it prints the summary and where the
-    JSON report and the summary were written (by default into the work folder).
+    JSON report, the summary and the page were written (by default into the work folder).
 
     Exit code 0 only if every execution is terminal and no invariant was violated."""
     from ..chaos import ChaosConfig, parse_kinds, run_chaos
@@ -312,7 +316,8 @@ def chaos(seed, duration_s, supervisors, hosts, concurrency, workers, app, execu
                          faults=parse_kinds(fault_kinds), fault_interval_s=fault_interval_ms / 1000,
                          lenient_supervisors=lenient_supervisors, drain_timeout_s=drain_timeout_s)
     report = run_chaos(config, folder=workdir, db_path=chaos_db, out=click.echo, tty=sys.stdout.isatty())
-    click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path)))  # and where it went
+    click.echo("\n".join(save(report, json_path=report_path, summary_path=summary_path,
+                               html_path=html_path)))  # and where they went
     sys.exit(0 if report["ok"] else 1)
 
 def workers_up(supervisor) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from supervisor.chaos.cpu_waits import available as cpu_waits_available
 from supervisor.chaos.disk import LedgerDisk
 from supervisor.chaos.faults import FaultPlan
 from supervisor.chaos.capabilities import applicable_kinds
+from supervisor.chaos.report import save
 from supervisor.chaos.workload import KEYS, plan_workload
 from supervisor.loop import RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 from supervisor.ledger.backends import is_uri
@@ -856,6 +858,32 @@ def assert_queue_limits_bound(check_: dict, summary: str) -> None:
     assert not {kind for kind in check_["violations_by_kind"] if kind.startswith("queue_")}, summary
 
 
+def assert_the_page_tells_the_story(report: dict, kinds: list) -> str:
+    """The report saved as the chaos command saves it: its JSON keeps a timeline, and the page
+    beside it draws every supervisor, every kind of fault injected, and the deliveries of the
+    executions that had takeovers, each takeover's cause linked to its mark. Returns the page."""
+    lines = save(report)
+    folder = report["work_folder"]
+    assert lines[-1] == f"page     {os.path.join(folder, 'report.html')}"
+    with open(os.path.join(folder, "report.json")) as f:
+        timeline = json.load(f)["timeline"]
+    assert len(timeline["supervisors"]) == report["harness"]["supervisors_started"]
+    assert len(timeline["faults"]) == report["check"]["faults"]["total"]
+    with open(os.path.join(folder, "report.html"), encoding="utf-8") as f:
+        page = f.read()
+    assert len(page.encode()) < 1_000_000, len(page)
+    for kind in kinds:
+        assert f'<g class="fault {kind.value}" id="f' in page, kind
+    for s in timeline["supervisors"]:
+        assert f"supervisor {s['n']} (pid {s['pid']})" in page
+    takeovers = [d for e in timeline["executions"] for d in e["deliveries"] if "reason" in d]
+    assert takeovers and len(takeovers) <= sum(1 for _ in re.finditer(r'<g class="delivery (superseded|expired)"', page))
+    for d in takeovers:
+        if "cause" in d:
+            assert f'<a href="#f{d["cause"]}"><g class="cause">' in page
+    return page
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
@@ -889,6 +917,7 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
         assert check_["takeovers"]["clocks"]["skewed"] >= 1, summary
     assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary
     assert_queue_limits_bound(check_, summary)
+    assert_the_page_tells_the_story(report, expected)
     assert not os.path.ismount(tmp_path / "chaos" / "ledger")
     # Nothing the run started survives it.
     ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from faults import ROOT, needs, wait_until
-from supervisor.chaos import ChaosConfig, run_chaos, summary_lines
+from supervisor.chaos import ChaosConfig, FaultKind, run_chaos, summary_lines
 from supervisor.chaos import hosts as chaos_hosts
 from supervisor.chaos.capabilities import applicable_kinds, kinds_not_offered
 from supervisor.chaos.report import summary_lines as summary_of
@@ -32,7 +32,7 @@ from supervisor.chaos.watch import StepWatcher
 from supervisor.cli import EXIT_INTERRUPTED
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.chaos import netns as multihost
-from test_chaos import Ledger, assert_queue_limits_bound, fault, sound_history
+from test_chaos import Ledger, assert_queue_limits_bound, assert_the_page_tells_the_story, fault, sound_history
 from worker.apps.chaos import digest
 
 HOST_KINDS = ("partition", "frozen_host", "server_restart")
@@ -254,6 +254,8 @@ def test_a_short_chaos_run_on_three_hosts_loses_nothing(tmp_path, dump_on_hang):
     assert set(check["hosts"]) == {0, 1, 2} and sum(h["leases_held"] for h in check["hosts"].values()) == \
         check["executions"]["deliveries"], summary
     assert_queue_limits_bound(check, summary)  # the claims of three hosts, each limit in one transaction
+    page = assert_the_page_tells_the_story(report, [FaultKind(kind) for kind in injected])
+    assert all(f">host {n}</text>" in page for n in range(3))  # a block of lanes per host
     # The server listened on the hosts' veths (and its Unix socket) only; all of it is gone now.
     harness = report["harness"]["hosts"]
     veths = {f"{v['database']}:5432" for v in harness["veths"].values()}

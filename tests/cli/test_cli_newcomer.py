@@ -331,19 +331,22 @@ def test_the_readme_unit_test_says_it_needs_the_test_extras():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_chaos_explains_its_progress_line_and_says_where_it_wrote_the_report(tmp_path):
+def test_chaos_explains_its_progress_line_and_says_where_it_wrote_the_report_and_its_page(tmp_path):
     work = tmp_path / "chaos"
+    page = tmp_path / "pages" / "run.html"
     result = yieldstar("chaos", "--seed", "3", "--duration", "1", "--supervisors", "1", "--concurrency", "2",
                        "--executions", "5", "--faults", "none", "--drain-timeout", "60", "--workdir", str(work),
-                       timeout=110)
+                       "--html", str(page), timeout=110)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     legend = [line for line in lines if line.startswith("progress: ")]
     assert len(legend) == 1 and "kc kill_child" in legend[0] and "ck clock_skew" in legend[0], lines
     assert lines.index(legend[0]) < next(i for i, line in enumerate(lines) if line.startswith("["))
-    assert lines[-2:] == [f"report   {work / 'report.json'}", f"summary  {work / 'summary.txt'}"], lines[-3:]
+    assert lines[-3:] == [f"report   {work / 'report.json'}", f"summary  {work / 'summary.txt'}",
+                          f"page     {page}"], lines[-4:]
     assert json.loads((work / "report.json").read_text())["ok"] is True
     assert "RESULT: PASS" in (work / "summary.txt").read_text()
+    assert '<span class="verdict pass">PASS</span>' in page.read_text()
 
 
 # -- 10. settle needs an effect that has begun --------------------------------------------------

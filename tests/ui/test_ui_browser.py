@@ -9,26 +9,12 @@ YIELDSTAR_UI_SCREENSHOTS=FOLDER it also saves the screenshots docs/ui.md shows t
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
+from browser import chromium, needs_chromium
 from ui_story import fill, start_ui, stop
 
-CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium")
-
-# No first-run work, no network of its own, no sandbox (tests run as root in CI).
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
-
-
-def chromium(tmp_path, *args: str) -> str:
-    profile = tmp_path / "chromium-profile"
-    done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
-                          timeout=90, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+pytestmark = needs_chromium
 
 
 @pytest.mark.timeout(240)
