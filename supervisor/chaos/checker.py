@@ -3,9 +3,10 @@
 It trusts nothing the supervisors think; it reads only
 
 - the ledger (`executions`, `lease_history`, `steps`, `effects`, `stores`, `store_receipts`,
-  `starts`), read-only and from one snapshot, a SQLite file or a PostgreSQL database alike
+  `starts`, `messages`), read-only and from one snapshot, a SQLite file or a PostgreSQL database alike
   (`ledger_reads`: the same statements on both);
-- the step log and the external system's log that `worker.apps.chaos` leaves in the work folder;
+- the step log and the external system's log that `worker.apps.chaos` leaves in the work folder,
+  and the log of the messages the harness sent (`sender`);
 - the supervisors' logs (to count stale writes that were refused, and to know which deliveries
   their workers and they gave up on for want of heartbeats);
 - the harness's samples of how long each supervisor and worker waited for a CPU (`cpu_waits`),
@@ -52,6 +53,9 @@ Invariants and how each is read (the kind names appear in `violations`):
 - every effect id and every start-request id belongs to one execution (`effect_id_shared`,
   `start_id_shared`): no effect id was recorded or asked for at the external system by two
   (execution, step) pairs, and no child was recorded by two starts or runs another start's plan;
+- no message sent to a `chaos.messages` execution was lost, taken twice or taken out of order, and
+  none stored twice for a repeated send (`message_lost`, `message_taken_twice`, `message_mismatch`,
+  `message_order`, `message_stored_twice`, `message_refused`; see `message_checks`);
 - no claim of a limited queue's execution passed the queue's limits (`queue_concurrency`,
   `queue_per_key`, `queue_rate`): counting the live leases and the claims in the rate window that
   each claim had to count (`queue_limits`); the figures give each queue's largest counts beside
@@ -88,11 +92,13 @@ from .evidence import (
     read_lock_holds,
     read_refusals,
     read_run_config,
+    read_sends,
     read_step_log,
     read_worker_ends,
 )
 from .failures import CHAOS_WORKFLOWS, TOKEN_IN_ERROR, FailureChecks
 from .ledger_reads import POSTGRES, LedgerReader, open_reader
+from .message_checks import check_messages
 from .queue_limits import POSTGRES_END_SLACK_MS, QueueLimits, check_queue_limits
 from .recorded import MISSING, plan_keys, value_of
 from .sharing import SharingChecks
@@ -184,6 +190,7 @@ class Checker(SharingChecks, FailureChecks):
         self._check_children()
         self._check_failures()
         self._check_queue_limits()
+        self._check_messages()
         if self.folder is not None:
             self._check_takeovers()
             self._count_refusals()
@@ -214,6 +221,8 @@ class Checker(SharingChecks, FailureChecks):
         for row in conn.rows("SELECT store, execution_id, step_key, result_json FROM store_receipts"):
             self.receipts[row[0]].append(row)
         self.starts = conn.rows("SELECT start_request_id, execution_id FROM starts")
+        self.messages = conn.rows("SELECT execution_id, message_id, topic, seq, message_json, sent_at, taken_step,"
+                                  " taken_at FROM messages")
         self.queue_limits = {row[0]: QueueLimits(*row) for row in conn.rows(
             "SELECT name, concurrency, per_key, rate_count, rate_ms FROM queues")}
         self.queue_of = {row[0]: (row[1], row[2]) for row in conn.rows(
@@ -438,6 +447,11 @@ class Checker(SharingChecks, FailureChecks):
         self.result.figures["queues"] = check_queue_limits(
             self.queue_limits, self.queue_of, self.history, live_expiry, self.clocks, self.result.violate,
             end_slack_ms=POSTGRES_END_SLACK_MS if self.backend_kind == POSTGRES else 0)
+
+    def _check_messages(self) -> None:
+        sends = read_sends(self.folder) if self.folder is not None else None
+        self.result.figures["messages"] = check_messages(self.executions, self.messages, self.recorded, self.history,
+                                                         sends, self.clocks, self.result.violate)
 
     def _check_takeovers(self) -> None:
         config = read_run_config(self.folder)

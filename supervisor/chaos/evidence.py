@@ -1,5 +1,5 @@
 """Reading a chaos run's evidence outside the ledger: the step log, the external system's log,
-the supervisors' logs, the fault journal, the fleet journal and the lock holders' log (formats in
+the sender's message log, the supervisors' logs, the fault journal, the fleet journal and the lock holders' log (formats in
 `worker.apps.chaos`, `faults.py` and `fleet.py`)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Iterable, Iterator, Optional
 from worker.apps.chaos import EXTERNAL, STEP_LOG
 
 from ..loop import ENDED_IN_LEDGER, LOST_LINE, RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
+from .sender import MESSAGE_LOG
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,34 @@ def read_step_log(folder: str) -> Iterator[LogLine]:
                 continue
             yield LogLine(fields[0], fields[1], int(fields[2]), int(fields[3]), fields[4], int(fields[5]),
                           fields[6] if len(fields) > 6 else "")
+
+
+@dataclass(frozen=True)
+class SendLine:
+    """One attempt of the harness's sender (`sender`): sent, error (retried) or refused."""
+
+    outcome: str
+    execution_id: str
+    topic: str
+    message_id: str
+    repeat: bool
+    time_ns: int
+    detail: str
+
+
+def read_sends(folder: str) -> Optional[list[SendLine]]:
+    """The sender's log, in the order it was written; None if the run kept none."""
+    path = os.path.join(folder, MESSAGE_LOG)
+    if not os.path.exists(path):
+        return None
+    found = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if line.endswith("\n") and len(fields) >= 6:
+                found.append(SendLine(fields[0], fields[1], fields[2], fields[3], fields[4] == "1", int(fields[5]),
+                                      fields[6] if len(fields) > 6 else ""))
+    return found
 
 
 def read_external(folder: str) -> tuple[dict, Counter, dict]:

@@ -22,12 +22,12 @@ import json
 import re
 from typing import Any, Optional
 
-from worker.apps.chaos import LIMITED_QUEUES, MIXED, MIXED_ASYNC
+from worker.apps.chaos import LIMITED_QUEUES, MESSAGES, MIXED, MIXED_ASYNC
 
 from ..ledger import errors
 from .recorded import RecordedValues, value_of
 
-CHAOS_WORKFLOWS = (MIXED, MIXED_ASYNC, *LIMITED_QUEUES)  # the built-in workload's: same plans, same evidence
+CHAOS_WORKFLOWS = (MIXED, MIXED_ASYNC, *LIMITED_QUEUES, MESSAGES)  # the built-in workload's: same plans, same evidence
 TOKEN_IN_ERROR = re.compile(r"\(token (\d+)\)\s*$")
 # What an error that came from the storage, not from the workflow, names.
 STORAGE_ERRORS = sorted(cls.__name__ for cls in vars(errors).values()

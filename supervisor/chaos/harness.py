@@ -4,6 +4,8 @@
     +------------------------------------+      +----------------------------------------+
     | admitter thread: admits the seeded |      | yieldstar supervise worker.apps.chaos   |
     |   workload over the fault phase    |      |   +- worker  +- worker  +- worker ...  |
+    | sender thread: sends messages to   |      |                                        |
+    |   executions, as a client would    |      |                                        |
     | main loop, every 50 ms:            |      +----------------------------------------+
     |   tail steps.log: who is in a step |  SIGKILL / SIGSTOP / SIGCONT / SIGTERM, by pid
     |   tail imports.log: who is loading |  or by process group; a lock holder process
@@ -88,6 +90,7 @@ from .fleet import EXITED, FROZEN, ROOT, RUNNING, STARTUP_PATIENCE_S, TICK_S, Fl
 from .ledger_reads import ReadFailed, backend_kind, open_reader
 from .progress import SHORT, Progress
 from .watch import IMPORT_LOG, ImportWatcher, OpenStep, StepWatcher
+from .sender import Sender
 from .workload import CHAOS_APP, Admitter, app_workload, plan_workload
 
 ADMIT_SHARE = 0.85  # the workload is admitted over this share of the fault phase
@@ -445,7 +448,7 @@ class ChaosRun(HostFaults):
         self.started = time.monotonic()
         return took
 
-    def fault_phase(self, admitter: Admitter) -> None:
+    def fault_phase(self, admitter: Admitter, sender: Optional[Sender] = None) -> None:
         c = self.config
         self.phase = "faults"
         end = self.started + c.duration_s
@@ -468,14 +471,13 @@ class ChaosRun(HostFaults):
                 if injected or now - next_at > GIVE_UP_S:
                     kind = None
                     next_at = now + self.plan.gap()
-            if admitter.error is not None:
-                raise admitter.error
+            _raise_thread_errors(admitter, sender)
             self.show_progress(admitter.admitted)
             time.sleep(TICK_S)
 
-    def drain(self, admitter: Admitter) -> bool:
+    def drain(self, admitter: Admitter, sender: Optional[Sender] = None) -> bool:
         """No more faults: thaw everything, restore the fleet, and wait until every execution is
-        terminal. True if they all are."""
+        terminal (the sender carries on with the messages still to send). True if they all are."""
         c = self.config
         self.phase = "drain"
         self.run_pending(all_now=True)
@@ -489,6 +491,7 @@ class ChaosRun(HostFaults):
             self.fleet.ensure(c.supervisors)
             self._sample_cpu_waits()
             self._tend()
+            _raise_thread_errors(admitter, sender)
             s = self.statuses()
             self.show_progress(admitter.admitted)
             if sum(s.values()) and sum(n for st, n in s.items() if st not in OUTCOME_STATUSES) == 0:
@@ -515,6 +518,13 @@ class ChaosRun(HostFaults):
         self.cpu_waits.close()
         self._journal.close()
         self.reads.close()
+
+
+def _raise_thread_errors(admitter: Admitter, sender: Optional[Sender]) -> None:
+    """What ended the admitter or the sender, if anything did: the run fails with it."""
+    for thread in (admitter, sender):
+        if thread is not None and thread.error is not None:
+            raise thread.error
 
 
 def _fresh_ledger(db_path: str):
@@ -621,6 +631,7 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
         out(f"yieldstar chaos: {config.hosts} hosts, one supervisor each; the server listens on"
             f" {', '.join(listening)} (the hosts' veths) and its Unix socket, nowhere else")
     admitter = Admitter(backend, admissions, run.started)  # timed from the start of the fault phase
+    sender = Sender(db_path, folder, admitter, run.started)
     fleet_began = time.monotonic()
     graceful = False
     timings = {}
@@ -630,11 +641,13 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
             previous[sig] = signal.signal(sig, run.request_stop)
     try:
         timings["startup_s"] = round(run.start_fleet(), 1)
-        admitter.started = run.started
+        admitter.started = sender.started = run.started
         admitter.start()
-        run.fault_phase(admitter)
+        if sender.sends:
+            sender.start()
+        run.fault_phase(admitter, sender)
         timings["fault_phase_s"] = round(time.monotonic() - run.started, 1)
-        drained = run.drain(admitter)
+        drained = run.drain(admitter, sender)
         timings["drain_s"] = max(0.0, round(time.monotonic() - run.started - timings["fault_phase_s"], 1))
         run.show_progress(admitter.admitted, force=True)
         run.progress.done()
@@ -643,8 +656,10 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
         graceful = True
     finally:
         admitter.stop.set()
-        if admitter.is_alive():
-            admitter.join()  # it is done with the backend before anything closes
+        sender.stop.set()
+        for thread in (admitter, sender):
+            if thread.is_alive():
+                thread.join()  # done with the ledger before anything closes or unmounts it
         run.progress.done()
         run.phase = "stop"
         run.cleanup(graceful=graceful)
@@ -676,6 +691,7 @@ def _run(config: ChaosConfig, folder: str, db_path: str, backend, disk: Optional
         "kinds_not_offered": kinds_not_offered(backend_kind(db_path), config.hosts),
         "kinds_left_out": dropped,
         "admitted_by_harness": admitter.admitted,
+        "messages_sent_by_harness": sender.sent,
         "workers_killed_while_starting": run.workers_killed_while_starting,
         "disk": disk_figures,
         "hosts": {"count": config.hosts, "server_listening_on": listening,

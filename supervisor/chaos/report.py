@@ -18,6 +18,8 @@ from typing import Optional
 
 from .config import per_supervisor
 
+MESSAGE_KINDS = ("message_lost", "message_taken_twice", "message_mismatch", "message_order", "message_stored_twice",
+                 "message_refused")
 # Each invariant of the summary, and the checker's (and harness's) violation kinds that break it.
 INVARIANTS = [
     ("every execution terminal (none stuck or lost)", ("not_terminal",)),
@@ -36,6 +38,7 @@ INVARIANTS = [
     ("no lease superseded while its holder was alive", ("superseded_while_alive",)),
     ("effect and start ids: each belongs to one execution", ("effect_id_shared", "start_id_shared")),
     ("queue limits: live leases, per key, rate", ("queue_concurrency", "queue_per_key", "queue_rate")),
+    ("messages: none lost, none taken twice, in order", MESSAGE_KINDS),
     ("processes: no crash, orphan or hung stop", ("supervisor_crashed", "supervisor_exit", "supervisor_hung",
                                                   "orphan_survived", "disk_full_failed",
                                                   "server_restart_failed")),
@@ -201,6 +204,7 @@ def summary_lines(report: dict) -> list[str]:
                      + (f"; mailbox {st['mailbox']['put']} put, {st['mailbox']['taken']} taken,"
                         f" {st['mailbox']['left']} left" if st.get("mailbox") else ""))
     lines.extend(_queue_lines(check))
+    lines.extend(_message_line(check))
     lines = [wrapped for line in lines for wrapped in textwrap.wrap(line, WIDTH, subsequent_indent=" " * 12)]
     lines.append("invariants")
     by_kind = dict(check.get("violations_by_kind", {}))
@@ -237,6 +241,19 @@ def _queue_lines(check: dict) -> list[str]:
         lines.append(f"queue       {name}: {q['executions']} executions, {q['deliveries']} deliveries; "
                      + ", ".join(seen))
     return lines
+
+
+def _message_line(check: dict) -> list[str]:
+    """The messages sent from outside (`chaos.messages`): sent, taken, repeats refused by id."""
+    m = check.get("messages")
+    if not m or not m.get("executions"):
+        return []
+    violations = sum(check.get("violations_by_kind", {}).get(kind, 0) for kind in MESSAGE_KINDS)
+    return [f"messages    {m['stored']} of {m['planned']} sent to {m['executions']} executions in {m['sends_returned']}"
+            f" sends ({m['sent_before_first_delivery']} before the execution's first delivery), {m['taken']} taken,"
+            f" {m['duplicates_refused']} duplicate sends refused by id, {m['storage_errors_retried']} retried after a"
+            f" storage error, {m['taken_by_a_delivery_that_died']} taken by a delivery that died before recording it;"
+            f" {violations} violation{'s' if violations != 1 else ''}"]
 
 
 def _host_lines(check: dict, config: Optional[dict]) -> list[str]:

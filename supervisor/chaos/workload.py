@@ -4,7 +4,8 @@ Plans are data (see `worker.apps.chaos`): a list of operations with their keys a
 from the run's `random.Random(seed)`, so the same seed gives the same executions, admitted at the
 same moments of the fault phase.
 One in eight of them runs on a limited queue instead, admitted in bursts that saturate it
-(`limited_admissions`).
+(`limited_admissions`), and one in twelve takes messages sent from outside (`message_admissions`,
+`sender`).
 
 A run on the user's own workflows (`--app`) takes its workload from the app instead: a function
 `chaos_workload(rng, count)` in it returns `count` (or so) `(workflow name, input)` pairs, drawn
@@ -25,9 +26,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Optional
 
-from worker.apps.chaos import KEYED, LIMITED_QUEUES, MIXED, MIXED_ASYNC
+from worker.apps.chaos import KEYED, LIMITED_QUEUES, MESSAGES, MIXED, MIXED_ASYNC
 
 from ..ledger.errors import InvalidArgument, StorageError
+from .sender import MESSAGE_SHARE, message_input
 
 CHAOS_APP = "worker.apps.chaos"  # the built-in workload's app
 WORKLOAD_FUNCTION = "chaos_workload"  # what an app of the user's defines for `--app`
@@ -98,12 +100,14 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
     comes first in its plan: a producer whose retries run out later must not leave its consumer
     waiting for good. About one in fifty is half of a pair of colliders (`collider_plans`). One in
     `LIMITED_SHARE` of the `count` runs the same kinds of plan on a limited queue instead
-    (`limited_admissions`), drawn from an rng of its own."""
+    (`limited_admissions`), drawn from an rng of its own, and one in `MESSAGE_SHARE` takes
+    messages (`message_admissions`), drawn from another."""
     admissions = []
     pair = 0
     i = 0
     limited = count // LIMITED_SHARE
-    count -= limited
+    messages = count // MESSAGE_SHARE
+    count -= limited + messages
     while i < count:
         at = window_s * i / count
         if i + 1 < count and rng.random() < 0.02:
@@ -130,7 +134,15 @@ def plan_workload(rng: random.Random, count: int, window_s: float, folder: str, 
                       for a in admissions]
     # Drawn last, from an rng of their own: the plans above stay those of the seed without them.
     queued = limited_admissions(random.Random(rng.getrandbits(64)), limited, window_s, folder, lease_s)
-    return sorted(admissions + queued, key=lambda a: a.at_s)
+    messaged = message_admissions(random.Random(rng.getrandbits(64)), messages, window_s, folder)
+    return sorted(admissions + queued + messaged, key=lambda a: a.at_s)
+
+
+def message_admissions(rng: random.Random, count: int, window_s: float, folder: str) -> list[Admission]:
+    """`count` executions of `chaos.messages` (`sender.message_input`), admitted over the first
+    80% of the window: their messages follow them by up to about ten seconds."""
+    return [Admission(f"m{n:06d}", message_input(rng, f"m{n:06d}", folder), round(rng.uniform(0, 0.8 * window_s), 3),
+                      MESSAGES) for n in range(count)]
 
 
 def limited_admissions(rng: random.Random, count: int, window_s: float, folder: str,

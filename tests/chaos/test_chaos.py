@@ -38,7 +38,7 @@ from supervisor.loop import RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
 from supervisor.chaos.watch import StepWatcher
-from worker.apps.chaos import KEYED, LIMITED_QUEUES, MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
+from worker.apps.chaos import KEYED, LIMITED_QUEUES, MESSAGES, MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
 
 LEASE = 1500
 
@@ -710,7 +710,7 @@ def test_with_workers_half_the_workload_is_async_and_the_plans_stay_those_of_the
     plain = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5)
     mixed = plan_workload(random.Random(5), 200, 10.0, str(tmp_path), 1.5, with_async=True)
     assert [(a.execution_id, a.input, a.at_s) for a in plain] == [(a.execution_id, a.input, a.at_s) for a in mixed]
-    assert {a.workflow for a in plain} == {MIXED, *LIMITED_QUEUES}
+    assert {a.workflow for a in plain} == {MIXED, MESSAGES, *LIMITED_QUEUES}
     assert 60 <= sum(a.workflow == MIXED_ASYNC for a in mixed) <= 140
     assert all(a.workflow in LIMITED_QUEUES for a in mixed if a.execution_id.startswith("q"))
 
@@ -884,6 +884,17 @@ def assert_the_page_tells_the_story(report: dict, kinds: list) -> str:
     return page
 
 
+def assert_messages_taken_once(check_: dict, summary: str) -> None:
+    """The built-in workload's `chaos.messages` executions all completed, each having taken every
+    message sent to it once, repeats of an id stored once; none lost, none taken twice."""
+    m = check_["messages"]
+    assert m["executions"] >= 1 and m["completed"] == m["executions"], summary
+    assert m["stored"] == m["planned"] == m["taken"] >= 2, summary
+    assert m["sends_returned"] >= m["planned"] and m["repeats_sent"] >= 1, summary
+    assert m["duplicates_refused"] >= 1 and m["sent_before_first_delivery"] >= 1, summary
+    assert not {kind for kind in check_["violations_by_kind"] if kind.startswith("message_")}, summary
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
@@ -918,6 +929,7 @@ def test_a_short_chaos_run_loses_nothing(tmp_path, each_backend, dump_on_hang):
     assert check_["effects"]["owners_checked"] == check_["effects"]["effect_ids"], summary
     assert_queue_limits_bound(check_, summary)
     assert_the_page_tells_the_story(report, expected)
+    assert_messages_taken_once(check_, summary)
     assert not os.path.ismount(tmp_path / "chaos" / "ledger")
     # Nothing the run started survives it.
     ledger = each_backend if on_postgres else str(tmp_path / "chaos" / "ledger.db")
@@ -946,6 +958,7 @@ def test_a_short_chaos_run_with_workers_loses_nothing(tmp_path, each_backend, du
     assert report["ok"], summary
     assert "8 deliveries in 2 workers" in summary
     assert_queue_limits_bound(check_, summary)
+    assert_messages_taken_once(check_, summary)
     injected = check_["faults"]["by_kind"]
     assert injected.get("kill_child", 0) >= 1 and injected.get("freeze_child", 0) >= 1, injected
     assert check_["takeovers"]["checked"] and sum(check_["takeovers"]["workers"]["released_with_their_worker"]

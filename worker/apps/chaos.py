@@ -10,6 +10,11 @@ sleeping: with `supervise --workers`, many of them run as tasks of one worker's 
 `chaos.capped`, `chaos.keyed` and `chaos.paced` follow the same plans on limited queues (SPEC
 section 12: at most 3 live leases; at most 1 per key; at most 5 claims a second), so that the
 checker can count what each claim had to count against the queues' limits.
+`chaos.messages` takes messages that the harness sends from outside (SPEC section 14): one
+`ctx.recv` per entry of its input's `topics`, each followed by a step (`message_step`) that
+carries the message's id into a recorded value, so a worker killed inside it dies after the take.
+Its result lists what it received, `[topic, message id]` in recv order, beside the usual token
+and fingerprints.
 
 Evidence, all appended with one `O_APPEND` write per line so lines from concurrent processes
 never interleave (the checker in `supervisor.chaos.checker` reads it back):
@@ -59,6 +64,7 @@ MIXED_ASYNC = "chaos.mixed_async"
 # The same plans on limited queues (SPEC section 12), small enough that a run saturates them: the
 # checker finds the most live leases (and claims per window) each queue ever had beside its limits.
 CAPPED, KEYED, PACED = "chaos.capped", "chaos.keyed", "chaos.paced"
+MESSAGES = "chaos.messages"  # receives the messages the harness sends (`supervisor.chaos.sender`)
 CAPPED_QUEUE = Queue("chaos-capped", concurrency=3)
 KEYED_QUEUE = Queue("chaos-keyed", per_key=1)
 PACED_QUEUE = Queue("chaos-paced", rate=(5, 1.0))
@@ -194,6 +200,13 @@ async def flaky_step_async(folder: str, execution_id: str, token: int, key: str,
     log_event(folder, "begin", execution_id, token, key)
     await _pause_async(seconds)
     return _flaky(folder, execution_id, token, key, p_fail, attempts, interval)
+
+
+def message_step(folder: str, execution_id: str, token: int, key: str, message_id: str, seconds: float) -> dict:
+    """The step after a recv: its value names the message taken, as a handler's effect would."""
+    log_event(folder, "begin", execution_id, token, key)
+    _pause(seconds)
+    return dict(_produced(folder, execution_id, token, key), message=message_id)
 
 
 def effect_call(folder: str, execution_id: str, token: int, key: str, effect_id: str, before: float,
@@ -341,3 +354,23 @@ async def mixed_async(ctx, input: dict) -> dict:
         except StepFailed as exc:
             raise ChaosFailure(f"{exc} (token {ctx.token})") from None
     return _outcome(ctx, input, seen)
+
+
+@workflow(MESSAGES)
+def messages(ctx, input: dict) -> dict:
+    """Take one message per entry of `input["topics"]` (`ctx.recv`, waiting as long as it takes),
+    each followed by the `run` step of `input["plan"]` in the same place, which records the
+    message's id. The messages are JSON objects the harness sends: `{"id", "to", "topic", "n"}`.
+
+    The result lists `[topic, message id]` for each recv in order: the checker compares it with
+    the ledger's messages, the recv steps' records and what the harness sent."""
+    folder = input["dir"]
+    seen: dict[str, str] = {}
+    received = []
+    eid = ctx.execution_id
+    for topic, (_, key, seconds) in zip(input["topics"], input["plan"]):
+        message = ctx.recv(topic)
+        received.append([topic, message["id"]])
+        value = ctx.run(key, message_step, folder, eid, ctx.token, key, message["id"], seconds)
+        _saw(ctx, folder, key, value, seen)
+    return dict(_outcome(ctx, input, seen), received=received)
