@@ -252,8 +252,9 @@ def _message_line(check: dict) -> list[str]:
     return [f"messages    {m['stored']} of {m['planned']} sent to {m['executions']} executions in {m['sends_returned']}"
             f" sends ({m['sent_before_first_delivery']} before the execution's first delivery), {m['taken']} taken,"
             f" {m['duplicates_refused']} duplicate sends refused by id, {m['storage_errors_retried']} retried after a"
-            f" storage error, {m['taken_by_a_delivery_that_died']} taken by a delivery that died before recording it;"
-            f" {violations} violation{'s' if violations != 1 else ''}"]
+            f" storage error; a delivery that died had recorded the recv of {m['recorded_by_a_lost_delivery']} and"
+            f" taken {m['taken_by_a_delivery_that_died']} more without recording it; {violations}"
+            f" violation{'s' if violations != 1 else ''}"]
 
 
 def _host_lines(check: dict, config: Optional[dict]) -> list[str]:

@@ -32,7 +32,8 @@ from supervisor.chaos.watch import StepWatcher
 from supervisor.cli import EXIT_INTERRUPTED
 from supervisor.ledger.errors import InvalidArgument
 from supervisor.chaos import netns as multihost
-from test_chaos import Ledger, assert_queue_limits_bound, assert_the_page_tells_the_story, fault, sound_history
+from test_chaos import (Ledger, assert_messages_taken_once, assert_queue_limits_bound, assert_the_page_tells_the_story,
+                        fault, sound_history)
 from worker.apps.chaos import digest
 
 HOST_KINDS = ("partition", "frozen_host", "server_restart")
@@ -256,6 +257,7 @@ def test_a_short_chaos_run_on_three_hosts_loses_nothing(tmp_path, dump_on_hang):
     assert_queue_limits_bound(check, summary)  # the claims of three hosts, each limit in one transaction
     page = assert_the_page_tells_the_story(report, [FaultKind(kind) for kind in injected])
     assert all(f">host {n}</text>" in page for n in range(3))  # a block of lanes per host
+    assert_messages_taken_once(check, summary)  # sent over the server's Unix socket through every host fault
     # The server listened on the hosts' veths (and its Unix socket) only; all of it is gone now.
     harness = report["harness"]["hosts"]
     veths = {f"{v['database']}:5432" for v in harness["veths"].values()}
