@@ -65,8 +65,8 @@ def check_messages(executions: dict, rows: list, recorded: dict, history: dict, 
     recvs: dict[str, list] = defaultdict(list)  # execution -> [(n, key, topic, message), ...]
     for (eid, key), row in recorded.items():
         found = RECV_KEY.match(key)
-        if found is None:
-            continue
+        if found is None or executions.get(eid, (None, None))[1] != MESSAGES:
+            continue  # another workflow's messages need not name themselves
         ok, message = value_of(row[5])
         message = message if ok and isinstance(message, dict) else {}
         recvs[eid].append((int(found.group(1)), key, found.group(2), message, row[6]))
