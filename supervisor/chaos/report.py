@@ -18,6 +18,7 @@ from typing import Optional
 
 from .config import per_supervisor
 
+# The checker's message violation kinds (`message_checks`): one invariant of the summary.
 MESSAGE_KINDS = ("message_lost", "message_taken_twice", "message_mismatch", "message_order", "message_stored_twice",
                  "message_refused")
 # Each invariant of the summary, and the checker's (and harness's) violation kinds that break it.
