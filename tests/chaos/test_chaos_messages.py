@@ -149,6 +149,19 @@ def test_a_message_held_by_two_recv_steps_is_caught(ledger):
 
 
 @pytest.mark.timeout(60)
+def test_a_message_held_by_a_recv_of_two_executions_is_caught(ledger):
+    sound_messages(ledger)
+    # Another execution's recv recorded m1's first message, as a take that ignored whose it was would.
+    ledger.backend.executions.admit("m2", MESSAGES, json.dumps({
+        "dir": ledger.folder, "topics": ["a"], "plan": [["run", "h1", 0]], "sends": []}))
+    other = ledger.claim()
+    ledger.step(other, "@1:recv:a", Send(EID, "a", f"{EID}.1", 1, 0.0, False, 1).message)
+    kinds, _, result = message_violations(ledger)
+    assert kinds.get("message_taken_twice") == 1, result.violations
+    assert any("('m1', '@1:recv:a'), ('m2', '@1:recv:a')" in v.detail for v in result.violations)
+
+
+@pytest.mark.timeout(60)
 def test_a_message_of_another_execution_held_by_a_recv_is_caught(ledger):
     sound_messages(ledger)
     other = json.dumps({"value": {"id": "m9.1", "to": "m9", "topic": "a", "n": 1}})
