@@ -1,6 +1,6 @@
 """Reading a chaos run's evidence outside the ledger: the step log, the external system's log,
-the sender's message log, the supervisors' logs, the fault journal, the fleet journal and the lock holders' log (formats in
-`worker.apps.chaos`, `faults.py` and `fleet.py`)."""
+the sender's message log, the supervisors' logs, the fault journal, the fleet journal and the
+lock holders' log (formats in `worker.apps.chaos`, `sender.py`, `faults.py` and `fleet.py`)."""
 
 from __future__ import annotations
 

@@ -110,7 +110,8 @@ def check_messages(executions: dict, rows: list, recorded: dict, history: dict, 
     found.update({
         "send_attempts": sum(len(entries) for entries in log.values()),
         "sends_returned": sum(returned.values()),
-        "repeats_sent": sum(1 for entries in log.values() for line in entries if line.outcome == "sent" and line.repeat),
+        "repeats_sent": sum(1 for entries in log.values() for line in entries
+                            if line.outcome == "sent" and line.repeat),
         # Every send of a stored id that returned, but the one that stored it, was answered from its id.
         "duplicates_refused": sum(n - 1 for (eid, message_id), n in returned.items()
                                   if n > 1 and message_id in stored.get(eid, {})),
@@ -164,7 +165,8 @@ def _check_recvs(eid: str, taken: list, mine: dict, holders: dict, violate) -> N
             violate("message_mismatch", eid, f"recv {key} holds message {message_id}, which the ledger marks"
                     f" taken by {row[6]!r}")
         elif row[2] != topic:
-            violate("message_mismatch", eid, f"recv {key} on topic {topic} holds message {message_id} of topic {row[2]}")
+            violate("message_mismatch", eid, f"recv {key} on topic {topic} holds message {message_id} of topic"
+                    f" {row[2]}")
 
 
 def _check_result(eid: str, row: tuple, taken: list, mine: dict, ids: dict, recorded: dict, violate) -> None:

@@ -207,9 +207,9 @@ def test_messages_of_a_topic_taken_out_of_send_order_are_caught(ledger):
 @pytest.mark.timeout(60)
 def test_a_repeated_send_stored_again_is_caught(ledger):
     sound_messages(ledger)
-    ledger.backend.close()
-    ledger.sql("INSERT INTO messages (execution_id, message_id, topic, seq, message_json, sent_at, taken_step, taken_at)"
-               " SELECT execution_id, 'again', topic, 9, message_json, sent_at, NULL, NULL FROM messages"
+    # Message 1 stored a second time, under another id, as a send that ignored the id could.
+    ledger.sql("INSERT INTO messages (execution_id, message_id, topic, seq, message_json, sent_at, taken_step,"
+               " taken_at) SELECT execution_id, 'again', topic, 9, message_json, sent_at, NULL, NULL FROM messages"
                " WHERE execution_id = $p AND message_id = $p", EID, f"{EID}.1")
     kinds, _, result = message_violations(ledger)
     assert kinds.get("message_stored_twice", 0) >= 1, result.violations
