@@ -6,15 +6,17 @@ steps' records; the `chaos.messages` executions' inputs and results) and from th
 which message it took without the messages table's help. For each `chaos.messages` execution:
 
     message_stored_twice  a stored message whose own id is not its message id, or one id stored in
-                          two rows: a repeated send stored again
+                          two rows: a repeated send stored again; a message stored that was never
+                          planned
     message_lost          a planned message that the sender's log says was sent (or that the
                           completed execution needed) is not stored; a completed execution left a
                           stored message untaken, or its result lacks one
     message_taken_twice   two recv steps (of one execution or of two) hold the same message; a
-                          result lists one twice; the ledger marks it taken by another step
-    message_mismatch      a recv step holds a message the ledger does not mark taken by it; the
-                          recv records, in order, differ from what the result says was received;
-                          the step after a recv recorded another message's id
+                          result lists one twice
+    message_mismatch      a recv step holds a message the ledger does not mark taken by it (or
+                          one not stored for its execution); the recv records, in order, differ
+                          from what the result says was received; the step after a recv recorded
+                          another message's id
     message_order         on one topic, messages stored out of send order (`n`), or taken out of
                           their stored order (`seq`)
     message_refused       a send refused (`UnknownExecution`, `ExecutionConflict`) that was not a
