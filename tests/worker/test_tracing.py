@@ -154,3 +154,45 @@ print(json.dumps({"provider": type(provider).__module__, "spans": spans(exporter
     assert [s["attributes"]["yieldstar.execution_id"] for s in deliveries] == ["second", "second"]
     assert all(s["parent"] is None for s in deliveries)  # started outside any span: a trace of its own
     assert len({s["trace"] for s in deliveries}) == 2
+
+
+def test_a_delivery_reads_a_stored_context_only_where_its_start_stored_one_and_its_steps_see_the_starters_baggage():
+    found = run_script(WORKFLOWS + """
+from opentelemetry import baggage, context, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+seen = []
+
+@registry.workflow("tenant")
+def tenant(ctx, input):
+    def look():
+        seen.append([baggage.get_baggage("tenant"), trace.get_current_span().get_span_context().span_id])
+    ctx.run("look", look)
+
+run_workflow(registry, "tenant", execution_id="untraced")  # started outside any span: nothing stored
+read_nothing = "opentelemetry.propagate" not in sys.modules
+token = context.attach(baggage.set_baggage("tenant", "acme"))
+with trace.get_tracer("test").start_as_current_span("checkout") as outer:
+    run_workflow(registry, "tenant", execution_id="traced")
+context.detach(token)
+print(json.dumps({"read_nothing": read_nothing, "seen": seen, "spans": spans(exporter),
+                  "outer": [outer.context.trace_id, outer.context.span_id]}))
+""")
+    # Nothing stored, nothing to read: the delivery made a trace of its own without the propagator.
+    assert found["read_nothing"]
+    by_execution = {s["attributes"]["yieldstar.execution_id"]: s for s in found["spans"]
+                    if s["name"] == "yieldstar.delivery"}
+    assert by_execution["untraced"]["parent"] is None
+    trace_id, outer_id = found["outer"]
+    traced = by_execution["traced"]
+    assert (traced["trace"], traced["parent"]) == (trace_id, outer_id)
+    assert traced["attributes"] == {"yieldstar.execution_id": "traced", "yieldstar.token": 1,
+                                    "yieldstar.workflow": "tenant", "yieldstar.outcome": "completed"}
+    steps = {s["parent"]: s["id"] for s in found["spans"] if s["name"] == "yieldstar.step"}
+    # Each step's function ran with its step's span current; the starter's baggage came through the ledger.
+    assert found["seen"] == [[None, steps[by_execution["untraced"]["id"]]], ["acme", steps[traced["id"]]]]

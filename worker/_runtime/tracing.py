@@ -55,7 +55,7 @@ _seen: tuple[Any, Any] = (None, None)
 _traced = False  # some delivery of this process was traced: its spans may wait in a batch
 # OpenTelemetry's functions that each step calls, bound where a provider is first seen (until
 # then this module has imported nothing of it).
-_attach = _detach = _set_span_in_context = None
+_attach = _detach = _set_span_in_context = _Context = None
 
 
 def _opentelemetry_trace():
@@ -72,7 +72,7 @@ def _opentelemetry_trace():
 
 def _tracer():
     """The tracer of the global provider, or None where no provider is set."""
-    global _seen, _attach, _detach, _set_span_in_context
+    global _seen, _attach, _detach, _set_span_in_context, _Context
     trace = _opentelemetry_trace()
     if trace is None:
         return None
@@ -82,9 +82,9 @@ def _tracer():
         none_set = isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
         tracer = None if none_set else provider.get_tracer("yieldstar")
         if tracer is not None and _attach is None:
-            from opentelemetry.context import attach, detach
+            from opentelemetry.context import Context, attach, detach
 
-            _attach, _detach, _set_span_in_context = attach, detach, trace.set_span_in_context
+            _attach, _detach, _set_span_in_context, _Context = attach, detach, trace.set_span_in_context, Context
         _seen = (provider, tracer)
     return tracer
 
@@ -118,18 +118,21 @@ def begin_delivery(lease: ExecutionLease, trace_context: Optional[str],
 
 def _parent(trace_context: Optional[str]):
     """The context a start stored, as the global propagator reads it back; an empty one where
-    none was stored (nothing to read: the delivery's span starts a trace of its own)."""
-    from opentelemetry import context, propagate
-
+    none was stored: nothing to read (nor the propagators to load), and the delivery's span
+    starts a trace of its own."""
     if not trace_context:
-        return context.Context()
+        return _Context()
     # A context stored by an older or foreign writer that is not a carrier starts a trace of its
     # own rather than failing the delivery (the ledger checks what it stores).
     try:
         carrier = json.loads(trace_context)
     except ValueError:
-        return context.Context()
-    return propagate.extract(carrier, context=context.Context()) if isinstance(carrier, dict) else context.Context()
+        return _Context()
+    if not isinstance(carrier, dict):
+        return _Context()
+    from opentelemetry import propagate
+
+    return propagate.extract(carrier, context=_Context())
 
 
 class DeliveryTrace:
