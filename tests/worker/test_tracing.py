@@ -15,12 +15,16 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from supervisor import open_backend
 from worker import AsyncClient, Client
+from worker._runtime.tracing import BATCH_SPAN_THREADS, batch_span_processor
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,6 +106,8 @@ before = run_workflow(registry, "order", execution_id="before").status
 untouched = loaded()
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 flaky.clear()
@@ -160,6 +166,8 @@ def test_a_delivery_reads_a_stored_context_only_where_its_start_stored_one_and_i
     found = run_script(WORKFLOWS + """
 from opentelemetry import baggage, context, trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 exporter = InMemorySpanExporter()
@@ -196,3 +204,22 @@ print(json.dumps({"read_nothing": read_nothing, "seen": seen, "spans": spans(exp
     steps = {s["parent"]: s["id"] for s in found["spans"] if s["name"] == "yieldstar.step"}
     # Each step's function ran with its step's span current; the starter's baggage came through the ledger.
     assert found["seen"] == [[None, steps[by_execution["untraced"]["id"]]], ["acme", steps[traced["id"]]]]
+
+
+def test_only_opentelemetrys_own_batch_span_processor_threads_are_taken_for_threads_a_fork_starts_anew():
+    before = set(threading.enumerate())
+    processor = BatchSpanProcessor(InMemorySpanExporter())
+    gate = threading.Event()
+    impostor = threading.Thread(target=gate.wait, name=BATCH_SPAN_THREADS[0], daemon=True)
+    impostor.start()
+    try:
+        (started,) = set(threading.enumerate()) - before - {impostor}
+        found = batch_span_processor(started)
+        assert found is not None and type(found).__module__.startswith("opentelemetry.sdk.")
+        # A thread of the same name that is not the SDK's, and any other thread, are not.
+        assert batch_span_processor(impostor) is None
+        assert batch_span_processor(threading.main_thread()) is None
+    finally:
+        gate.set()
+        impostor.join()
+        processor.shutdown()

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from typing import Any, Optional
 
 from supervisor.ledger.values import DeliveryOutcome, ExecutionLease, Failed
@@ -237,6 +238,26 @@ class _NoStep:
 
 
 NO_STEP = _NoStep()
+
+
+# The names OpenTelemetry's SDK gives the thread of a batch span processor (since 1.33; before).
+BATCH_SPAN_THREADS = ("OtelBatchSpanRecordProcessor", "OtelBatchSpanProcessor")
+
+
+def batch_span_processor(thread: threading.Thread) -> Optional[Any]:
+    """The OpenTelemetry batch span processor whose thread `thread` is, else None.
+
+    Such a thread need not keep a template from forking workers (`worker._runtime.template`):
+    the SDK starts it anew in a forked child, with new locks and an empty queue
+    (`os.register_at_fork`), and it holds nothing else but while it exports, which it does only
+    for spans in its queue; a template that flushed it (`force_flush`) and makes no span never
+    forks while it exports. An app that sets a provider up in its module (docs/tracing.md) starts
+    one when imported."""
+    if thread.name not in BATCH_SPAN_THREADS:
+        return None
+    owner = getattr(getattr(thread, "_target", None), "__self__", None)  # the bound method it runs
+    module = type(owner).__module__
+    return owner if module.startswith("opentelemetry.sdk.") and hasattr(owner, "force_flush") else None
 
 
 def flush(timeout_ms: int = 5000) -> None:
