@@ -54,12 +54,12 @@ from supervisor.pool import is_worker_command  # noqa: E402
 APP = "worker.apps.bench"
 
 
-def admitted(folder: str, name: str, n: int, workflow: str = "noop3") -> str:
-    """A fresh ledger holding `n` admitted executions of `workflow`."""
+def admitted(folder: str, name: str, n: int, workflow: str = "noop3", input_json: str = "null") -> str:
+    """A fresh ledger holding `n` admitted executions of `workflow`, each given `input_json`."""
     db = os.path.join(folder, f"{name}.db")
     with open_backend(db) as backend:
         for i in range(n):
-            backend.executions.admit(f"e{i}", workflow, "null")
+            backend.executions.admit(f"e{i}", workflow, input_json)
     return db
 
 
@@ -179,12 +179,12 @@ def localqueue_rate(folder: str, n: int, processes: int = 2) -> float | None:
     return n / (max(ended for _, ended in results) - began)
 
 
-def start_up(folder: str, repetition: int, concurrency: int = 4) -> tuple[float, float]:
+def start_up(folder: str, repetition: int, concurrency: int = 4, app: str = APP) -> tuple[float, float]:
     """ms from executing `yieldstar supervise` to its first claim and to its first acknowledgement
-    (ledger times, read from the lease history), one execution waiting."""
-    db = admitted(folder, f"start-up-{repetition}", 1)
+    (ledger times, read from the lease history), one execution waiting, for the workers of `app`."""
+    db = admitted(folder, f"start-up-{os.path.basename(app)}-{repetition}", 1)
     began_ms = time.time() * 1000
-    sup = start_supervisor(db, "--concurrency", str(concurrency), "--until-idle", log_path=db + ".log")
+    sup = start_supervisor(db, "--concurrency", str(concurrency), "--until-idle", log_path=db + ".log", app=app)
     assert sup.wait(60) == 0
     with open_backend(db) as backend:
         (lease,) = backend.executions.history("e0")
@@ -210,10 +210,10 @@ def exec_to_exit(folder: str, n: int, concurrency: int = 2, repetition: int = 0)
     return n / (time.perf_counter() - began)
 
 
-def start_supervisor(db: str, *extra: str, log_path: str) -> subprocess.Popen:
+def start_supervisor(db: str, *extra: str, log_path: str, app: str = APP) -> subprocess.Popen:
     log = open(log_path, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", db, "supervise", APP, "--quiet",
+        return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "--db", db, "supervise", app, "--quiet",
                                  *extra], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         log.close()

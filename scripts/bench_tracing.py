@@ -1,25 +1,28 @@
 """What OpenTelemetry tracing costs a worker (SPEC section 13), with and without a provider set.
 
-    .venv/bin/python scripts/bench_tracing.py [--workflows N] [--repeats R]
+    .venv/bin/python scripts/bench_tracing.py [--workflows N] [--repeats R] [--step-ms MS]
 
 Prints, in one run on this machine:
-- a worker's boot: the wall time of a fresh interpreter importing the worker's runtime and the
-  benchmark app (`python -c "import worker._runtime.child, worker.apps.bench"`), median of 21,
-  and whether it imported anything of OpenTelemetry (it must not, installed or not, unless the
-  app sets a provider);
-- start-up: from executing `yieldstar supervise` (4 workers) to its first claim, median of R
-  (`bench_supervisor.start_up`);
+- a worker's boot: the wall time of a fresh interpreter importing the worker's runtime and loading
+  an app as a worker does (`load_app`), median of 21, for the benchmark app (`worker.apps.bench`,
+  no provider set) and for `scripts/bench_tracing_app.py` (the same workflows, in an app that sets
+  a provider up with a batch processor and an exporter that only counts), and whether the first
+  imported anything of OpenTelemetry (it must not, installed or not, unless the app sets a
+  provider);
+- start-up: from executing `yieldstar supervise` (4 workers) to its first claim and to its first
+  acknowledgement, for each app, interleaved, median of R (`bench_supervisor.start_up`);
 - the tracing hooks of one delivery of 3 steps, alone, in a process: what the driver calls
-  (`begin_delivery`, a step span or `NO_STEP` per step, the end), in µs, where OpenTelemetry is
-  not imported, where it is imported but no provider is set, and where one is set (and the
-  delivery's context comes from a stored `traceparent`);
-- 3-step no-op workflows/s through a supervisor at concurrency 2 and the workers' CPU time per
-  workflow, for the benchmark app as it is (no provider set: no span is made) and for the same
-  workflows in `scripts/bench_tracing_app.py`, which sets a provider up with a batch processor
-  and an exporter that only counts: 4 spans a workflow (its delivery and its 3 steps). The two
-  interleave, R runs each, medians reported.
+  (`begin_delivery`, the delivery's span made current, a step span or `NO_STEP` per step, the
+  end), in µs, where OpenTelemetry is not imported, where it is imported but no provider is set,
+  and where one is set (with no stored context, and with a stored `traceparent`);
+- workflows/s through a supervisor at concurrency 2 and the workers' CPU time per workflow, for
+  each app: 3-step no-op workflows (`noop3`: 4 spans a workflow where a provider is set, its
+  delivery and its 3 steps), and with `--step-ms MS` (default 1; 0: none) also 3-step workflows
+  whose steps each wait MS ms (`wait3`, `time.sleep`), as steps that call a provider wait on it.
+  The apps interleave, R runs each; medians reported, with the provider's cost as a fraction of
+  the rate without one, and in µs of workers' CPU a workflow.
 
-The machine is shared and noisy: compare the two columns, not the absolute figures.
+The machine is shared and noisy: compare the columns, not the absolute figures.
 """
 
 from __future__ import annotations
@@ -44,18 +47,19 @@ from supervisor.dispatcher import Supervisor, SupervisorConfig  # noqa: E402
 
 PLAIN_APP = "worker.apps.bench"
 TRACED_APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_tracing_app.py")
-BOOT = "import worker._runtime.child, worker.apps.bench"
+BOOT = "import worker._runtime.child; from worker._runtime.loading import load_app; load_app({app!r})"
 
 
-def boot() -> tuple[float, bool]:
-    """Median ms of a fresh interpreter importing a worker's runtime and app, and whether any of
-    those imported OpenTelemetry."""
+def boot(app: str) -> tuple[float, bool]:
+    """Median ms of a fresh interpreter importing a worker's runtime and loading `app`, and
+    whether any of those imported OpenTelemetry."""
+    code = BOOT.format(app=app)
     times = []
     for _ in range(21):
         began = time.perf_counter()
-        subprocess.run([sys.executable, "-c", BOOT], check=True)
+        subprocess.run([sys.executable, "-c", code], check=True)
         times.append((time.perf_counter() - began) * 1000)
-    loaded = subprocess.run([sys.executable, "-c", BOOT + "; import sys; print(any(m.startswith('opentelemetry')"
+    loaded = subprocess.run([sys.executable, "-c", code + "; import sys; print(any(m.startswith('opentelemetry')"
                              " for m in sys.modules))"], check=True, capture_output=True, text=True).stdout.strip()
     return statistics.median(times), loaded == "True"
 
@@ -68,19 +72,21 @@ from worker._runtime.tracing import NO_STEP, begin_delivery
 lease, stored = ExecutionLease("e", 1, 0), {stored!r}
 def delivery():
     trace = begin_delivery(lease, stored, "noop3")
+    attached = None if trace is None else trace.attach()
     for key in ("a", "b", "c"):
         span = NO_STEP if trace is None else trace.step(key, 1)
         span.end()
     if trace is not None:
+        trace.detach(attached)
         trace.end(Completed("null"), "noop3")
 for _ in range(2000):
     delivery()
 times = []
 for _ in range(7):
-    began = time.perf_counter()
+    began = time.process_time()
     for _ in range(5000):
         delivery()
-    times.append((time.perf_counter() - began) / 5000 * 1e6)
+    times.append((time.process_time() - began) / 5000 * 1e6)
 print(sorted(times)[3])
 """
 PROVIDER = """
@@ -98,15 +104,20 @@ STORED = '{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0
 
 
 def hooks(setup: str, stored) -> float:
-    """µs the tracing hooks of one 3-step delivery take, median of 7 batches, in a fresh process."""
+    """µs of CPU the tracing hooks of one 3-step delivery take (the processor's thread included),
+    median of 7 batches, in a fresh process."""
     done = subprocess.run([sys.executable, "-c", HOOKS.format(setup=setup, stored=stored)], check=True,
                           capture_output=True, text=True)
     return float(done.stdout)
 
 
-def throughput(folder: str, app: str, n: int, repetition: int) -> tuple[float, float]:
-    """Workflows/s from the first acknowledgement to the last, and the workers' CPU ms a workflow."""
-    db = admitted(folder, f"{os.path.basename(app)}-{repetition}", n)
+def throughput(folder: str, app: str, n: int, repetition: int, step_ms: float = 0) -> tuple[float, float]:
+    """Workflows/s from the first acknowledgement to the last, and the workers' CPU ms a workflow,
+    of `n` 3-step workflows whose steps do nothing (`step_ms` 0) or wait `step_ms` ms each."""
+    if step_ms:
+        db = admitted(folder, f"{os.path.basename(app)}-wait-{repetition}", n, "wait3", str(step_ms / 1000))
+    else:
+        db = admitted(folder, f"{os.path.basename(app)}-{repetition}", n)
     me = psutil.Process()
     acks: list[float] = []
     cpu: list[float] = []
@@ -126,6 +137,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workflows", type=int, default=1500, help="workflows per throughput run (default 1500)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each; medians are reported (default 5)")
+    parser.add_argument("--step-ms", type=float, default=1.0,
+                        help="also run workflows whose 3 steps each wait this long, in ms (default 1; 0: do not)")
     args = parser.parse_args()
     compile_bytecode()
     try:
@@ -133,29 +146,44 @@ def main() -> int:
         installed = True
     except ImportError:
         installed = False
-    boot_ms, imported = boot()
     print(f"OpenTelemetry SDK installed: {installed}")
-    print(f"worker boot (import runtime + app, fresh interpreter, median of 21): {boot_ms:.0f} ms;"
-          f" OpenTelemetry imported: {imported}")
-    print("tracing hooks of one 3-step delivery, in process (median of 7 x 5000):")
+    apps = [("no provider set", PLAIN_APP)] + ([("provider set", TRACED_APP)] if installed else [])
+    for name, app in apps:
+        boot_ms, imported = boot(app)
+        print(f"worker boot, {name} (import runtime, load app, fresh interpreter, median of 21): {boot_ms:.0f} ms;"
+              f" OpenTelemetry imported: {imported}")
+    print("tracing hooks of one 3-step delivery, in process, CPU (median of 7 x 5000):")
     print(f"  OpenTelemetry not imported:           {hooks('', None):8.2f} µs")
     if installed:
         print(f"  imported, no provider set:            {hooks('import opentelemetry.trace', None):8.2f} µs")
+        print(f"  provider set, no stored context:      {hooks(PROVIDER, None):8.2f} µs")
         print(f"  provider set, a stored traceparent:   {hooks(PROVIDER, STORED):8.2f} µs")
     with tempfile.TemporaryDirectory(prefix="yieldstar-bench-") as folder:
-        starts = [start_up(folder, r)[0] for r in range(args.repeats)]
-        print(f"start-up, exec to first claim (4 workers, median of {args.repeats}): {statistics.median(starts):.0f} ms")
-        apps = [("no provider set", PLAIN_APP)] + ([("provider set", TRACED_APP)] if installed else [])
-        runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in apps}
+        starts: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in apps}
         for r in range(args.repeats):
             for name, app in apps:
-                runs[name].append(throughput(folder, app, args.workflows, r))
-        print(f"3-step no-op workflows at concurrency 2 ({args.workflows} each, median of {args.repeats}):")
+                starts[name].append(start_up(folder, r, app=app))
+        print(f"start-up, exec to first claim / first acknowledgement (4 workers, median of {args.repeats}):")
         for name, _ in apps:
-            rate = statistics.median(rate for rate, _ in runs[name])
-            cpu = statistics.median(cpu for _, cpu in runs[name])
-            print(f"  {name:16} {rate:8,.0f} /s   workers' CPU {cpu:.3f} ms a workflow   (each: "
-                  + ", ".join(f"{rate:,.0f}" for rate, _ in runs[name]) + ")")
+            print(f"  {name:16} {statistics.median(c for c, _ in starts[name]):6.0f} ms"
+                  f" / {statistics.median(a for _, a in starts[name]):6.0f} ms")
+        for step_ms in [0.0] + ([args.step_ms] if args.step_ms else []):
+            runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in apps}
+            for r in range(args.repeats):
+                for name, app in apps:
+                    runs[name].append(throughput(folder, app, args.workflows, r, step_ms))
+            steps = "no-op steps" if not step_ms else f"steps that each wait {step_ms:g} ms"
+            print(f"3-step workflows of {steps}, at concurrency 2 ({args.workflows} each, median of {args.repeats}):")
+            medians = {name: (statistics.median(rate for rate, _ in runs[name]),
+                              statistics.median(cpu for _, cpu in runs[name])) for name, _ in apps}
+            for name, _ in apps:
+                rate, cpu = medians[name]
+                print(f"  {name:16} {rate:8,.0f} /s   workers' CPU {cpu:.3f} ms a workflow   (each: "
+                      + ", ".join(f"{rate:,.0f}" for rate, _ in runs[name]) + ")")
+            if installed:
+                (plain_rate, plain_cpu), (traced_rate, traced_cpu) = medians["no provider set"], medians["provider set"]
+                print(f"  a provider set: {(plain_rate - traced_rate) / plain_rate:.1%} fewer workflows a second,"
+                      f" {(traced_cpu - plain_cpu) * 1000:.0f} µs more of workers' CPU a workflow")
     return 0
 
 

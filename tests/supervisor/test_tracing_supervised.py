@@ -7,20 +7,26 @@ a `yieldstar.step` span, a child of its delivery, with its key and attempt (a re
 attempts two spans, the failed one with an error status); the app's own span inside a step a child
 of the step's; a child workflow's deliveries children of the delivery that started it; a start
 made outside any span a trace of its own. In workers of one delivery and of several (sync
-workflows on threads, async ones as tasks), for sync and async workflows alike.
+workflows on threads, async ones as tasks), for sync and async workflows alike. The app's batch
+processor, a thread it starts on import, does not keep its workers from being forked from the
+template process, and each forked worker exports its own spans.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from collections import defaultdict
 
+import psutil
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from faults import TESTS
+from faults import TESTS, wait_until
+from supervisor import open_backend
 from worker import Client
+from worker._runtime.template import WORKER_FLAG
 
 pytestmark = [pytest.mark.usefixtures("dump_on_hang"), pytest.mark.timeout(120)]
 
@@ -97,3 +103,36 @@ def test_deliveries_and_step_attempts_are_spans_in_the_trace_of_the_span_that_st
     assert untraced["parent_id"] is None and untraced["trace_id"] != trace_id
     assert sorted(by_execution) == ["broken", "traced.async_order", "traced.async_order/ship", "traced.order",
                                     "traced.order/ship", "untraced"]
+
+
+def test_an_app_whose_provider_has_a_batch_processor_gets_forked_workers_and_each_exports_its_spans(
+        tmp_path, supervisors):
+    db, spans_file = tmp_path / "ledger.db", tmp_path / "spans.jsonl"
+    starter = TracerProvider().get_tracer("test")
+    with Client(db) as client:
+        with starter.start_as_current_span("checkout") as checkout:
+            for i in range(6):
+                client.start("traced.ship", i, id=f"ship-{i}")
+    supervisor = supervisors.start(db, app=APP, concurrency=2, env={"TRACED_SPANS": str(spans_file)})
+    workers = supervisor.workers()
+    # Forked from the template (which wrote the worker's flag over its own), not fresh interpreters.
+    assert all(psutil.Process(pid).cmdline()[2] == WORKER_FLAG for pid in workers), supervisor.log()
+    assert "cannot be forked" not in supervisor.log()
+
+    def all_completed() -> bool:
+        with open_backend(db) as backend:
+            return all(backend.executions.get(f"ship-{i}").status == "completed" for i in range(6))
+
+    wait_until(all_completed, timeout=30, message="the six executions completed")
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(60) == 0, supervisor.log()
+    # Each worker's batch processor, started anew in it by OpenTelemetry, exported its spans at its exit.
+    spans = read_spans(spans_file)
+    deliveries = [s for s in spans if s["name"] == "yieldstar.delivery"]
+    started = checkout.get_span_context()
+    assert sorted(s["attributes"]["yieldstar.execution_id"] for s in deliveries) == [f"ship-{i}" for i in range(6)]
+    assert all(s["trace_id"] == f"{started.trace_id:032x}" and s["parent_id"] == f"{started.span_id:016x}"
+               for s in deliveries)
+    steps = {s["parent_id"] for s in spans if s["name"] == "yieldstar.step"}
+    assert steps == {s["span_id"] for s in deliveries}
+    assert {s["pid"] for s in spans} <= set(workers)

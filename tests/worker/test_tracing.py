@@ -15,12 +15,16 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from supervisor import open_backend
 from worker import AsyncClient, Client
+from worker._runtime.tracing import BATCH_SPAN_THREADS, batch_span_processor
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,6 +106,8 @@ before = run_workflow(registry, "order", execution_id="before").status
 untouched = loaded()
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 flaky.clear()
@@ -154,3 +160,66 @@ print(json.dumps({"provider": type(provider).__module__, "spans": spans(exporter
     assert [s["attributes"]["yieldstar.execution_id"] for s in deliveries] == ["second", "second"]
     assert all(s["parent"] is None for s in deliveries)  # started outside any span: a trace of its own
     assert len({s["trace"] for s in deliveries}) == 2
+
+
+def test_a_delivery_reads_a_stored_context_only_where_its_start_stored_one_and_its_steps_see_the_starters_baggage():
+    found = run_script(WORKFLOWS + """
+from opentelemetry import baggage, context, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+seen = []
+
+@registry.workflow("tenant")
+def tenant(ctx, input):
+    def look():
+        seen.append([baggage.get_baggage("tenant"), trace.get_current_span().get_span_context().span_id])
+    ctx.run("look", look)
+
+run_workflow(registry, "tenant", execution_id="untraced")  # started outside any span: nothing stored
+read_nothing = "opentelemetry.propagate" not in sys.modules
+token = context.attach(baggage.set_baggage("tenant", "acme"))
+with trace.get_tracer("test").start_as_current_span("checkout") as outer:
+    run_workflow(registry, "tenant", execution_id="traced")
+context.detach(token)
+print(json.dumps({"read_nothing": read_nothing, "seen": seen, "spans": spans(exporter),
+                  "outer": [outer.context.trace_id, outer.context.span_id]}))
+""")
+    # Nothing stored, nothing to read: the delivery made a trace of its own without the propagator.
+    assert found["read_nothing"]
+    by_execution = {s["attributes"]["yieldstar.execution_id"]: s for s in found["spans"]
+                    if s["name"] == "yieldstar.delivery"}
+    assert by_execution["untraced"]["parent"] is None
+    trace_id, outer_id = found["outer"]
+    traced = by_execution["traced"]
+    assert (traced["trace"], traced["parent"]) == (trace_id, outer_id)
+    assert traced["attributes"] == {"yieldstar.execution_id": "traced", "yieldstar.token": 1,
+                                    "yieldstar.workflow": "tenant", "yieldstar.outcome": "completed"}
+    steps = {s["parent"]: s["id"] for s in found["spans"] if s["name"] == "yieldstar.step"}
+    # Each step's function ran with its step's span current; the starter's baggage came through the ledger.
+    assert found["seen"] == [[None, steps[by_execution["untraced"]["id"]]], ["acme", steps[traced["id"]]]]
+
+
+def test_only_opentelemetrys_own_batch_span_processor_threads_are_taken_for_threads_a_fork_starts_anew():
+    before = set(threading.enumerate())
+    processor = BatchSpanProcessor(InMemorySpanExporter())
+    gate = threading.Event()
+    impostor = threading.Thread(target=gate.wait, name=BATCH_SPAN_THREADS[0], daemon=True)
+    impostor.start()
+    try:
+        (started,) = set(threading.enumerate()) - before - {impostor}
+        found = batch_span_processor(started)
+        assert found is not None and type(found).__module__.startswith("opentelemetry.sdk.")
+        # A thread of the same name that is not the SDK's, and any other thread, are not.
+        assert batch_span_processor(impostor) is None
+        assert batch_span_processor(threading.main_thread()) is None
+    finally:
+        gate.set()
+        impostor.join()
+        processor.shutdown()

@@ -21,9 +21,12 @@ too goes when the supervisor does.
 
 A fork is safe only from a process with one thread: the template checks after importing the app,
 and an app that starts a thread on import gets no template (its workers are started as fresh
-interpreters, as before). Nothing is opened here but the app: each worker opens its own ledger
-connection after the fork. What the app itself does when imported is done once, for every
-worker (as with gunicorn's preload): a connection it opens at import is shared by all of them.
+interpreters, as before). One kind of thread is let by: an OpenTelemetry batch span processor's,
+which an app that traces starts on import, and which the SDK itself starts anew in each fork
+(`tracing.batch_span_processor`); the template flushes it first. Nothing is opened here but the
+app: each worker opens its own ledger connection after the fork. What the app itself does when
+imported is done once, for every worker (as with gunicorn's preload): a connection it opens at
+import is shared by all of them.
 
 The template's command line has `TEMPLATE_FLAG`, which the worker overwrites in place with
 `WORKER_FLAG` (same length), so that tools that tell workers by their command line (`ps`,
@@ -45,6 +48,7 @@ import time
 from .loading import load_app
 from .parent_watch import die_with_parent
 from .protocol import EXIT_PARENT_GONE
+from .tracing import batch_span_processor
 
 TEMPLATE_FLAG = "--yieldstar-template"
 WORKER_FLAG = "--yieldstar-forked--"  # as long as TEMPLATE_FLAG: written over it
@@ -64,7 +68,7 @@ def serve(control_fd: int, app: str, parent_pid: int) -> int:
         load_app(app)
     except BaseException:  # noqa: BLE001 - each worker imports it again, and reports why it cannot
         pass
-    if threading.active_count() > 1:
+    if not _fork_safe():
         control.sendall(CANNOT_FORK)
         os._exit(0)
     control.sendall(CAN_FORK)
@@ -97,6 +101,24 @@ def serve(control_fd: int, app: str, parent_pid: int) -> int:
                 answer += chunk
         os.close(read_pid)
         control.sendall(answer[:PID.size * len(fds)].ljust(PID.size * len(fds), b"\0"))  # 0: not forked
+
+
+def _fork_safe() -> bool:
+    """Whether this process may fork workers: it has no thread but this one, or only
+    OpenTelemetry's batch span processors, flushed now (`tracing.batch_span_processor`)."""
+    processors = []
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread():
+            processor = batch_span_processor(thread)
+            if processor is None:
+                return False
+            processors.append(processor)
+    for processor in processors:  # spans the app made on import go now, from here, not in a fork
+        try:
+            processor.force_flush()
+        except Exception:  # noqa: BLE001 - an exporter's failure: not ours to report, nor a reason to stop
+            pass
+    return True
 
 
 def _go_between(control: socket.socket, write_pid: int, fds: list[int]) -> int:

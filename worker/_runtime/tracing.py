@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from typing import Any, Optional
 
 from supervisor.ledger.values import DeliveryOutcome, ExecutionLease, Failed
@@ -53,6 +54,9 @@ PROVIDER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
 # nothing; replaced when the app sets another provider. Read and written whole (one tuple).
 _seen: tuple[Any, Any] = (None, None)
 _traced = False  # some delivery of this process was traced: its spans may wait in a batch
+# OpenTelemetry's functions that each step calls, bound where a provider is first seen (until
+# then this module has imported nothing of it).
+_attach = _detach = _set_span_in_context = _Context = None
 
 
 def _opentelemetry_trace():
@@ -69,7 +73,7 @@ def _opentelemetry_trace():
 
 def _tracer():
     """The tracer of the global provider, or None where no provider is set."""
-    global _seen
+    global _seen, _attach, _detach, _set_span_in_context, _Context
     trace = _opentelemetry_trace()
     if trace is None:
         return None
@@ -78,6 +82,10 @@ def _tracer():
     if provider is not seen:
         none_set = isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
         tracer = None if none_set else provider.get_tracer("yieldstar")
+        if tracer is not None and _attach is None:
+            from opentelemetry.context import Context, attach, detach
+
+            _attach, _detach, _set_span_in_context, _Context = attach, detach, trace.set_span_in_context, Context
         _seen = (provider, tracer)
     return tracer
 
@@ -109,25 +117,44 @@ def begin_delivery(lease: ExecutionLease, trace_context: Optional[str],
     return DeliveryTrace(tracer, lease, trace_context, workflow)
 
 
+def _parent(trace_context: Optional[str]):
+    """The context a start stored, as the global propagator reads it back; an empty one where
+    none was stored: nothing to read (nor the propagators to load), and the delivery's span
+    starts a trace of its own."""
+    if not trace_context:
+        return _Context()
+    # A context stored by an older or foreign writer that is not a carrier starts a trace of its
+    # own rather than failing the delivery (the ledger checks what it stores).
+    try:
+        carrier = json.loads(trace_context)
+    except ValueError:
+        return _Context()
+    if not isinstance(carrier, dict):
+        return _Context()
+    from opentelemetry import propagate
+
+    return propagate.extract(carrier, context=_Context())
+
+
 class DeliveryTrace:
-    """The span of one delivery, and what its steps and child starts need of it."""
+    """The span of one delivery, and what its steps and child starts need of it.
+
+    Its hooks are on every delivery's and every step's path, so they do no more than the spans
+    need: the stored context is read once, where there is one; the attributes are given once,
+    at the span's start or (those known only at its end) in one call; a step's span is made
+    current by attaching a context, the cheapest way OpenTelemetry offers (no context manager),
+    and an attempt that did not raise records nothing more."""
+
+    __slots__ = ("_tracer", "_workflow", "span", "context")
 
     def __init__(self, tracer, lease: ExecutionLease, trace_context: Optional[str], workflow: Optional[str]):
         global _traced
-        from opentelemetry import context as otel_context, propagate, trace
+        from opentelemetry import trace
 
         _traced = True
         self._tracer = tracer
-        self._context_api = otel_context
-        self._trace = trace
-        # A context stored by an older or foreign writer that is not a carrier starts a trace of
-        # its own rather than failing the delivery (the ledger checks what it stores).
-        try:
-            carrier = json.loads(trace_context) if trace_context else {}
-        except ValueError:
-            carrier = {}
-        parent = propagate.extract(carrier if isinstance(carrier, dict) else {},
-                                   context=otel_context.Context())
+        self._workflow = workflow
+        parent = _parent(trace_context)
         attributes = {"yieldstar.execution_id": lease.execution_id, "yieldstar.token": lease.token}
         if workflow is not None:
             attributes["yieldstar.workflow"] = workflow
@@ -139,10 +166,10 @@ class DeliveryTrace:
     def attach(self) -> object:
         """Make the delivery's span current in the calling thread or task; returns the token for
         `detach`."""
-        return self._context_api.attach(self.context)
+        return _attach(self.context)
 
     def detach(self, token: object) -> None:
-        self._context_api.detach(token)
+        _detach(token)
 
     def step(self, key: str, attempt: int) -> "StepSpan":
         """The span of attempt `attempt` of step `key`, started, and current in the caller."""
@@ -154,11 +181,14 @@ class DeliveryTrace:
 
     def end(self, outcome: DeliveryOutcome, workflow: Optional[str]) -> None:
         span = self.span
-        if workflow is not None:
-            span.set_attribute("yieldstar.workflow", workflow)
-        span.set_attribute("yieldstar.outcome", outcome.status)
+        if workflow is None or workflow == self._workflow:  # known at the start, and given then
+            span.set_attribute("yieldstar.outcome", outcome.status)
+        else:
+            span.set_attributes({"yieldstar.workflow": workflow, "yieldstar.outcome": outcome.status})
         if isinstance(outcome, Failed):
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, _error_summary(outcome.error_json)))
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, _error_summary(outcome.error_json)))
         span.end()
 
 
@@ -176,22 +206,22 @@ def _error_summary(error_json: str) -> str:
 class StepSpan:
     """The span of one step attempt, current in the caller from its start to `end`."""
 
-    __slots__ = ("_delivery", "span", "_token")
+    __slots__ = ("span", "_token")
 
     def __init__(self, delivery: DeliveryTrace, key: str, attempt: int):
-        self._delivery = delivery
-        self.span = delivery._tracer.start_span(STEP_SPAN, context=delivery.context,
-                                                attributes={"yieldstar.step_key": key, "yieldstar.attempt": attempt})
-        self._token = delivery._context_api.attach(delivery._trace.set_span_in_context(self.span, delivery.context))
+        self.span = span = delivery._tracer.start_span(
+            STEP_SPAN, context=delivery.context, attributes={"yieldstar.step_key": key, "yieldstar.attempt": attempt})
+        self._token = _attach(_set_span_in_context(span, delivery.context))
 
     def failed(self, exc: BaseException) -> None:
         """The attempt's function raised `exc` (recorded as the attempt's error)."""
-        trace = self._delivery._trace
+        from opentelemetry.trace import Status, StatusCode
+
         self.span.record_exception(exc)
-        self.span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
     def end(self) -> None:
-        self._delivery._context_api.detach(self._token)
+        _detach(self._token)
         self.span.end()
 
 
@@ -208,6 +238,26 @@ class _NoStep:
 
 
 NO_STEP = _NoStep()
+
+
+# The names OpenTelemetry's SDK gives the thread of a batch span processor (since 1.33; before).
+BATCH_SPAN_THREADS = ("OtelBatchSpanRecordProcessor", "OtelBatchSpanProcessor")
+
+
+def batch_span_processor(thread: threading.Thread) -> Optional[Any]:
+    """The OpenTelemetry batch span processor whose thread `thread` is, else None.
+
+    Such a thread need not keep a template from forking workers (`worker._runtime.template`):
+    the SDK starts it anew in a forked child, with new locks and an empty queue
+    (`os.register_at_fork`), and it holds nothing else but while it exports, which it does only
+    for spans in its queue; a template that flushed it (`force_flush`) and makes no span never
+    forks while it exports. An app that sets a provider up in its module (docs/tracing.md) starts
+    one when imported."""
+    if thread.name not in BATCH_SPAN_THREADS:
+        return None
+    owner = getattr(getattr(thread, "_target", None), "__self__", None)  # the bound method it runs
+    module = type(owner).__module__
+    return owner if module.startswith("opentelemetry.sdk.") and hasattr(owner, "force_flush") else None
 
 
 def flush(timeout_ms: int = 5000) -> None:

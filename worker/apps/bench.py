@@ -18,6 +18,16 @@ def noop3(ctx, input):
     return input
 
 
+@workflow("wait3")
+def wait3(ctx, seconds):
+    """Three recorded steps that each wait `seconds` (as a step that calls a provider waits on
+    it): the runtime's cost beside steps that do something."""
+    ctx.run("a", time.sleep, seconds)
+    ctx.run("b", time.sleep, seconds)
+    ctx.run("c", time.sleep, seconds)
+    return seconds
+
+
 @workflow("echo1")
 def echo1(ctx, input):
     """One recorded no-op step that returns the input: a client's start-to-result round trip."""
