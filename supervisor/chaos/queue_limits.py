@@ -161,10 +161,18 @@ def _deliveries(eid: str, key: Optional[str], rows: list, live: Optional[tuple],
 
 
 def _claim_order(d: Delivery) -> tuple:
-    """The claims in true order; of those recorded in the same ms, one that ended in that ms first:
-    a delivery claimed and acknowledged within one ms (a replay with nothing left to run) was
-    claimed before a claim it did not hold back in that ms, whatever their ids say."""
-    return d.claimed, d.ended if d.ended is not None else float("inf"), d.execution_id, d.token
+    """The claims in true order. True time tells no order between claims of the same ms, so of
+    those, the order that counts the fewest live leases at any of them:
+
+    - one that ended in that ms first: a delivery claimed and acknowledged within one ms (a replay
+      with nothing left to run) was claimed before a claim it did not hold back in that ms;
+    - then the claim whose claimer's clock ran furthest ahead: it counts free (and ends:
+      END_LAPSED) every lease that a claim of the same ms by a clock behind it counts free, and
+      more. Taken first, it leaves the others fewer to count, and counts fewer itself than it
+      would after them; in the other order a claim can see a lease live that the first had
+      already ended."""
+    return (d.claimed, d.ended != d.claimed, -d.claimed_raw, d.ended if d.ended is not None else float("inf"),
+            d.execution_id, d.token)
 
 
 def _live_at(d: Delivery, claim: Delivery) -> bool:

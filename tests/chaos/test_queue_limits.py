@@ -232,3 +232,36 @@ def test_a_delivery_claimed_and_acknowledged_within_one_ms_came_before_a_claim_i
     history["e9"][0] = ("e9", 1, "h:1", 2_000, 3_500, 2_001, "acknowledged", "completed")  # overlapping
     check_queue_limits(limits, executions, history, {}, Clocks(None), lambda kind, *_: found.append(kind))
     assert found == ["queue_per_key"]
+
+
+@pytest.mark.timeout(60)
+def test_of_two_claims_in_one_true_ms_the_one_whose_clock_ran_ahead_may_have_ended_what_the_other_counts():
+    """The case of a ten-minute run: a dead holder's two leases expire at 2,033 by its clock. In
+    true ms 1,910 two supervisors claim: one whose clock runs 142 ms ahead (it reads 2,052, counts
+    both leases run out, ends them and takes a slot) and one unskewed (it reads 1,910: by its
+    clock the two leases still run, but they were ended, and it sees room for one). True time
+    cannot tell which committed first; the order in which the first ended the leases is one
+    without a breach. Had the clock ahead not reached their expiry, the second claim breaches."""
+    limits = {QUEUE: QueueLimits(QUEUE, 3, None, None, None)}
+    fleet = {10: [SupervisorLife(0, 10, 0)], 11: [SupervisorLife(1, 11, 0, skew_ms=142)],
+             12: [SupervisorLife(2, 12, 0)]}
+
+    def breaches(ahead_reads: int) -> list:
+        history = {
+            "dead-1": [("dead-1", 1, "h:12", 1_000, 2_033, 2_033, "expired", None)],
+            "dead-2": [("dead-2", 1, "h:12", 1_100, 2_033, 2_033, "expired", None)],
+            "held": [("held", 1, "h:10", 1_500, 3_000, 2_600, "acknowledged", "completed")],
+            # "e-ahead" sorts after "e-behind" by id: the order must come from the clocks
+            "e-behind": [("e-behind", 1, "h:10", 1_910, 3_410, 2_500, "acknowledged", "completed")],
+            "e-ahead": [("e-ahead", 1, "h:11", ahead_reads, ahead_reads + 1_500, 2_900, "acknowledged", "completed")],
+        }
+        executions = {eid: (QUEUE, None) for eid in history}
+        found = []
+        check_queue_limits(limits, executions, history, {}, Clocks(fleet),
+                           lambda kind, eid, _: found.append((kind, eid)))
+        return found
+
+    assert breaches(2_052) == []
+    # The claim ahead reads 2,032 (true 1,890: 20 ms before the other): both leases still ran by
+    # its clock, so it ended nothing and took a fourth slot, and the second claim a fifth.
+    assert breaches(2_032) == [("queue_concurrency", "e-ahead"), ("queue_concurrency", "e-behind")]
