@@ -7,7 +7,12 @@ Prints, in one run on this machine:
 - latency from `client.start` to `handle.result()` returning, for a 1-step workflow against an
   idle supervisor (concurrency 2), one at a time: p50, p99 and the worst, sync and async;
 - the CPU time a waiting `result()` costs the client process per second of waiting (the
-  client's listening thread sleeps until an announcement or its slow poll).
+  client's listening thread sleeps until an announcement or its slow poll);
+- send to wake (SPEC section 14): from just before `handle.send` to the step a workflow suspended
+  in `ctx.recv` runs once it took the message, one send at a time, each once the workflow is
+  suspended again; beside it, `result()`'s wake: from an execution's last step to `result()`
+  returning. p50 and p99 on SQLite and, with `--postgres`, on a throwaway PostgreSQL cluster
+  (beside its raw single-row commit rate).
 
 The machine is shared and noisy: compare medians and ratios, not single times.
 """
@@ -26,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_supervisor import start_supervisor  # noqa: E402
+from bench_supervisor import start_supervisor, wait_for  # noqa: E402
 from benchlib import percentile, raw_commit_rate  # noqa: E402
 
 from worker import AsyncClient, Client  # noqa: E402
@@ -74,8 +79,56 @@ def waiting_cpu(client: Client, seconds: float) -> float:
     return (time.process_time() - before_cpu) / (time.perf_counter() - before)
 
 
+def suspended(client: Client, execution_id: str) -> bool:
+    return client.backend.executions.get(execution_id).status == "suspended"
+
+
+def wake_latencies(client: Client, runs: int) -> tuple[list[float], list[float]]:
+    """ms from a send to the step after `recv` (`inbox`), and from a last step to `result()`
+    returning (`stamp`), `runs` of each, one at a time; wall clocks of one host."""
+    handle = client.start("inbox", runs)
+    sends = []
+    for i in range(runs):
+        wait_for(lambda: suspended(client, handle.execution_id))
+        sent_ns = time.time_ns()
+        handle.send(i)
+        woke_ns = handle.get_event(f"woke-{i}", timeout=30)
+        if woke_ns is None:
+            raise TimeoutError(f"message {i} did not wake the workflow within 30 s")
+        sends.append((woke_ns - sent_ns) / 1e6)
+    assert handle.result(timeout=30) == runs
+    results = []
+    for _ in range(runs):
+        stamped = client.start("stamp").result(timeout=30)
+        results.append((time.time_ns() - stamped) / 1e6)
+    return sends, results
+
+
+def postgres_wakes(runs: int, folder: str) -> tuple[float, list[float], list[float]]:
+    """`wake_latencies` on a throwaway PostgreSQL cluster, and its raw single-row commit rate."""
+    from bench_postgres import raw_database, raw_rate
+
+    from supervisor.chaos.cluster import Cluster
+
+    cluster = Cluster().start()
+    try:
+        raw = raw_rate(raw_database(cluster), 1, 2000)
+        uri = cluster.new_database()
+        supervisor = start_supervisor(uri, "--concurrency", "2", log_path=os.path.join(folder, "pg-supervisor.log"))
+        try:
+            with Client(uri) as client:
+                warm_up(client)
+                sends, results = wake_latencies(client, runs)
+        finally:
+            supervisor.send_signal(signal.SIGTERM)
+            supervisor.wait(30)
+    finally:
+        cluster.stop()
+    return raw, sends, results
+
+
 def line(name: str, times: list[float]) -> str:
-    return (f"{name:<32} p50 {statistics.median(times):6.2f} ms   p99 {percentile(times, 99):6.2f} ms"
+    return (f"{name:<40} p50 {statistics.median(times):6.2f} ms   p99 {percentile(times, 99):6.2f} ms"
             f"   max {max(times):6.2f} ms   ({len(times)} runs)")
 
 
@@ -83,6 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--wait-seconds", type=float, default=5.0)
+    parser.add_argument("--postgres", action="store_true", help="send to wake on a throwaway PostgreSQL cluster too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         raw = raw_commit_rate(os.path.join(folder, "raw.db"))
@@ -94,13 +148,22 @@ def main() -> None:
                 sync = sync_latencies(client, args.runs)
                 asynchronous = asyncio.run(async_latencies(db, args.runs))
                 cpu = waiting_cpu(client, args.wait_seconds)
+                sends, results = wake_latencies(client, args.runs)
         finally:
             supervisor.send_signal(signal.SIGTERM)
             supervisor.wait(30)
-    print(f"raw SQLite commits/s                {raw:10,.0f}   (one commit: {1000 / raw:.3f} ms)")
+        if args.postgres:
+            pg_raw, pg_sends, pg_results = postgres_wakes(args.runs, folder)
+    print(f"{'raw SQLite commits/s':<40}{raw:10,.0f}   (one commit: {1000 / raw:.3f} ms)")
     print(line("start -> result(), Client", sync))
     print(line("start -> result(), AsyncClient", asynchronous))
-    print(f"a waiting result() costs            {cpu * 100:9.3f} % of one core")
+    print(f"{'a waiting result() costs':<40}{cpu * 100:9.3f} % of one core")
+    print(line("send -> recv's next step", sends))
+    print(line("last step -> result()", results))
+    if args.postgres:
+        print(f"{'raw PostgreSQL commits/s':<40}{pg_raw:10,.0f}   (one commit: {1000 / pg_raw:.3f} ms)")
+        print(line("PostgreSQL: send -> recv's next step", pg_sends))
+        print(line("PostgreSQL: last step -> result()", pg_results))
 
 
 if __name__ == "__main__":

@@ -40,3 +40,21 @@ def sleepy(ctx, seconds):
     """One step that sleeps: a delivery that is busy for a while."""
     ctx.run("sleep", time.sleep, seconds)
     return seconds
+
+
+@workflow("inbox")
+def inbox(ctx, count):
+    """Takes `count` messages one at a time; after each, a step records when it ran (the wall
+    clock, in ns) as the event `woke-N`: a send's wake-up, as its sender sees it, is that time
+    less the send's."""
+    for i in range(count):
+        ctx.recv()
+        ctx.set_event(f"woke-{i}", ctx.run(f"woke-{i}", time.time_ns))
+    return count
+
+
+@workflow("stamp")
+def stamp(ctx, input):
+    """One step that records when it ran (the wall clock, in ns), returned as the result: from a
+    workflow's last step to its `result()` returning."""
+    return ctx.run("at", time.time_ns)
