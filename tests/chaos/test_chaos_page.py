@@ -141,10 +141,11 @@ def test_the_page_of_a_long_run_stays_bounded():
 def test_a_report_written_before_reports_kept_a_timeline_still_renders():
     with open(os.path.join(ROOT, "docs", "chaos-report.json")) as f:
         report = json.load(f)
+    executions = report["check"]["executions"]["admitted"]
     report.pop("timeline", None)
     page = render(report)
     assert "RESULT: PASS: 0 violations, 0 executions not terminal" in page
-    assert "<b>6123</b>executions" in page
+    assert f"<b>{executions}</b>executions" in page
     assert "This report has no timeline" in page and "--folder" in page
 
 
