@@ -891,7 +891,9 @@ def assert_messages_taken_once(check_: dict, summary: str) -> None:
     assert m["executions"] >= 1 and m["completed"] == m["executions"], summary
     assert m["stored"] == m["planned"] == m["taken"] >= 2, summary
     assert m["sends_returned"] >= m["planned"] and m["repeats_sent"] >= 1, summary
-    assert m["duplicates_refused"] >= 1 and m["sent_before_first_delivery"] >= 1, summary
+    # (Whether a message was sent before its execution's first delivery is up to the race
+    # between the sender and the claims: counted, not required.)
+    assert m["duplicates_refused"] >= 1, summary
     assert not {kind for kind in check_["violations_by_kind"] if kind.startswith("message_")}, summary
 
 

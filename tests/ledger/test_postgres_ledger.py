@@ -328,15 +328,16 @@ def test_a_batch_that_claims_returns_only_once_its_commit_is_flushed(pg_uri):
     out (SPEC section 7) though the session commits without waiting for the flush
     (durability "normal"). Nothing else of the test writes to this server meanwhile, so the
     claim's commit record is the last in the WAL, unless the server's own background work wrote a
-    record in the moment between (rare: one claim of five may show it). Without the flush, the
-    WAL writer flushes an asynchronous commit only every 200 ms, and none of the five is flushed."""
+    record in the moment between (on a busy machine, two claims of five have shown it). Without
+    the flush, the WAL writer flushes an asynchronous commit only every 200 ms, and none of the
+    claims is flushed: most of ten is far from that."""
     with open_backend(pg_uri) as backend, psycopg.connect(pg_uri, autocommit=True) as watcher:
         assert backend.connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
         flushed_at_return = 0
-        for n in range(5):
+        for n in range(10):
             backend.executions.admit(f"e{n}", "w")
             backend.executions.acknowledge_and_claim([], limit=1, duration=60_000)
             flushed, inserted = watcher.execute(
                 "SELECT pg_current_wal_flush_lsn() - '0/0', pg_current_wal_insert_lsn() - '0/0'").fetchone()
             flushed_at_return += flushed >= inserted
-        assert flushed_at_return >= 4
+        assert flushed_at_return >= 6
