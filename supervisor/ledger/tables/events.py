@@ -15,6 +15,7 @@ from .. import arguments
 from ..connection import Connection
 from ..contract import EventClient
 from ..values import Event, ExecutionLease, LeaseLost
+from .clocked import ClockedTable
 from .messages import CURRENT_LOCKED
 
 COLUMNS = "execution_id, event_key, value_json, set_at"
@@ -25,12 +26,10 @@ ON CONFLICT (execution_id, event_key) DO UPDATE SET value_json = excluded.value_
 LIST = f"SELECT {COLUMNS} FROM events WHERE execution_id = $p ORDER BY event_key"
 
 
-class EventTable(EventClient):
+class EventTable(ClockedTable, EventClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], on_set: Callable[[list[str]], None], *,
                  max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
-        self._conn = conn
-        self._sql = conn.dialect.statements
-        self._clock = clock
+        super().__init__(conn, clock)
         self._on_set = on_set
         self._max_payload = max_payload_bytes
 

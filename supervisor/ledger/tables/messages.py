@@ -24,6 +24,7 @@ from ..contract import MessageClient
 from ..errors import ExecutionConflict, UnknownExecution
 from ..values import ExecutionLease, LeaseLost, Message
 from . import waiters
+from .clocked import ClockedTable
 from .execution_rows import SELECT_ONE_LOCKED, TERMINAL
 
 COLUMNS = "execution_id, message_id, topic, seq, message_json, sent_at, taken_step, taken_at"
@@ -42,12 +43,10 @@ SELECT topic, COUNT(*) FROM messages WHERE execution_id = $p AND taken_step IS N
 LIST = f"SELECT {COLUMNS} FROM messages WHERE execution_id = $p ORDER BY seq"
 
 
-class MessageTable(MessageClient):
+class MessageTable(ClockedTable, MessageClient):
     def __init__(self, conn: Connection, clock: Callable[[], int], executions, on_due: Callable[[], None], *,
                  max_payload_bytes: int = arguments.DEFAULT_MAX_PAYLOAD_BYTES):
-        self._conn = conn
-        self._sql = conn.dialect.statements
-        self._clock = clock
+        super().__init__(conn, clock)
         self._executions = executions
         self._on_due = on_due
         self._max_payload = max_payload_bytes
