@@ -38,8 +38,6 @@ from typing import Any, Optional, Union, cast
 from supervisor import open_backend
 from supervisor.ledger import arguments
 from supervisor.ledger.contract import Backend
-from supervisor.ledger.tables.forks import id_taken
-from supervisor.ledger.values import WORKFLOWS_TIMEOUT
 from supervisor.ledger.errors import (
     ExecutionConflict,
     InvalidArgument,
@@ -48,8 +46,16 @@ from supervisor.ledger.errors import (
     WorkflowCancelled,
     WorkflowFailed,
     YieldstarError,
+    fork_id_taken,
 )
-from supervisor.ledger.values import TERMINAL_STATUSES, EffectState, ExecutionRecord, ExecutionStatus, SettleConflict
+from supervisor.ledger.values import (
+    TERMINAL_STATUSES,
+    WORKFLOWS_TIMEOUT,
+    EffectState,
+    ExecutionRecord,
+    ExecutionStatus,
+    SettleConflict,
+)
 
 from ._runtime import tracing
 from .queues import Queue
@@ -249,8 +255,9 @@ class _Base:
         workflow's defaults: those the app declares (`@workflow(queue=, priority=, timeout=)`),
         as its supervisor records them in the ledger when it starts (the ledger's `admit` of None
         for the queue and priority, and of WORKFLOWS_TIMEOUT for the timeout: before any record,
-        the first record's, the deadline still counted from the admission). Inside an OpenTelemetry span, the execution stores its trace context, and its
-        deliveries' spans are children of that span (`worker._runtime.tracing`)."""
+        the first record's, the deadline still counted from the admission). Inside an
+        OpenTelemetry span, the execution stores its trace context, and its deliveries' spans are
+        children of that span (`worker._runtime.tracing`)."""
         timeout_ms = arguments.seconds_to_ms("timeout", timeout)
         if isinstance(queue, Queue):
             queue = queue.name
@@ -270,7 +277,7 @@ class _Base:
             return self.backend.executions.fork(execution_id, new_id, from_step=from_step,
                                                 trace_context=tracing.current_context())
         except ExecutionConflict:  # the ledger names its own argument, new_id
-            raise id_taken("id", new_id) from None
+            raise fork_id_taken("id", new_id) from None
 
     def _record(self, execution_id: str) -> ExecutionRecord:
         record = self.backend.executions.get(execution_id)
@@ -479,8 +486,8 @@ class Client(_Base):
         makes it idempotent: a repeat with the same id adds nothing and succeeds, even once the
         execution has ended (None: a new id is made). Returns the message's id. Raises
         `UnknownExecution` for an unknown execution, `ExecutionConflict` for a new message to a
-        terminal one, `InvalidArgument` for a message JSON cannot
-        hold or a topic or id empty or too long (and then sends nothing)."""
+        terminal one, `InvalidArgument` for a message JSON cannot hold or a topic or id empty or
+        too long (and then sends nothing)."""
         return self._send(execution_id, message, topic, id)
 
     def get_event(self, execution_id: str, key: str, *, timeout: float = 0.0) -> Any:

@@ -8,8 +8,7 @@ import click
 from worker.client import Client
 
 from ..ledger.arguments import MAX_TIME_MS
-from ..ledger.errors import ExecutionConflict, UnknownExecution, UnknownStep
-from ..ledger.tables.forks import id_taken
+from ..ledger.errors import ExecutionConflict, UnknownExecution, UnknownStep, fork_id_taken
 from ..ledger.values import TERMINAL_STATUSES
 from . import EXIT_UNKNOWN, backend_of, fail, handles_errors, ledger_of, main, params
 from .submit import note_unserved
@@ -70,7 +69,7 @@ def fork(ctx, execution_id: str, from_step: str, new_id: str | None) -> None:
         except UnknownStep as exc:
             fail(str(UnknownStep("--from-step", exc.execution_id, exc.step_key, exc.recorded)))
         except ExecutionConflict:
-            fail(str(id_taken("--id", new_id)))
+            fail(str(fork_id_taken("--id", new_id)))
     click.echo(handle.execution_id)
     note_unserved(ctx, handle.workflow)
 

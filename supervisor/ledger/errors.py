@@ -99,6 +99,13 @@ class UnknownStep(InvalidArgument):
         return type(self), (self.name, self.execution_id, self.step_key, self.recorded)
 
 
+def fork_id_taken(name: str, new_id: str) -> ExecutionConflict:
+    """The error of a fork to an id that is taken, naming the argument that gave it (`new_id`;
+    the client's `id`, the command line's `--id`)."""
+    return ExecutionConflict(f"{name} {new_id!r} is taken: a fork is a new execution and needs an id no execution"
+                             " has; nothing was forked")
+
+
 class UnknownEffect(InvalidArgument):
     """Raised when an effect no execution has begun is settled without asking to create it."""
 

@@ -36,7 +36,7 @@ taken id) writes nothing.
 from __future__ import annotations
 
 from .. import arguments
-from ..errors import ExecutionConflict, UnknownStep
+from ..errors import UnknownStep, fork_id_taken
 from ..values import WORKFLOWS_TIMEOUT, ExecutionRecord
 from . import queues
 from .events import COLUMNS as EVENT_COLUMNS, LIST as EVENTS
@@ -94,7 +94,7 @@ class ExecutionForks(ExecutionRows):
                     take_turns=not self._conn.whole_database_write_lock,
                     timeout_ms=WORKFLOWS_TIMEOUT if pending & queues.PENDING_TIMEOUT else original.timeout_ms,
                     trace_context=trace_context):
-                raise id_taken("new_id", new_id)
+                raise fork_id_taken("new_id", new_id)
             row = self._row(db, new_id)
             if db.execute(self._sql[COPY_STEPS], (new_id, row.token + 1, execution_id, fork_at)).rowcount:
                 db.execute(self._sql[PAST_FIRST_TOKEN], (new_id,))
@@ -113,13 +113,6 @@ class ExecutionForks(ExecutionRows):
         for _, key, value_json, set_at in events:
             if not any(step_key == _set_event_step(step_key, key) for step_key in later):
                 db.execute(self._sql[COPY_EVENT], (new_id, key, value_json, set_at))
-
-
-def id_taken(name: str, new_id: str) -> ExecutionConflict:
-    """The error of a fork to an id that is taken, naming the argument that gave it (`new_id`;
-    the client's `id`, the command line's `--id`)."""
-    return ExecutionConflict(f"{name} {new_id!r} is taken: a fork is a new execution and needs an id no execution"
-                             " has; nothing was forked")
 
 
 def _sets_an_event(step_key: str) -> bool:
