@@ -32,8 +32,9 @@ from . import (
 def send(ctx, execution_id: str, message_json: str, topic: str, message_id: str | None,
          max_payload: str | None) -> None:
     """Send the message JSON to execution ID, waking its ctx.recv. Prints the message kept, and
-    whether this send added it (a repeated --id adds nothing). An unknown execution exits 1; a
-    terminal one, or bad input, exits 2 and sends nothing."""
+    whether this send added it (a repeated --id adds nothing, even once the execution has ended).
+    An unknown execution exits 1; a new message to a terminal one, or bad input, exits 2 and
+    sends nothing."""
     import uuid
 
     limit = max_payload_bytes(max_payload)
