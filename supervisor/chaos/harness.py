@@ -603,7 +603,7 @@ def run_chaos(config: ChaosConfig, *, folder: Optional[str] = None, db_path: Opt
             backend.close()
         if hosts:
             trouble = hosts.stop(folder)
-            out(f"yieldstar chaos: hosts, server and namespaces removed"
+            out("yieldstar chaos: hosts, server and namespaces removed"
                 + (f"; {trouble}" if trouble else f"; the database is dumped to {os.path.join(folder, 'ledger.dump')}"))
         if disk:
             trouble = disk.unmount()

@@ -29,7 +29,7 @@ import sys
 from typing import Optional
 
 from ..ledger.errors import InvalidArgument, YieldstarError
-from .lanes import DELIVERY_COLOURS, FAULT_COLOURS, HostLanes, esc, execution_lanes, seconds
+from .lanes import DELIVERY_COLOURS, FAULT_COLOURS, HostLanes, esc, execution_lanes
 from .report import summary_lines
 
 STYLE = """
@@ -130,11 +130,11 @@ def _timeline(report: dict) -> str:
         kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
     config = report.get("config") or {}
     lanes = HostLanes(timeline, config.get("duration_s"))
-    parts = [f'<h2>Hosts, supervisors and workers <button id="fit-lanes" type="button">fit to window</button></h2>'
-             f'<p class="note">Time from the first supervisor\'s start; the fault phase is shaded. Each supervisor'
-             f" row holds one supervisor after another (its clock skew beside its number), its workers' lanes"
-             f" under it (first to last delivery); faults are marked in their kind's colour: a cross for a kill,"
-             f" a span for what lasts. Hover a mark for its details.</p>",
+    parts = ['<h2>Hosts, supervisors and workers <button id="fit-lanes" type="button">fit to window</button></h2>'
+             '<p class="note">Time from the first supervisor\'s start; the fault phase is shaded. Each supervisor'
+             " row holds one supervisor after another (its clock skew beside its number), its workers' lanes"
+             " under it (first to last delivery); faults are marked in their kind's colour: a cross for a kill,"
+             " a span for what lasts. Hover a mark for its details.</p>",
              _legend(FAULT_COLOURS, kinds),
              f'<div class="scroll">{lanes.draw()}</div>']
     if timeline.get("faults_left_out"):

@@ -1,9 +1,9 @@
 """The chaos report: one JSON document for machines, one screen of text for people, and a web
 page drawn from the JSON (`page`).
 
-The JSON holds the run's configuration, timings, the checker's figures and violations, what
-the harness saw of its processes, and the timeline the page draws (`timeline`). The summary groups the checker's violation kinds under the
-invariants the issue names, each with its count and PASS/FAIL.
+The JSON holds the run's configuration, timings, the checker's figures and violations, what the
+harness saw of its processes, and the timeline the page draws (`timeline`). The summary groups the
+checker's violation kinds under the invariants the issue names, each with its count and PASS/FAIL.
 """
 
 from __future__ import annotations

@@ -38,7 +38,19 @@ from supervisor.loop import RELEASE_LINE, RENEWAL_FOUND_LOST, STOP_LINE
 from supervisor.ledger.backends import is_uri
 from supervisor.ledger.errors import InvalidArgument, StorageError
 from supervisor.chaos.watch import StepWatcher
-from worker.apps.chaos import KEYED, LIMITED_QUEUES, MESSAGES, MIXED, MIXED_ASYNC, COUNTER, IMPORT_DELAY_ENV, IMPORT_LOG_ENV, STEP_LOG, digest, external_shard
+from worker.apps.chaos import (
+    COUNTER,
+    IMPORT_DELAY_ENV,
+    IMPORT_LOG_ENV,
+    KEYED,
+    LIMITED_QUEUES,
+    MESSAGES,
+    MIXED,
+    MIXED_ASYNC,
+    STEP_LOG,
+    digest,
+    external_shard,
+)
 
 LEASE = 1500
 
@@ -877,7 +889,8 @@ def assert_the_page_tells_the_story(report: dict, kinds: list) -> str:
     for s in timeline["supervisors"]:
         assert f"supervisor {s['n']} (pid {s['pid']})" in page
     takeovers = [d for e in timeline["executions"] for d in e["deliveries"] if "reason" in d]
-    assert takeovers and len(takeovers) <= sum(1 for _ in re.finditer(r'<g class="delivery (superseded|expired)"', page))
+    drawn = sum(1 for _ in re.finditer(r'<g class="delivery (superseded|expired)"', page))
+    assert takeovers and len(takeovers) <= drawn
     for d in takeovers:
         if "cause" in d:
             assert f'<a href="#f{d["cause"]}"><g class="cause">' in page

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from faults import TESTS, cli, wait_until
+from faults import TESTS, cli
 from supervisor import open_backend
 from worker import AsyncClient, Client
 from worker._runtime.derived_ids import derived_id

@@ -41,7 +41,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Optional
 
 from supervisor.ledger.values import DeliveryOutcome, LeaseLost, Retry
 
